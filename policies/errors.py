@@ -1,0 +1,56 @@
+"""The root of every error gpuportal raises on purpose.
+
+Each error names what was wrong, with which value, and what would be valid. The portal maps
+each class once to an HTTP status and a CLI exit code (``portal.errors``).
+"""
+
+from __future__ import annotations
+
+
+class PortalError(Exception):
+    """Base class. ``code`` is a stable machine-readable identifier."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(PortalError):
+    """An input value is malformed or out of range."""
+
+    code = "invalid"
+
+    def __init__(self, field: str, value: object, valid: str) -> None:
+        super().__init__(f"invalid {field} {value!s}: expected {valid}")
+        self.field = field
+        self.value = value
+        self.valid = valid
+
+
+class NotFound(PortalError):
+    """A named thing (tenant, flavor, workload, node) does not exist."""
+
+    code = "not_found"
+
+    def __init__(self, kind: str, name: str, known: list[str] | None = None) -> None:
+        hint = ""
+        if known is not None:
+            shown = ", ".join(sorted(known)[:10]) or "none"
+            hint = f"; known {kind}s: {shown}"
+        super().__init__(f"unknown {kind} {name!r}{hint}")
+        self.kind = kind
+        self.name = name
+
+
+class Conflict(PortalError):
+    """The change conflicts with the current state (stale version, duplicate, in use)."""
+
+    code = "conflict"
+
+
+class Forbidden(PortalError):
+    """The caller may not do this (quota, scope, tenant membership)."""
+
+    code = "forbidden"

@@ -1,0 +1,3 @@
+"""Shared pytest wiring. Each service fixture lives in its own module under tests/support."""
+
+pytest_plugins: list[str] = []
