@@ -1,0 +1,1 @@
+"""Durable state: SQLAlchemy models, Alembic migrations, and the writer the allocator uses."""

@@ -1,0 +1,149 @@
+"""Plain records the allocator keeps in memory and the store persists.
+
+They are the contract between the allocator engine (``portal.allocator``) and the database
+(``portal.store``): the engine decides on these, then hands a ``ChangeSet`` to the store, which
+commits it in one transaction before the decision is acknowledged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+class WorkloadState(StrEnum):
+    """Life of a workload. Terminal states: released, cancelled, failed."""
+
+    QUEUED = "queued"  # waiting; ``reason`` says why
+    RUNNING = "running"  # holds allocations
+    PREEMPTING = "preempting"  # told to stop; allocations held until ``preempt_deadline``
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (WorkloadState.RELEASED, WorkloadState.CANCELLED, WorkloadState.FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    name: str
+    cohort: str | None = None
+    weight: float = 1.0
+    pools: tuple[str, ...] = ()
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRecord:
+    """Quota of one tenant for one flavor, in the flavor's unit (GPUs, instances, milli-GPU)."""
+
+    tenant: str
+    flavor: str
+    guaranteed: int
+    limit: int
+    budget_gpu_hours: float | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationRecord:
+    """Devices one gang member holds on one node."""
+
+    id: str
+    workload_id: str
+    member: int
+    node: str
+    flavor: str
+    amount: int  # in the flavor's unit
+    gpu_equivalent: float
+    gpus: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    milli: int = 0  # per GPU; 1000 for whole GPUs
+    gpu_memory_mib: int = 0
+    mig_profile: str | None = None
+    mig_start: int | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    borrowed: bool = False
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRecord:
+    """A workload and its request, serialized as a JSON-compatible dict in ``request``."""
+
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    kind: str
+    request: dict[str, object]
+    gang_size: int
+    priority: int
+    state: WorkloadState
+    created_at: datetime
+    reason: str = ""
+    message: str = ""
+    idempotency_key: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    expected_duration_s: float | None = None
+    preempt_deadline: datetime | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    at: datetime
+    kind: str
+    tenant: str | None
+    workload_id: str | None
+    message: str
+    data: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ChangeSet:
+    """Everything one allocator decision changes, committed atomically by the store.
+
+    ``quota_versions`` carries the versions the caller read, for optimistic concurrency: the
+    store raises ``policies.errors.Conflict`` when a row's version moved meanwhile.
+    """
+
+    tenants: list[TenantRecord] = field(default_factory=list)
+    deleted_tenants: list[str] = field(default_factory=list)
+    quotas: list[QuotaRecord] = field(default_factory=list)
+    deleted_quotas: list[tuple[str, str]] = field(default_factory=list)
+    workloads: list[WorkloadRecord] = field(default_factory=list)  # upserts by id
+    allocations: list[AllocationRecord] = field(default_factory=list)  # inserts
+    released: list[tuple[str, datetime]] = field(default_factory=list)  # allocation id, when
+    events: list[EventRecord] = field(default_factory=list)
+    usage_history: dict[str, tuple[float, datetime]] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (
+            self.tenants
+            or self.deleted_tenants
+            or self.quotas
+            or self.deleted_quotas
+            or self.workloads
+            or self.allocations
+            or self.released
+            or self.events
+            or self.usage_history
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredState:
+    """What the store hands back on start: every tenant and quota, every non-terminal workload
+    with its active (unreleased) allocations, and the fairness history."""
+
+    tenants: list[TenantRecord]
+    quotas: list[QuotaRecord]
+    workloads: list[WorkloadRecord]
+    allocations: list[AllocationRecord]
+    usage_history: dict[str, tuple[float, datetime]]
