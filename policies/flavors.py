@@ -42,7 +42,9 @@ class Flavor:
     def __post_init__(self) -> None:
         if not _MODEL_RE.match(self.model):
             raise InvalidRequest(
-                "flavor", self.model, "a GPU model name such as 'H100-80GB' (letters, digits, '.', '-')"
+                "flavor",
+                self.model,
+                "a GPU model name such as 'H100-80GB' (letters, digits, '.', '-')",
             )
         if (self.kind is FlavorKind.MIG) != (self.profile is not None):
             raise InvalidRequest(
@@ -76,7 +78,5 @@ class Flavor:
         if rest == SHARE_SUFFIX:
             return cls(FlavorKind.SHARE, model)
         if not rest:
-            raise InvalidRequest(
-                "flavor", name, "'MODEL', 'MODEL/<mig profile>' or 'MODEL/share'"
-            )
+            raise InvalidRequest("flavor", name, "'MODEL', 'MODEL/<mig profile>' or 'MODEL/share'")
         return cls(FlavorKind.MIG, model, rest)

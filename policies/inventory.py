@@ -87,7 +87,9 @@ class Node:
     def __post_init__(self) -> None:
         if not _NODE_NAME_RE.match(self.name):
             raise InvalidRequest(
-                "node name", repr(self.name), "a DNS-1123 name (lowercase letters, digits, '-', '.')"
+                "node name",
+                repr(self.name),
+                "a DNS-1123 name (lowercase letters, digits, '-', '.')",
             )
         if self.cpu_milli < 0 or self.memory_mib < 0:
             raise InvalidRequest(

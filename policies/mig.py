@@ -152,9 +152,7 @@ def occupancy(geom: MigGeometry, layout: Iterable[MigInstance]) -> tuple[int, in
     return mask, compute
 
 
-def free_starts(
-    geom: MigGeometry, profile: str, layout: Iterable[MigInstance]
-) -> Iterator[int]:
+def free_starts(geom: MigGeometry, profile: str, layout: Iterable[MigInstance]) -> Iterator[int]:
     """Start slots where a new instance of ``profile`` fits next to ``layout``."""
     p = geom.profile(profile)
     instances = list(layout)

@@ -79,7 +79,8 @@ class DeviceRequest:
         elif self.kind is FlavorKind.MIG:
             if self.mig_profile is None or self.count not in (0, 1):
                 raise InvalidRequest(
-                    "MIG request", f"profile={self.mig_profile} count={self.count}",
+                    "MIG request",
+                    f"profile={self.mig_profile} count={self.count}",
                     "one instance of a named profile",
                 )
             if not self.models:
@@ -96,9 +97,7 @@ class DeviceRequest:
         if self.topology is TopologyRequirement.NVLINK and (
             self.kind is not FlavorKind.GPU or self.count < 2
         ):
-            raise InvalidRequest(
-                "topology", "nvlink", "only with 2 or more whole GPUs per member"
-            )
+            raise InvalidRequest("topology", "nvlink", "only with 2 or more whole GPUs per member")
 
     @property
     def gpus(self) -> int:
@@ -151,8 +150,6 @@ class WorkloadRequest:
         if not 1 <= self.gang_size <= MAX_GANG_SIZE:
             raise InvalidRequest("gang size", self.gang_size, f"1 to {MAX_GANG_SIZE}")
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
-            raise InvalidRequest(
-                "priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}"
-            )
+            raise InvalidRequest("priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
         if not self.name or len(self.name) > 253:
             raise InvalidRequest("workload name", repr(self.name), "1 to 253 characters")

@@ -1,0 +1,12 @@
+"""Placement: filter → choose devices → score → pick, over an in-memory cluster state.
+
+- ``state``: mutable per-node free capacity with indexes (the allocator's working copy);
+- ``devices``: which concrete GPUs / MIG slot / share a request would take on one node;
+- ``framework``: the narrow ``Filter`` and ``Scorer`` protocols and the ``Policy`` that combines them;
+- ``pipeline``: ``place()`` for one member and ``place_gang()`` for all-or-nothing groups;
+- ``scorers/``: one module per scoring idea.
+"""
+
+from policies.placement.state import ClusterState, NodeState, Placement
+
+__all__ = ["ClusterState", "NodeState", "Placement"]

@@ -1,0 +1,240 @@
+"""Mutable free-capacity state of the cluster, kept by the allocator and by benchmarks.
+
+``ClusterState`` is the single in-memory truth placement reads. It is changed only through
+``apply``/``unapply`` (and node add/remove), which keep per-node aggregates and the model index
+current, so a decision never scans more than the nodes that could possibly fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from policies import mig
+from policies.errors import Conflict, InvalidRequest, NotFound
+from policies.flavors import MILLI_PER_GPU
+from policies.inventory import Node
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Concrete devices for one gang member on one node.
+
+    ``milli`` is per GPU (1000 for whole GPUs). For MIG, ``gpus`` holds the parent GPU and
+    ``mig_start`` the instance's first memory slice; ``mig_created`` says whether the instance
+    was created for this placement (on reconfigurable nodes) rather than taken from the layout.
+    """
+
+    node: str
+    gpus: tuple[int, ...] = ()
+    milli: int = 0
+    gpu_memory_mib: int = 0
+    mig_profile: str | None = None
+    mig_start: int | None = None
+    mig_created: bool = False
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+class NodeState:
+    """Free capacity of one node. Aggregates are kept current by ``ClusterState``."""
+
+    __slots__ = (
+        "cpu_free",
+        "free_mem",
+        "free_milli",
+        "full_free",
+        "max_free_milli",
+        "mem_free",
+        "mig_free",
+        "mig_layout",
+        "model",
+        "node",
+        "order",
+        "schedulable",
+        "version",
+    )
+
+    def __init__(self, node: Node, order: int) -> None:
+        self.node = node
+        self.order = order
+        self.model = node.gpus[0].model if node.gpus else ""
+        self.cpu_free = node.cpu_milli
+        self.mem_free = node.memory_mib
+        self.schedulable = node.schedulable
+        # Per GPU: free milli and free memory. MIG GPUs are never whole-free or shareable.
+        self.free_milli = [0 if g.mig_enabled else MILLI_PER_GPU for g in node.gpus]
+        self.free_mem = [g.memory_mib for g in node.gpus]
+        # Per MIG GPU: every instance that exists, and which starts are unallocated.
+        self.mig_layout: list[list[mig.MigInstance]] = [list(g.mig_layout) for g in node.gpus]
+        self.mig_free: list[set[int]] = [{i.start for i in g.mig_layout} for g in node.gpus]
+        self.full_free = 0
+        self.max_free_milli = 0
+        self.version = 0
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.full_free = sum(1 for m in self.free_milli if m == MILLI_PER_GPU)
+        shareable = [m for m, g in zip(self.free_milli, self.node.gpus, strict=True) if g.shareable]
+        self.max_free_milli = max(shareable, default=0)
+        self.version += 1
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.node.gpus)
+
+    @property
+    def free_milli_total(self) -> int:
+        return sum(self.free_milli)
+
+    def free_gpus(self) -> list[int]:
+        """Indices of fully free (whole-allocatable) GPUs."""
+        return [i for i, m in enumerate(self.free_milli) if m == MILLI_PER_GPU]
+
+    def fits_host(self, cpu_milli: int, memory_mib: int) -> bool:
+        return self.cpu_free >= cpu_milli and self.mem_free >= memory_mib
+
+    # -- changes (only ClusterState calls these) ------------------------------------------
+
+    def _take(self, p: Placement) -> None:
+        if not self.fits_host(p.cpu_milli, p.memory_mib):
+            raise Conflict(
+                f"node {self.name} has {self.cpu_free}m CPU and {self.mem_free}Mi memory free, "
+                f"placement needs {p.cpu_milli}m and {p.memory_mib}Mi"
+            )
+        if p.mig_profile is not None:
+            self._take_mig(p)
+        else:
+            if len(set(p.gpus)) != len(p.gpus):
+                raise InvalidRequest("GPU indices", list(p.gpus), "distinct indices")
+            for g in p.gpus:
+                self._check_gpu(g)
+                if self.free_milli[g] < p.milli or self.free_mem[g] < p.gpu_memory_mib:
+                    raise Conflict(
+                        f"GPU {g} on {self.name} has {self.free_milli[g]} milli and "
+                        f"{self.free_mem[g]} MiB free, placement needs {p.milli} and "
+                        f"{p.gpu_memory_mib}"
+                    )
+            for g in p.gpus:
+                self.free_milli[g] -= p.milli
+                self.free_mem[g] -= p.gpu_memory_mib
+        self.cpu_free -= p.cpu_milli
+        self.mem_free -= p.memory_mib
+        self._refresh()
+
+    def _take_mig(self, p: Placement) -> None:
+        (g,) = p.gpus
+        self._check_gpu(g)
+        assert p.mig_profile is not None and p.mig_start is not None
+        if p.mig_created:
+            geom = mig.geometry(self.node.gpus[g].model)
+            if p.mig_start not in set(mig.free_starts(geom, p.mig_profile, self.mig_layout[g])):
+                raise Conflict(
+                    f"MIG {p.mig_profile}@{p.mig_start} does not fit on GPU {g} of {self.name}"
+                )
+            self.mig_layout[g].append(mig.MigInstance(p.mig_profile, p.mig_start))
+        else:
+            inst = self._instance(g, p.mig_start)
+            if inst is None or inst.profile != p.mig_profile or p.mig_start not in self.mig_free[g]:
+                raise Conflict(
+                    f"MIG instance {p.mig_profile}@{p.mig_start} on GPU {g} of {self.name} "
+                    "is not free"
+                )
+            self.mig_free[g].discard(p.mig_start)
+
+    def _give(self, p: Placement) -> None:
+        if p.mig_profile is not None:
+            (g,) = p.gpus
+            if p.mig_created:
+                self.mig_layout[g] = [i for i in self.mig_layout[g] if i.start != p.mig_start]
+            else:
+                self.mig_free[g].add(p.mig_start)  # type: ignore[arg-type]
+        else:
+            for g in p.gpus:
+                self.free_milli[g] += p.milli
+                self.free_mem[g] += p.gpu_memory_mib
+                if self.free_milli[g] > MILLI_PER_GPU:
+                    raise Conflict(f"GPU {g} on {self.name} released more than it held")
+        self.cpu_free += p.cpu_milli
+        self.mem_free += p.memory_mib
+        self._refresh()
+
+    def _instance(self, g: int, start: int | None) -> mig.MigInstance | None:
+        for inst in self.mig_layout[g]:
+            if inst.start == start:
+                return inst
+        return None
+
+    def _check_gpu(self, g: int) -> None:
+        if not 0 <= g < self.gpu_count:
+            raise InvalidRequest("GPU index", g, f"0..{self.gpu_count - 1} on {self.name}")
+
+
+class ClusterState:
+    """All nodes' free capacity, indexed by GPU model.
+
+    Node order (``NodeState.order``) is the deterministic tie-break: among equally scored
+    candidates the lowest order wins.
+    """
+
+    def __init__(self, nodes: Iterable[Node] = ()) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.by_model: dict[str, dict[str, NodeState]] = {}
+        self._next_order = 0
+        for n in nodes:
+            self.add_node(n)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(self.nodes.values())
+
+    def node(self, name: str) -> NodeState:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise NotFound("node", name) from None
+
+    def add_node(self, node: Node, order: int | None = None) -> NodeState:
+        if node.name in self.nodes:
+            raise Conflict(f"node {node.name} is already in the inventory")
+        if order is None:
+            order = self._next_order
+        self._next_order = max(self._next_order, order + 1)
+        st = NodeState(node, order)
+        self.nodes[node.name] = st
+        for model in node.models or {""}:
+            self.by_model.setdefault(model, {})[node.name] = st
+        return st
+
+    def remove_node(self, name: str) -> NodeState:
+        st = self.node(name)
+        del self.nodes[name]
+        for model in st.node.models or {""}:
+            self.by_model.get(model, {}).pop(name, None)
+        return st
+
+    def set_schedulable(self, name: str, schedulable: bool) -> None:
+        self.node(name).schedulable = schedulable
+
+    def candidates(self, models: frozenset[str]) -> Iterable[NodeState]:
+        """Nodes carrying one of ``models`` (all nodes when empty), in no particular order."""
+        if not models:
+            return self.nodes.values()
+        if len(models) == 1:
+            (m,) = models
+            return self.by_model.get(m, {}).values()
+        return [st for m in models for st in self.by_model.get(m, {}).values()]
+
+    def apply(self, p: Placement) -> None:
+        """Take the devices of ``p``; raises ``Conflict`` (and changes nothing) if not free."""
+        self.node(p.node)._take(p)
+
+    def unapply(self, p: Placement) -> None:
+        """Give back the devices of ``p``."""
+        self.node(p.node)._give(p)
