@@ -2,7 +2,7 @@
 
 - ``state``: mutable per-node free capacity with indexes (the allocator's working copy);
 - ``devices``: which concrete GPUs / MIG slot / share a request would take on one node;
-- ``framework``: the narrow ``Filter`` and ``Scorer`` protocols and the ``Policy`` that combines them;
+- ``framework``: the ``Scorer`` protocol and the ``Policy`` that combines scorers;
 - ``pipeline``: ``place()`` for one member and ``place_gang()`` for all-or-nothing groups;
 - ``scorers/``: one module per scoring idea.
 """

@@ -54,10 +54,10 @@ def choose_whole(req: DeviceRequest, st: NodeState) -> tuple[int, ...] | None:
     if k == 1:
         # A single GPU: take the one least connected to the other free GPUs, so the
         # well-connected groups stay whole for multi-GPU requests later.
-        topo = st.node.topology
-        if topo is None or len(free) == 1:
+        known = st.node.topology
+        if known is None or len(free) == 1:
             return (free[0],)
-        best = min(free, key=lambda g: (_ties(topo, g, free), g))
+        best = min(free, key=lambda g: (_ties(known, g, free), g))
         return (best,)
     topo = st.node.link_topology
     chosen = _best_set(topo, free, k)

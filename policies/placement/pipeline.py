@@ -38,6 +38,9 @@ class NoFit:
         return f"0 of {self.nodes_considered} nodes fit: " + "; ".join(parts)
 
 
+ANYWHERE = PlacementContext()
+
+
 def unfit(req: DeviceRequest, st: NodeState, ctx: PlacementContext) -> Unfit | None:
     """The first reason ``st`` cannot take one member of ``req``, from aggregates only."""
     node = st.node
@@ -74,7 +77,7 @@ def place(
     req: DeviceRequest,
     cluster: ClusterState,
     policy: Policy,
-    ctx: PlacementContext = PlacementContext(),
+    ctx: PlacementContext = ANYWHERE,
 ) -> Placement | NoFit:
     """Best placement of one member of ``req``, or why none exists. Does not change state."""
     best: Placement | None = None
@@ -128,7 +131,7 @@ def place_gang(
     members: int,
     cluster: ClusterState,
     policy: Policy,
-    ctx: PlacementContext = PlacementContext(),
+    ctx: PlacementContext = ANYWHERE,
     topology: TopologyRequirement = TopologyRequirement.ANY,
 ) -> list[Placement] | NoFit:
     """Place ``members`` copies of ``req`` all-or-nothing. The state is unchanged on return.
