@@ -68,7 +68,8 @@ class AllocationRecord:
     cpu_milli: int = 0
     memory_mib: int = 0
     borrowed: bool = False
-    created_at: datetime | None = None
+    created_at: datetime | None = None  # the store fills in the commit time when None
+    released_at: datetime | None = None  # set by the store when read back; None while active
 
 
 @dataclass(frozen=True, slots=True)

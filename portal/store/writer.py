@@ -1,0 +1,474 @@
+"""The store the allocator writes its decisions to and rebuilds its state from.
+
+Concurrency model: the allocator is the single writer; readers (API, dashboards) may call the
+read methods from other threads. ``commit`` applies a whole ``ChangeSet`` in one transaction or
+nothing of it. Tenants, quotas and workloads carry a version: a record in a change set holds the
+*new* version, and the row must be at ``version - 1`` (or absent, for version 1), otherwise the
+store raises ``Conflict`` and rolls everything back. Device claims are guarded by the database
+itself (see ``portal.store.models.DeviceClaim``), so even a buggy or second writer cannot hand a
+GPU or MIG slice out twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    delete,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError, StatementError
+
+from policies.errors import Conflict, NotFound, PortalError
+from portal.store import convert
+from portal.store.convert import Claim
+from portal.store.db import WRITE_OPTION, make_engine
+from portal.store.migrate import upgrade
+from portal.store.models import metadata
+from portal.store.records import (
+    AllocationRecord,
+    ChangeSet,
+    EventRecord,
+    StoredState,
+    WorkloadRecord,
+    WorkloadState,
+)
+
+TENANTS: Table = metadata.tables["tenants"]
+QUOTAS: Table = metadata.tables["quotas"]
+WORKLOADS: Table = metadata.tables["workloads"]
+ALLOCATIONS: Table = metadata.tables["allocations"]
+CLAIMS: Table = metadata.tables["device_claims"]
+USAGE: Table = metadata.tables["usage_history"]
+EVENTS: Table = metadata.tables["events"]
+META: Table = metadata.tables["meta"]
+
+ACTIVE_STATES = tuple(s for s in WorkloadState if not s.terminal)
+
+
+def _app_version() -> str:
+    try:
+        return importlib_metadata.version("gpuportal")
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Store:
+    """Durable state of the portal in SQLite or PostgreSQL.
+
+    ``Store(url)`` connects and migrates the database to the newest schema. Every method is
+    safe to call from several threads.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: Engine = make_engine(url)
+        try:
+            upgrade(self.engine)
+            self._insert_factory = (
+                sqlite.insert if self.engine.dialect.name == "sqlite" else postgresql.insert
+            )
+            with self._write() as conn:
+                conn.execute(
+                    self._insert_factory(META)
+                    .values(key="app_version", value=_app_version())
+                    .on_conflict_do_update(index_elements=["key"], set_={"value": _app_version()})
+                )
+        except BaseException:
+            self.engine.dispose()
+            raise
+        self._prepare()
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        """Connect to ``url`` and migrate it to the newest schema."""
+        return cls(url)
+
+    def close(self) -> None:
+        """Close every pooled connection. The store is unusable afterwards."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- statements, compiled once and reused for speed ------------------------------------
+
+    def _prepare(self) -> None:
+        self._insert_new: dict[str, Any] = {
+            table.name: self._insert_factory(table).on_conflict_do_nothing(
+                index_elements=[c.name for c in table.primary_key.columns]
+            )
+            for table in (TENANTS, QUOTAS, WORKLOADS)
+        }
+        self._update_versioned: dict[str, Any] = {
+            table.name: update(table).where(
+                *(c == bindparam(f"key_{c.name}") for c in table.primary_key.columns),
+                table.c.version == bindparam("old_version"),
+            )
+            for table in (TENANTS, QUOTAS, WORKLOADS)
+        }
+        self._release = (
+            update(ALLOCATIONS)
+            .where(ALLOCATIONS.c.id == bindparam("key_id"), ALLOCATIONS.c.released_at.is_(None))
+            .values(released_at=bindparam("at"))
+        )
+        usage_insert = self._insert_factory(USAGE)
+        self._upsert_usage = usage_insert.on_conflict_do_update(
+            index_elements=["tenant"],
+            set_={
+                "value": usage_insert.excluded.value,
+                "updated_at": usage_insert.excluded.updated_at,
+            },
+        )
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with (
+            self.engine.connect().execution_options(**{WRITE_OPTION: True}) as conn,
+            conn.begin(),
+        ):
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "postgresql":
+                # One snapshot for every statement of the read.
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def commit(self, changes: ChangeSet) -> None:
+        """Apply everything in ``changes`` in one transaction, or nothing of it.
+
+        Raises:
+            Conflict: a version moved, a device is already claimed, an idempotency key is
+                taken, a released allocation was already released, or a deleted tenant still
+                has non-terminal workloads.
+            NotFound: a released allocation, deleted tenant or quota, or the workload of a new
+                allocation does not exist.
+            InvalidRequest: a record is malformed (naive timestamp, bad flavor or MIG slot).
+        """
+        if changes.empty():
+            return
+        now = datetime.now(UTC)
+        new_claims = self._new_claims(changes.allocations)
+        try:
+            with self._write() as conn:
+                self._apply(conn, changes, new_claims, now)
+        except IntegrityError as err:
+            raise self._explain(changes, new_claims, err) from err
+        except StatementError as err:
+            if isinstance(err.orig, PortalError):
+                raise err.orig from None
+            raise
+
+    def _apply(
+        self,
+        conn: Connection,
+        changes: ChangeSet,
+        new_claims: Mapping[str, list[Claim]],
+        now: datetime,
+    ) -> None:
+        # Order matters: releases come before new allocations, so a preemption that frees a
+        # GPU and hands it to another workload in the same decision is accepted.
+        for t in changes.tenants:
+            self._versioned(conn, TENANTS, convert.tenant_row(t), f"tenant {t.name!r}")
+        for q in changes.quotas:
+            self._versioned(conn, QUOTAS, convert.quota_row(q), f"quota {q.tenant}/{q.flavor}")
+        for w in changes.workloads:
+            self._versioned(conn, WORKLOADS, convert.workload_row(w), f"workload {w.id!r}")
+        if changes.released:
+            self._apply_releases(conn, changes.released)
+        if changes.allocations:
+            conn.execute(
+                ALLOCATIONS.insert(),
+                [convert.allocation_row(a, now) for a in changes.allocations],
+            )
+            rows = [
+                {"node": node, "gpu": gpu, "slot": slot, "allocation_id": alloc_id}
+                for alloc_id, cs in new_claims.items()
+                for node, gpu, slot in cs
+            ]
+            if rows:
+                conn.execute(CLAIMS.insert(), rows)
+        for tenant, flavor in changes.deleted_quotas:
+            gone = conn.execute(
+                delete(QUOTAS).where(QUOTAS.c.tenant == tenant, QUOTAS.c.flavor == flavor)
+            )
+            if gone.rowcount != 1:
+                raise NotFound("quota", f"{tenant}/{flavor}")
+        for name in changes.deleted_tenants:
+            self._delete_tenant(conn, name)
+        if changes.events:
+            conn.execute(EVENTS.insert(), [convert.event_row(e) for e in changes.events])
+        if changes.usage_history:
+            conn.execute(
+                self._upsert_usage,
+                [
+                    {"tenant": tenant, "value": value, "updated_at": at}
+                    for tenant, (value, at) in changes.usage_history.items()
+                ],
+            )
+
+    def _versioned(self, conn: Connection, table: Table, row: dict[str, Any], what: str) -> None:
+        version = row["version"]
+        if version < 1:
+            raise Conflict(f"{what} carries version {version}; versions start at 1")
+        keys = {c.name: row[c.name] for c in table.primary_key.columns}
+        if version == 1:
+            done = conn.execute(self._insert_new[table.name], row).rowcount == 1
+        else:
+            params = {**row, **{f"key_{k}": v for k, v in keys.items()}, "old_version": version - 1}
+            done = conn.execute(self._update_versioned[table.name], params).rowcount == 1
+        if done:
+            return
+        found = conn.execute(
+            select(table.c.version).where(*(table.c[k] == v for k, v in keys.items()))
+        ).scalar_one_or_none()
+        expected = (
+            "no stored row (version 1 creates one)"
+            if version == 1
+            else (f"stored version {version - 1}")
+        )
+        stored = "no stored row" if found is None else f"stored version {found}"
+        raise Conflict(
+            f"stale {what}: writing version {version} needs {expected}, found {stored}; "
+            "reload it and retry"
+        )
+
+    def _apply_releases(self, conn: Connection, released: list[tuple[str, datetime]]) -> None:
+        for alloc_id, at in released:
+            if conn.execute(self._release, {"key_id": alloc_id, "at": at}).rowcount == 1:
+                continue
+            when = conn.execute(
+                select(ALLOCATIONS.c.released_at).where(ALLOCATIONS.c.id == alloc_id)
+            ).one_or_none()
+            if when is None:
+                raise NotFound("allocation", alloc_id)
+            raise Conflict(
+                f"allocation {alloc_id!r} was already released at {when[0].isoformat()}; "
+                "only active allocations can be released"
+            )
+        conn.execute(
+            delete(CLAIMS).where(CLAIMS.c.allocation_id.in_([alloc_id for alloc_id, _ in released]))
+        )
+
+    def _delete_tenant(self, conn: Connection, name: str) -> None:
+        busy = list(
+            conn.execute(
+                select(WORKLOADS.c.id)
+                .where(WORKLOADS.c.tenant == name, WORKLOADS.c.state.in_(ACTIVE_STATES))
+                .order_by(WORKLOADS.c.id)
+                .limit(6)
+            ).scalars()
+        )
+        if busy:
+            shown = ", ".join(busy[:5]) + (", …" if len(busy) > 5 else "")
+            raise Conflict(
+                f"tenant {name!r} still has non-terminal workloads ({shown}); cancel or "
+                "release them before deleting the tenant"
+            )
+        if conn.execute(delete(TENANTS).where(TENANTS.c.name == name)).rowcount != 1:
+            raise NotFound("tenant", name)
+        conn.execute(delete(USAGE).where(USAGE.c.tenant == name))
+
+    @staticmethod
+    def _new_claims(allocations: Iterable[AllocationRecord]) -> dict[str, list[Claim]]:
+        """Claims per new allocation; two new allocations that overlap are a Conflict."""
+        owner: dict[Claim, str] = {}
+        result: dict[str, list[Claim]] = {}
+        for a in allocations:
+            cs = convert.claims(a)
+            for c in cs:
+                other = owner.setdefault(c, a.id)
+                if other != a.id:
+                    raise Conflict(
+                        f"GPU {c[1]} on {c[0]} is claimed twice in one change, by allocations "
+                        f"{other!r} and {a.id!r}"
+                    )
+            result[a.id] = cs
+        return result
+
+    def _explain(
+        self, changes: ChangeSet, new_claims: Mapping[str, list[Claim]], err: IntegrityError
+    ) -> PortalError:
+        """Turn a constraint violation (the transaction is rolled back) into a clear error."""
+        released = {alloc_id for alloc_id, _ in changes.released}
+        wanted = {c: alloc_id for alloc_id, cs in new_claims.items() for c in cs}
+        with self._read() as conn:
+            if wanted:
+                held = conn.execute(
+                    select(
+                        CLAIMS.c.node,
+                        CLAIMS.c.gpu,
+                        CLAIMS.c.slot,
+                        CLAIMS.c.allocation_id,
+                        ALLOCATIONS.c.workload_id,
+                    )
+                    .join(ALLOCATIONS, ALLOCATIONS.c.id == CLAIMS.c.allocation_id)
+                    .where(
+                        tuple_(CLAIMS.c.node, CLAIMS.c.gpu, CLAIMS.c.slot).in_(list(wanted)),
+                        CLAIMS.c.allocation_id.not_in(list(released)),
+                    )
+                    .limit(1)
+                ).first()
+                if held is not None:
+                    node, gpu, slot, holder, workload = held
+                    return Conflict(
+                        f"GPU {gpu} on {node} is already held by allocation {holder!r} "
+                        f"(workload {workload!r}); allocation {wanted[(node, gpu, slot)]!r} "
+                        "cannot claim it"
+                    )
+            ids = [a.id for a in changes.allocations]
+            if ids:
+                taken = conn.execute(
+                    select(ALLOCATIONS.c.id).where(ALLOCATIONS.c.id.in_(ids)).limit(1)
+                ).scalar_one_or_none()
+                if taken is not None:
+                    return Conflict(
+                        f"allocation {taken!r} already exists; allocation ids are unique"
+                    )
+                known = set(
+                    conn.execute(
+                        select(WORKLOADS.c.id).where(
+                            WORKLOADS.c.id.in_({a.workload_id for a in changes.allocations})
+                        )
+                    ).scalars()
+                ) | {w.id for w in changes.workloads}
+                for a in changes.allocations:
+                    if a.workload_id not in known:
+                        return NotFound("workload", a.workload_id)
+            for w in changes.workloads:
+                if w.idempotency_key is None:
+                    continue
+                other = conn.execute(
+                    select(WORKLOADS.c.id).where(
+                        WORKLOADS.c.tenant == w.tenant,
+                        WORKLOADS.c.owner == w.owner,
+                        WORKLOADS.c.idempotency_key == w.idempotency_key,
+                        WORKLOADS.c.id != w.id,
+                    )
+                ).scalar_one_or_none()
+                if other is not None:
+                    return Conflict(
+                        f"idempotency key {w.idempotency_key!r} of {w.owner!r} in tenant "
+                        f"{w.tenant!r} is already used by workload {other!r}; workload "
+                        f"{w.id!r} needs another key"
+                    )
+        return Conflict(f"the database rejected the change: {err.orig}")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def load(self) -> StoredState:
+        """Everything the allocator needs on start, read from one snapshot."""
+        with self._read() as conn:
+            tenants = [
+                convert.tenant_record(r)
+                for r in conn.execute(select(TENANTS).order_by(TENANTS.c.name)).mappings()
+            ]
+            quotas = [
+                convert.quota_record(r)
+                for r in conn.execute(
+                    select(QUOTAS).order_by(QUOTAS.c.tenant, QUOTAS.c.flavor)
+                ).mappings()
+            ]
+            workloads = [
+                convert.workload_record(r)
+                for r in conn.execute(
+                    select(WORKLOADS)
+                    .where(WORKLOADS.c.state.in_(ACTIVE_STATES))
+                    .order_by(WORKLOADS.c.created_at, WORKLOADS.c.id)
+                ).mappings()
+            ]
+            allocations = [
+                convert.allocation_record(r)
+                for r in conn.execute(
+                    select(ALLOCATIONS)
+                    .where(ALLOCATIONS.c.released_at.is_(None))
+                    .order_by(ALLOCATIONS.c.created_at, ALLOCATIONS.c.id)
+                ).mappings()
+            ]
+            usage = {r.tenant: (r.value, r.updated_at) for r in conn.execute(select(USAGE))}
+        return StoredState(
+            tenants=tenants,
+            quotas=quotas,
+            workloads=workloads,
+            allocations=allocations,
+            usage_history=usage,
+        )
+
+    def workload(self, workload_id: str) -> WorkloadRecord | None:
+        """The workload with this id, in any state, or None."""
+        with self._read() as conn:
+            row = (
+                conn.execute(select(WORKLOADS).where(WORKLOADS.c.id == workload_id))
+                .mappings()
+                .one_or_none()
+            )
+        return None if row is None else convert.workload_record(row)
+
+    def workload_by_idempotency_key(
+        self, tenant: str, owner: str, key: str
+    ) -> WorkloadRecord | None:
+        """The workload ``owner`` created in ``tenant`` with this idempotency key, or None."""
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    select(WORKLOADS).where(
+                        WORKLOADS.c.tenant == tenant,
+                        WORKLOADS.c.owner == owner,
+                        WORKLOADS.c.idempotency_key == key,
+                    )
+                )
+                .mappings()
+                .one_or_none()
+            )
+        return None if row is None else convert.workload_record(row)
+
+    def events(
+        self, since: datetime | None = None, limit: int = 1000, *, tenant: str | None = None
+    ) -> list[EventRecord]:
+        """Events at or after ``since`` (all when None), oldest first, at most ``limit``."""
+        query = select(EVENTS).order_by(EVENTS.c.id).limit(limit)
+        if since is not None:
+            query = query.where(EVENTS.c.at >= since)
+        if tenant is not None:
+            query = query.where(EVENTS.c.tenant == tenant)
+        with self._read() as conn:
+            return [convert.event_record(r) for r in conn.execute(query).mappings()]
+
+    def allocations_between(self, start: datetime, end: datetime) -> list[AllocationRecord]:
+        """Allocations active at some time in ``[start, end)``, released ones included."""
+        query = (
+            select(ALLOCATIONS)
+            .where(
+                ALLOCATIONS.c.created_at < end,
+                or_(ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.released_at > start),
+            )
+            .order_by(ALLOCATIONS.c.created_at, ALLOCATIONS.c.id)
+        )
+        with self._read() as conn:
+            return [convert.allocation_record(r) for r in conn.execute(query).mappings()]
+
+    def meta(self) -> dict[str, str]:
+        """Facts about the database: ``schema_version``, ``app_version`` of the last opener."""
+        with self._read() as conn:
+            return {r.key: r.value for r in conn.execute(select(META))}
