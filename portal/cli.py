@@ -1,0 +1,99 @@
+"""The ``gpuportal`` command line.
+
+``run`` parses arguments and dispatches to one handler per subcommand; ``main`` is the only
+place that exits the process. Every ``PortalError`` becomes exit code 2 with its message on
+stderr, the same code argparse uses for a malformed command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+from policies.errors import PortalError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def package_version() -> str:
+    """The installed gpuportal version, or ``unknown`` when run from an uninstalled tree."""
+    try:
+        return version("gpuportal")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _version(_args: argparse.Namespace) -> int:
+    print(f"gpuportal {package_version()}")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    # Imported here so `gpuportal version` stays fast and works without the hub installed.
+    from portal import demo
+    from portal.settings import load_settings
+
+    settings = load_settings(demo_port=args.port, demo_ip=args.ip)
+    plan = demo.prepare(settings)
+    print(demo.banner(plan), flush=True)
+    summary = demo.inventory_summary()
+    if summary is not None:
+        print(summary, flush=True)
+    print(f"state in {plan.state_dir}; stop with Ctrl-C", flush=True)
+    demo.run_hub(plan)
+    return EXIT_OK  # not reached: run_hub replaces the process
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; each subcommand stores its handler as ``handler``."""
+    parser = argparse.ArgumentParser(
+        prog="gpuportal",
+        description="Jupyter-native, multi-tenant GPU portal.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    version_cmd = commands.add_parser("version", help="print the gpuportal version")
+    version_cmd.set_defaults(handler=_version)
+
+    demo_cmd = commands.add_parser(
+        "demo",
+        help="run the portal on this machine with demo tenants and users (Ctrl-C stops it)",
+        description=(
+            "Run JupyterHub on SQLite with demo tenants team-a and team-b, users alice, bob "
+            "and carol (admin), and JupyterLab servers started as local processes. State goes "
+            "to GPUPORTAL_STATE_DIR (default .run/demo under the current directory)."
+        ),
+    )
+    demo_cmd.add_argument(
+        "--port", type=int, default=None, help="public port (default: GPUPORTAL_DEMO_PORT or 8000)"
+    )
+    demo_cmd.add_argument(
+        "--ip", default=None, help="public address (default: GPUPORTAL_DEMO_IP or 127.0.0.1)"
+    )
+    demo_cmd.set_defaults(handler=_demo)
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code; errors of the portal become ``EXIT_USAGE``."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except PortalError as exc:
+        print(f"gpuportal {args.command}: error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``gpuportal`` console script."""
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The one-command demo: JupyterHub on SQLite with demo tenants, users and local JupyterLab.
+
+``hub_config`` builds the hub's configuration from typed inputs with no I/O, ``render_config``
+turns it into a ``jupyterhub_config.py``; ``prepare`` writes the state directory and ``run_hub``
+replaces the current process with JupyterHub, so signals (Ctrl-C, SIGTERM) reach the hub
+directly and it stops its proxy and the users' servers itself.
+
+Later issues replace the spawner with gpuportal's own and add the portal service.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import secrets
+import shutil
+import socket
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from policies.errors import PortalError
+from portal.settings import Settings
+
+# Tenants are JupyterHub groups; the demo has two, plus one hub admin in none of them.
+DEMO_TENANTS: Mapping[str, tuple[str, ...]] = {"team-a": ("alice",), "team-b": ("bob",)}
+DEMO_ADMINS: tuple[str, ...] = ("carol",)
+
+PROXY_PROGRAM = "configurable-http-proxy"
+# Where scripts/bootstrap installs the proxy (npm --prefix), relative to the repository root.
+_LOCAL_NODE_BIN = Path(".cache/node/bin")
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+_DEMO_INVENTORY = Path(__file__).resolve().parent / "data" / "demo-inventory.yaml"
+
+# JupyterLab's first start on a small machine can take longer than the hub's 60 s default.
+_SPAWN_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True, slots=True)
+class HubPorts:
+    """The three TCP ports of a running hub, all on loopback except ``public``."""
+
+    public: int
+    hub_api: int
+    proxy_api: int
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    """Everything ``run_hub`` needs, and what to tell the person who started the demo."""
+
+    state_dir: Path
+    config_file: Path
+    url: str
+    password: str
+
+
+def demo_users() -> dict[str, str]:
+    """Each demo user with its role in words, e.g. ``{"alice": "team-a"}``."""
+    users = {user: tenant for tenant, members in DEMO_TENANTS.items() for user in members}
+    users.update(dict.fromkeys(DEMO_ADMINS, "admin"))
+    return users
+
+
+def hub_config(
+    settings: Settings,
+    *,
+    password: str,
+    proxy_command: Path,
+    ports: HubPorts,
+    python: str,
+    run_as_root: bool,
+) -> dict[str, dict[str, object]]:
+    """The hub configuration as ``{section: {trait: value}}``; pure, for tests and rendering."""
+    state = settings.state_dir
+    users = sorted(demo_users())
+    singleuser_args = ["--allow-root"] if run_as_root else []
+    return {
+        "JupyterHub": {
+            "bind_url": f"http://{_host_for_url(settings.demo_ip)}:{ports.public}/",
+            "hub_ip": "127.0.0.1",
+            "hub_port": ports.hub_api,
+            "db_url": f"sqlite:///{state / 'jupyterhub.sqlite'}",
+            "cookie_secret_file": str(state / "jupyterhub_cookie_secret"),
+            "authenticator_class": "jupyterhub.auth.DummyAuthenticator",
+            "spawner_class": "jupyterhub.spawner.SimpleLocalProcessSpawner",
+            "load_groups": {
+                tenant: {"users": list(members)} for tenant, members in DEMO_TENANTS.items()
+            },
+            "cleanup_servers": True,
+            "cleanup_proxy": True,
+        },
+        "Authenticator": {
+            "allowed_users": users,
+            "admin_users": list(DEMO_ADMINS),
+        },
+        "DummyAuthenticator": {"password": password},
+        "ConfigurableHTTPProxy": {
+            "command": [str(proxy_command)],
+            "api_url": f"http://127.0.0.1:{ports.proxy_api}",
+            "pid_file": str(state / "proxy.pid"),
+        },
+        "Spawner": {
+            "cmd": [python, "-m", "jupyterhub.singleuser"],
+            "args": singleuser_args,
+            "default_url": "/lab",
+            "start_timeout": _SPAWN_TIMEOUT_S,
+            "http_timeout": _SPAWN_TIMEOUT_S,
+        },
+        "SimpleLocalProcessSpawner": {
+            "home_dir_template": str(state / "home" / "{username}"),
+        },
+    }
+
+
+def render_config(config: Mapping[str, Mapping[str, object]]) -> str:
+    """A ``jupyterhub_config.py`` that sets exactly ``config`` (values must be literals)."""
+    lines = [
+        "# Written by `gpuportal demo` on every start; edits are overwritten.",
+        "c = get_config()  # noqa: F821",
+        "",
+    ]
+    for section, traits in config.items():
+        lines.extend(f"c.{section}.{name} = {value!r}" for name, value in traits.items())
+    return "\n".join(lines) + "\n"
+
+
+def find_proxy(repo_root: Path = _REPO_ROOT) -> Path:
+    """The configurable-http-proxy that scripts/bootstrap installed, else the one on PATH.
+
+    Raises:
+        PortalError: neither exists.
+    """
+    local = repo_root / _LOCAL_NODE_BIN / PROXY_PROGRAM
+    if local.is_file() and os.access(local, os.X_OK):
+        return local
+    found = shutil.which(PROXY_PROGRAM)
+    if found:
+        return Path(found)
+    raise PortalError(
+        f"{PROXY_PROGRAM} not found in {_LOCAL_NODE_BIN}/ nor on PATH; "
+        "run `scripts/bootstrap runtime` to install it"
+    )
+
+
+def prepare(settings: Settings) -> DemoPlan:
+    """Create the state directory and write the hub configuration into it.
+
+    Raises:
+        PortalError: the state directory cannot be created or written, or the proxy is missing.
+    """
+    proxy = find_proxy()
+    state = settings.state_dir
+    try:
+        (state / "home").mkdir(parents=True, exist_ok=True)
+        password = _demo_password(settings)
+        ports = HubPorts(public=settings.demo_port, hub_api=_free_port(), proxy_api=_free_port())
+        config = hub_config(
+            settings,
+            password=password,
+            proxy_command=proxy,
+            ports=ports,
+            python=sys.executable,
+            run_as_root=os.geteuid() == 0,
+        )
+        config_file = state / "jupyterhub_config.py"
+        config_file.write_text(render_config(config), encoding="utf-8")
+    except OSError as exc:
+        raise PortalError(
+            f"cannot write the demo state directory {state}: {exc.strerror}; "
+            "set GPUPORTAL_STATE_DIR to a writable directory"
+        ) from exc
+    return DemoPlan(
+        state_dir=state,
+        config_file=config_file,
+        url=f"http://{_host_for_url(settings.demo_ip, display=True)}:{settings.demo_port}/",
+        password=password,
+    )
+
+
+def banner(plan: DemoPlan) -> str:
+    """The one line that tells a person where to go and how to log in."""
+    users = ", ".join(f"{user} ({role})" for user, role in demo_users().items())
+    return f"gpuportal demo: open {plan.url} and log in as {users} with password {plan.password}"
+
+
+def inventory_summary() -> str | None:
+    """One line of simulated GPUs by model, or None while the simulated inventory is absent."""
+    try:
+        simulated = importlib.import_module("portal.inventory.simulated")
+    except ImportError:
+        return None
+    load = next(
+        (
+            getattr(simulated, name)
+            for name in ("load_inventory", "load")
+            if hasattr(simulated, name)
+        ),
+        None,
+    )
+    if load is None or not _DEMO_INVENTORY.is_file():
+        return None
+    loaded = load(_DEMO_INVENTORY)
+    nodes = list(getattr(loaded, "nodes", loaded))
+    return "inventory (simulated): " + _count_gpus(nodes)
+
+
+def _count_gpus(nodes: Iterable[object]) -> str:
+    node_list = list(nodes)
+    by_model = Counter(gpu.model for node in node_list for gpu in getattr(node, "gpus", ()))
+    models = ", ".join(f"{count}x {model}" for model, count in sorted(by_model.items()))
+    return f"{len(node_list)} nodes, {sum(by_model.values())} GPUs: {models or 'none'}"
+
+
+def run_hub(plan: DemoPlan) -> None:
+    """Replace this process with JupyterHub; returns only if the exec itself fails."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(plan.state_dir)
+    argv = [sys.executable, "-m", "jupyterhub", "--config", str(plan.config_file)]
+    try:
+        os.execv(sys.executable, argv)
+    except OSError as exc:
+        raise PortalError(f"cannot start JupyterHub with {sys.executable}: {exc}") from exc
+
+
+def _demo_password(settings: Settings) -> str:
+    if settings.demo_password is not None:
+        return settings.demo_password.get_secret_value()
+    stored = settings.state_dir / "demo-password"
+    if stored.is_file():
+        kept = stored.read_text(encoding="utf-8").strip()
+        if kept:
+            return kept
+    password = secrets.token_urlsafe(9)
+    stored.touch(mode=0o600)
+    stored.write_text(password + "\n", encoding="utf-8")
+    return password
+
+
+def _free_port() -> int:
+    # Ask the kernel for an unused loopback port; the hub binds it a moment later.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _host_for_url(ip: str, *, display: bool = False) -> str:
+    if ip in ("", "0.0.0.0"):
+        return socket.gethostname() if display else "0.0.0.0"
+    return f"[{ip}]" if ":" in ip else ip
