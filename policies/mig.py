@@ -64,6 +64,9 @@ class MigInstance:
     uuid: str | None = None
 
 
+_MEDIA = "+me"
+
+
 def _geometry(
     model: str,
     compute: int,
@@ -79,7 +82,7 @@ def _geometry(
             memory_slices=m,
             memory_mib=m * slice_mib,
             placements=placements,
-            max_per_gpu=1 if name.endswith("+me") else None,
+            max_per_gpu=1 if name.endswith(_MEDIA) else None,
         )
     return MigGeometry(model=model, compute_slices=compute, memory_slices=memory, profiles=profiles)
 
@@ -161,6 +164,10 @@ def free_starts(geom: MigGeometry, profile: str, layout: Iterable[MigInstance]) 
         return
     if p.max_per_gpu is not None and sum(i.profile == profile for i in instances) >= p.max_per_gpu:
         return
+    # A GPU has one JPEG decoder and one OFA; a "+me" instance takes both, so a second "+me"
+    # instance of any profile cannot exist (e.g. 1g.6gb+me next to 2g.12gb+me on an A30).
+    if profile.endswith(_MEDIA) and any(i.profile.endswith(_MEDIA) for i in instances):
+        return
     for start in p.placements:
         if not mask & p.slot_mask(start):
             yield start
@@ -177,10 +184,13 @@ def validate_layout(geom: MigGeometry, layout: Iterable[MigInstance]) -> None:
                 f"{inst.profile}@{inst.start} on {geom.model}",
                 f"a start slot in {list(p.placements)}",
             )
-        if inst.start not in set(free_starts(geom, inst.profile, placed)):
+        free = list(free_starts(geom, inst.profile, placed))
+        if inst.start not in free:
+            after = ", ".join(f"{i.profile}@{i.start}" for i in placed)
             raise InvalidRequest(
                 "MIG layout",
-                f"{inst.profile}@{inst.start} on {geom.model}",
-                "instances whose memory slices do not overlap and whose compute slices fit",
+                f"{inst.profile}@{inst.start} after [{after}] on {geom.model}",
+                f"a free start slot in {free} (memory slices must not overlap, at most "
+                f"{geom.compute_slices} compute slices, one '+me' instance per GPU)",
             )
         placed.append(inst)
