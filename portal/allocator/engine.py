@@ -1,0 +1,840 @@
+"""The allocator: single writer of allocations, quotas and the queue.
+
+State lives in memory (cluster free capacity, usage per tenant and flavor, the queue) for speed
+and in the database for durability. Every public method runs under one lock, decides on the
+in-memory state, commits what it changed in one transaction, and only then returns; if the
+commit fails the in-memory changes are undone, so memory and database never disagree.
+
+The scheduling cycle (``_schedule``) reads as numbered steps: expire preemption grace periods,
+order the queue, then for each pending workload in order: admit by quota, place, commit — with a
+reservation for the first workload blocked by capacity so smaller ones cannot starve it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from functools import partial
+
+from policies import fairness, quota
+from policies.capacity import flavor_capacity
+from policies.errors import Conflict, InvalidRequest, NotFound
+from policies.eta import estimate_wait
+from policies.flavors import Flavor
+from policies.inventory import Node
+from policies.placement.framework import Policy
+from policies.placement.scorers import policy as named_policy
+from policies.placement.state import ClusterState, Placement
+from policies.preemption import PreemptionPolicy
+from policies.requests import WorkloadKind, WorkloadRequest
+from portal.allocator import codec, scheduling
+from portal.allocator.ledger import Ledger
+from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus
+from portal.store.records import (
+    AllocationRecord,
+    ChangeSet,
+    EventRecord,
+    QuotaRecord,
+    TenantRecord,
+    WorkloadRecord,
+    WorkloadState,
+)
+from portal.store.writer import Store
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class _Live:
+    """A non-terminal workload in memory."""
+
+    rec: WorkloadRecord
+    req: WorkloadRequest
+    seq: int
+    allocations: list[AllocationRecord] = field(default_factory=list)
+
+    @property
+    def placements(self) -> list[Placement]:
+        return [codec.placement_of(a) for a in self.allocations]
+
+
+class _Txn:
+    """Changes of one decision: what to commit, and how to undo it in memory if that fails."""
+
+    def __init__(self) -> None:
+        self.changes = ChangeSet()
+        self.undo: list[Callable[[], object]] = []
+
+
+class Allocator:
+    """Quota-aware, topology-aware allocator. Thread-safe; one instance per portal."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        policy: Policy | None = None,
+        clock: Clock = utcnow,
+        preemption: PreemptionPolicy | None = None,
+        fairness_half_life_s: float = 24 * 3600.0,
+    ) -> None:
+        self._store = store
+        self._policy = policy or named_policy("binpack")
+        self._clock = clock
+        self._preemption = preemption or PreemptionPolicy()
+        self._half_life = fairness_half_life_s
+        self._lock = threading.RLock()
+        self._cluster = ClusterState()
+        self._nodes: dict[str, Node] = {}
+        self._tenants: dict[str, TenantRecord] = {}
+        self._quotas: dict[tuple[str, str], QuotaRecord] = {}
+        self._live: dict[str, _Live] = {}
+        self._ledger = Ledger()
+        self._history: dict[str, tuple[float, datetime]] = {}
+        self._seq = 0
+        self._capacity: dict[str, int] = {}
+        self._book: quota.QuotaBook | None = None
+        self._reserved: frozenset[str] = frozenset()
+        self._period_start: datetime | None = None
+        self._period_done: dict[tuple[str, str], float] = {}
+        self._started = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self, nodes: Iterable[Node]) -> ReconcileReport:
+        """Rebuild from the database and the given inventory.
+
+        Allocations on nodes that are gone are released (their workloads fail with reason
+        ``node-lost``); everything else is re-applied to the in-memory cluster state.
+        """
+        with self._lock:
+            for n in nodes:
+                self._add_node(n)
+            stored = self._store.load()
+            self._tenants = {t.name: t for t in stored.tenants}
+            self._quotas = {(q.tenant, q.flavor): q for q in stored.quotas}
+            self._history = dict(stored.usage_history)
+            by_wl: dict[str, list[AllocationRecord]] = {}
+            for a in stored.allocations:
+                by_wl.setdefault(a.workload_id, []).append(a)
+            lost: list[str] = []
+            for rec in sorted(stored.workloads, key=lambda r: (r.created_at, r.id)):
+                live = self._revive(rec, by_wl.get(rec.id, []))
+                if live is None:
+                    lost.append(rec.id)
+            self._refresh_book()
+            txn = _Txn()
+            now = self._clock()
+            for wid in lost:
+                self._finish(txn, self._live[wid], WorkloadState.FAILED, "node-lost", now)
+            self._schedule(txn)
+            self._commit(txn)
+            self._started = True
+            return ReconcileReport(released=tuple(lost), node_lost=tuple(lost))
+
+    def _revive(self, rec: WorkloadRecord, allocs: list[AllocationRecord]) -> _Live | None:
+        """Re-create a stored workload in memory; None if its devices are on a lost node."""
+        self._seq += 1
+        req = codec.workload_request_from_record(
+            rec.tenant, rec.owner, rec.name, rec.kind, rec.request, rec.gang_size, rec.priority
+        )
+        live = _Live(rec, req, self._seq)
+        self._live[rec.id] = live
+        if rec.state is WorkloadState.QUEUED:
+            return live
+        if any(a.node not in self._nodes for a in allocs):
+            live.allocations = allocs  # released by the caller with reason node-lost
+            return None
+        for a in allocs:
+            self._cluster.apply(self._restored_placement(a))
+            self._ledger.add(a, rec)
+        live.allocations = allocs
+        return live
+
+    def _restored_placement(self, a: AllocationRecord) -> Placement:
+        p = codec.placement_of(a)
+        if p.mig_profile is not None:
+            st = self._cluster.node(a.node)
+            g = p.gpus[0]
+            if not any(i.start == p.mig_start for i in st.mig_layout[g]):
+                p = replace(p, mig_created=True)
+        return p
+
+    # ---------------------------------------------------------------- tenants and quotas
+
+    def set_tenant(
+        self,
+        name: str,
+        *,
+        cohort: str | None = None,
+        weight: float = 1.0,
+        pools: Iterable[str] = (),
+        expected_version: int | None = None,
+    ) -> TenantRecord:
+        """Create or update a tenant. ``expected_version`` guards against lost updates."""
+        with self._lock:
+            quota.validate_tenant_name(name)
+            old = self._tenants.get(name)
+            self._check_version("tenant", name, old.version if old else None, expected_version)
+            rec = TenantRecord(
+                name,
+                cohort,
+                float(weight),
+                tuple(sorted(set(pools))),
+                (old.version + 1) if old else 1,
+            )
+            quota.TenantQuota(tenant=name, quotas={}, cohort=cohort, weight=rec.weight)
+            txn = _Txn()
+            self._tenants[name] = rec
+            txn.undo.append(lambda: self._restore(self._tenants, name, old))
+            txn.changes.tenants.append(rec)
+            self._event(txn, "tenant.set", name, None, f"tenant {name} set", {"cohort": cohort})
+            self._refresh_book()
+            txn.undo.append(self._refresh_book)
+            self._schedule(txn)
+            self._commit(txn)
+            return rec
+
+    def set_quota(
+        self,
+        tenant: str,
+        flavor: str,
+        *,
+        guaranteed: int,
+        limit: int,
+        budget_gpu_hours: float | None = None,
+        expected_version: int | None = None,
+    ) -> QuotaRecord:
+        """Set a tenant's quota for a flavor. Lowering it below usage stops nothing: it blocks
+        new work and reclaims borrowed work by the normal preemption rules."""
+        with self._lock:
+            self._tenant(tenant)
+            fl = str(Flavor.parse(flavor))
+            quota.FlavorQuota(guaranteed=guaranteed, limit=limit, budget_gpu_hours=budget_gpu_hours)
+            key = (tenant, fl)
+            old = self._quotas.get(key)
+            self._check_version(
+                "quota", f"{tenant}/{fl}", old.version if old else None, expected_version
+            )
+            rec = QuotaRecord(
+                tenant, fl, guaranteed, limit, budget_gpu_hours, (old.version + 1) if old else 1
+            )
+            txn = _Txn()
+            self._quotas[key] = rec
+            txn.undo.append(lambda: self._restore(self._quotas, key, old))
+            txn.changes.quotas.append(rec)
+            self._event(
+                txn,
+                "quota.set",
+                tenant,
+                None,
+                f"quota {tenant} {fl}: {guaranteed}/{limit}",
+                {"flavor": fl, "guaranteed": guaranteed, "limit": limit},
+            )
+            self._refresh_book()
+            txn.undo.append(self._refresh_book)
+            self._schedule(txn)
+            self._commit(txn)
+            return rec
+
+    def tenants(self) -> list[TenantRecord]:
+        with self._lock:
+            return sorted(self._tenants.values(), key=lambda t: t.name)
+
+    def quotas(self, tenant: str | None = None) -> list[QuotaRecord]:
+        with self._lock:
+            return sorted(
+                (q for q in self._quotas.values() if tenant is None or q.tenant == tenant),
+                key=lambda q: (q.tenant, q.flavor),
+            )
+
+    # ---------------------------------------------------------------- workloads
+
+    def request(
+        self,
+        req: WorkloadRequest,
+        *,
+        idempotency_key: str | None = None,
+        expected_duration_s: float | None = None,
+    ) -> WorkloadStatus:
+        """Allocate now if quota and capacity allow, else queue with a reason.
+
+        A retry with the same ``idempotency_key`` (per tenant and owner) returns the first
+        answer's workload instead of allocating again.
+        """
+        with self._lock:
+            self._tenant(req.tenant)
+            self._check_request(req)
+            if idempotency_key is not None:
+                prior = self._by_idempotency(req, idempotency_key)
+                if prior is not None:
+                    return prior
+            now = self._clock()
+            self._seq += 1
+            rec = WorkloadRecord(
+                id=uuid.uuid4().hex,
+                tenant=req.tenant,
+                owner=req.owner,
+                name=req.name,
+                kind=req.kind.value,
+                request=codec.device_request_to_dict(req.devices),
+                gang_size=req.gang_size,
+                priority=req.priority,
+                state=WorkloadState.QUEUED,
+                created_at=now,
+                idempotency_key=idempotency_key,
+                expected_duration_s=expected_duration_s,
+            )
+            live = _Live(rec, req, self._seq)
+            txn = _Txn()
+            self._live[rec.id] = live
+            txn.undo.append(lambda: self._live.pop(rec.id, None))
+            txn.changes.workloads.append(rec)
+            self._event(
+                txn, "workload.requested", req.tenant, rec.id, f"{req.owner} asked for {req.name}"
+            )
+            self._schedule(txn, fresh=rec.id)
+            self._commit(txn)
+            return self._status(self._live.get(rec.id) or live)
+
+    def release(self, workload_id: str, *, reason: str = "released") -> WorkloadStatus:
+        """Release a workload's devices (or cancel it while queued). Idempotent."""
+        with self._lock:
+            live = self._live.get(workload_id)
+            if live is None:
+                stored = self._store.workload(workload_id)
+                if stored is None:
+                    raise NotFound("workload", workload_id)
+                return self._status_of_record(stored)
+            txn = _Txn()
+            state = (
+                WorkloadState.CANCELLED
+                if live.rec.state is WorkloadState.QUEUED
+                else WorkloadState.RELEASED
+            )
+            self._finish(txn, live, state, reason, self._clock())
+            self._schedule(txn)
+            self._commit(txn)
+            return self._status_of_record(live.rec)
+
+    cancel = release
+
+    def status(self, workload_id: str) -> WorkloadStatus:
+        with self._lock:
+            live = self._live.get(workload_id)
+            if live is not None:
+                return self._status(live)
+            stored = self._store.workload(workload_id)
+            if stored is None:
+                raise NotFound("workload", workload_id)
+            return self._status_of_record(stored)
+
+    def workloads(self, tenant: str | None = None) -> list[WorkloadStatus]:
+        """Every non-terminal workload (optionally of one tenant)."""
+        with self._lock:
+            return [
+                self._status(lv)
+                for lv in sorted(self._live.values(), key=lambda lv: lv.seq)
+                if tenant is None or lv.rec.tenant == tenant
+            ]
+
+    def queue(self, tenant: str | None = None) -> list[QueueEntry]:
+        with self._lock:
+            return [e for e in self._queue_entries() if tenant is None or e.tenant == tenant]
+
+    def usage(self, tenant: str | None = None) -> list[quota.FlavorUsage]:
+        """Guaranteed, limit, used, borrowed and lent per flavor for one or all tenants."""
+        with self._lock:
+            book = self._quota_book()
+            names = [tenant] if tenant is not None else sorted(self._tenants)
+            out: list[quota.FlavorUsage] = []
+            for t in names:
+                self._tenant(t)
+                out.extend(quota.usage_summary(book, self._ledger.usage, t))
+            return out
+
+    def tick(self) -> None:
+        """Advance time: end expired preemption grace periods and schedule the queue."""
+        with self._lock:
+            txn = _Txn()
+            self._schedule(txn)
+            self._commit(txn)
+
+    # ---------------------------------------------------------------- inventory
+
+    def node_added(self, node: Node) -> None:
+        with self._lock:
+            if node.name in self._nodes:
+                self.node_updated(node)
+                return
+            self._add_node(node)
+            self._after_inventory_change()
+
+    def node_updated(self, node: Node) -> None:
+        """Replace a node's description, keeping its allocations (cordon, labels, layout)."""
+        with self._lock:
+            if node.name not in self._nodes:
+                self.node_added(node)
+                return
+            held = [
+                (lv, a) for lv in self._live.values() for a in lv.allocations if a.node == node.name
+            ]
+            old_state = self._cluster.remove_node(node.name)
+            old_node = self._nodes.pop(node.name)
+            try:
+                self._cluster.add_node(node, order=old_state.order)
+                self._nodes[node.name] = node
+                for _, a in held:
+                    self._cluster.apply(self._restored_placement(a))
+            except Exception:
+                self._cluster.nodes.pop(node.name, None)
+                self._cluster.remove_node(node.name) if node.name in self._cluster.nodes else None
+                self._cluster.add_node(old_node, order=old_state.order)
+                self._nodes[node.name] = old_node
+                for _, a in held:
+                    self._cluster.apply(self._restored_placement(a))
+                raise
+            self._after_inventory_change()
+
+    def node_removed(self, name: str) -> list[str]:
+        """A node is gone: its workloads fail with reason ``node-lost``. Returns their ids."""
+        with self._lock:
+            if name not in self._nodes:
+                return []
+            victims = [
+                lv for lv in self._live.values() if any(a.node == name for a in lv.allocations)
+            ]
+            txn = _Txn()
+            now = self._clock()
+            for lv in victims:
+                self._finish(txn, lv, WorkloadState.FAILED, "node-lost", now)
+            self._cluster.remove_node(name)
+            node = self._nodes.pop(name)
+
+            def undo_removal() -> None:
+                self._cluster.add_node(node)
+                self._nodes[name] = node
+
+            txn.undo.append(undo_removal)
+            self._refresh_book()
+            self._schedule(txn)
+            self._commit(txn)
+            return [lv.rec.id for lv in victims]
+
+    def reconcile(self, running: set[str]) -> ReconcileReport:
+        """Release allocations of workloads the platform no longer runs.
+
+        ``running`` holds the ids of workloads the cluster backend actually runs. Workloads the
+        allocator holds devices for but that are not running are released.
+        """
+        with self._lock:
+            txn = _Txn()
+            now = self._clock()
+            gone = [
+                lv
+                for lv in self._live.values()
+                if lv.rec.state in (WorkloadState.RUNNING, WorkloadState.PREEMPTING)
+                and lv.rec.id not in running
+            ]
+            for lv in gone:
+                self._finish(txn, lv, WorkloadState.RELEASED, "workload-gone", now)
+            flagged = tuple(sorted(running - set(self._live)))
+            self._schedule(txn)
+            self._commit(txn)
+            return ReconcileReport(released=tuple(lv.rec.id for lv in gone), flagged=flagged)
+
+    # ---------------------------------------------------------------- introspection
+
+    def allocations(self) -> list[AllocationRecord]:
+        with self._lock:
+            return [a for lv in self._live.values() for a in lv.allocations]
+
+    @property
+    def cluster(self) -> ClusterState:
+        return self._cluster
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        return dict(self._capacity)
+
+    # ================================================================ internals
+
+    def _tenant(self, name: str) -> TenantRecord:
+        try:
+            return self._tenants[name]
+        except KeyError:
+            raise NotFound("tenant", name, list(self._tenants)) from None
+
+    def _check_version(
+        self, kind: str, name: str, current: int | None, expected: int | None
+    ) -> None:
+        if expected is not None and expected != (current or 0):
+            raise Conflict(
+                f"{kind} {name} changed meanwhile: you read version {expected}, "
+                f"it is now version {current or 0}; re-read it and apply your change again"
+            )
+
+    @staticmethod
+    def _restore(d: dict, key: object, old: object) -> None:  # type: ignore[type-arg]
+        if old is None:
+            d.pop(key, None)
+        else:
+            d[key] = old
+
+    def _check_request(self, req: WorkloadRequest) -> None:
+        """Static checks against the inventory: models exist, the shape can ever fit."""
+        dev = req.devices
+        known = {g.model for n in self._nodes.values() for g in n.gpus}
+        unknown = sorted(set(dev.models) - known)
+        if dev.kind is not None and unknown:
+            raise InvalidRequest(
+                "GPU model", ", ".join(unknown), "one of " + (", ".join(sorted(known)) or "none")
+            )
+        biggest_gpus = max((len(n.gpus) for n in self._nodes.values()), default=0)
+        if dev.count > biggest_gpus:
+            raise InvalidRequest(
+                "GPU count", dev.count, f"at most {biggest_gpus} (the largest node's GPUs)"
+            )
+        biggest_cpu = max((n.cpu_milli for n in self._nodes.values()), default=0)
+        biggest_mem = max((n.memory_mib for n in self._nodes.values()), default=0)
+        if dev.cpu_milli > biggest_cpu or dev.memory_mib > biggest_mem:
+            raise InvalidRequest(
+                "cpu/memory",
+                f"{dev.cpu_milli}m/{dev.memory_mib}Mi",
+                f"at most {biggest_cpu}m/{biggest_mem}Mi (the largest node)",
+            )
+        if dev.kind is not None and not self._models_for(req):
+            raise InvalidRequest(
+                "request",
+                f"{dev.kind.value} on {sorted(dev.models) or 'any model'}",
+                "a flavor the inventory offers: " + ", ".join(sorted(self._capacity)),
+            )
+
+    def _models_for(self, req: WorkloadRequest) -> list[str]:
+        """Models whose flavor for this request exists in the inventory."""
+        dev = req.devices
+        models = dev.models or frozenset(g.model for n in self._nodes.values() for g in n.gpus)
+        out = []
+        for m in sorted(models):
+            fl = dev.flavor(m)
+            if fl is not None and str(fl) in self._capacity:
+                out.append(m)
+        return out
+
+    def _by_idempotency(self, req: WorkloadRequest, key: str) -> WorkloadStatus | None:
+        for lv in self._live.values():
+            r = lv.rec
+            if r.idempotency_key == key and r.tenant == req.tenant and r.owner == req.owner:
+                return self._status(lv)
+        stored = self._store.workload_by_idempotency_key(req.tenant, req.owner, key)
+        return self._status_of_record(stored) if stored is not None else None
+
+    def _add_node(self, node: Node) -> None:
+        self._cluster.add_node(node)
+        self._nodes[node.name] = node
+        self._capacity = flavor_capacity(self._nodes.values())
+
+    def _after_inventory_change(self) -> None:
+        self._refresh_book()
+        txn = _Txn()
+        self._schedule(txn)
+        self._commit(txn)
+
+    def _refresh_book(self) -> None:
+        self._capacity = flavor_capacity(self._nodes.values())
+        self._book = None
+
+    def _quota_book(self) -> quota.QuotaBook:
+        if self._book is None:
+            per_tenant: dict[str, dict[str, quota.FlavorQuota]] = {t: {} for t in self._tenants}
+            for (t, fl), q in self._quotas.items():
+                per_tenant.setdefault(t, {})[fl] = quota.FlavorQuota(
+                    guaranteed=q.guaranteed, limit=q.limit, budget_gpu_hours=q.budget_gpu_hours
+                )
+            tenants = {
+                t: quota.TenantQuota(
+                    tenant=t,
+                    quotas=per_tenant[t],
+                    cohort=self._tenants[t].cohort,
+                    weight=self._tenants[t].weight,
+                )
+                for t in self._tenants
+            }
+            self._book = quota.QuotaBook(tenants=tenants, capacity=dict(self._capacity))
+        return self._book
+
+    def _event(
+        self,
+        txn: _Txn,
+        kind: str,
+        tenant: str | None,
+        workload_id: str | None,
+        message: str,
+        data: dict[str, object] | None = None,
+    ) -> None:
+        txn.changes.events.append(
+            EventRecord(self._clock(), kind, tenant, workload_id, message, data or {})
+        )
+
+    def _commit(self, txn: _Txn) -> None:
+        if txn.changes.empty():
+            return
+        try:
+            self._store.commit(txn.changes)
+        except BaseException:
+            for undo in reversed(txn.undo):
+                undo()
+            raise
+
+    # ---- state changes (each registers its undo) ---------------------------------------
+
+    def _set_record(self, txn: _Txn, live: _Live, rec: WorkloadRecord) -> None:
+        """Replace the workload's record; one version step per transaction, however many
+        changes the transaction makes to it."""
+        old = live.rec
+        pending = [w for w in txn.changes.workloads if w.id == rec.id]
+        live.rec = replace(rec, version=old.version if pending else old.version + 1)
+        txn.undo.append(lambda: setattr(live, "rec", old))
+        txn.changes.workloads = [w for w in txn.changes.workloads if w.id != rec.id]
+        txn.changes.workloads.append(live.rec)
+
+    def _finish(
+        self, txn: _Txn, live: _Live, state: WorkloadState, reason: str, now: datetime
+    ) -> None:
+        if live.allocations:
+            self._touch_history(txn, live.rec.tenant, now)
+        for a in list(live.allocations):
+            p = codec.placement_of(a) if a.node not in self._nodes else self._restored_placement(a)
+            if a.node in self._nodes:
+                self._cluster.unapply(p)
+                txn.undo.append(partial(self._cluster.apply, p))
+            self._ledger.remove(a, live.rec)
+            txn.undo.append(partial(self._ledger.add, a, live.rec))
+            txn.changes.released.append((a.id, now))
+            if a.created_at is not None:
+                self._add_period(live.rec.tenant, a.flavor, a.gpu_equivalent, a.created_at, now)
+        old_allocs = live.allocations
+        live.allocations = []
+        txn.undo.append(lambda: setattr(live, "allocations", old_allocs))
+        self._set_record(
+            txn,
+            live,
+            replace(live.rec, state=state, reason=reason, ended_at=now, preempt_deadline=None),
+        )
+        wid = live.rec.id
+        self._live.pop(wid, None)
+        txn.undo.append(lambda: self._live.__setitem__(wid, live))
+        self._event(
+            txn, f"workload.{state.value}", live.rec.tenant, wid, f"{live.rec.name}: {reason}"
+        )
+
+    def _start(
+        self, txn: _Txn, live: _Live, placed: list[Placement], borrowed: int, now: datetime
+    ) -> None:
+        self._touch_history(txn, live.rec.tenant, now)
+        allocs: list[AllocationRecord] = []
+        for i, p in enumerate(placed):
+            self._cluster.apply(p)
+            txn.undo.append(partial(self._cluster.unapply, p))
+            node = self._nodes[p.node]
+            model = node.gpus[p.gpus[0]].model if p.gpus else ""
+            fl = live.req.devices.flavor(model)
+            gpu_eq = live.req.devices.gpu_equivalent(model) if fl is not None else 0.0
+            rec = AllocationRecord(
+                id=uuid.uuid4().hex,
+                workload_id=live.rec.id,
+                member=i,
+                node=p.node,
+                flavor=str(fl) if fl is not None else "",
+                amount=live.req.devices.amount(),
+                gpu_equivalent=gpu_eq,
+                gpus=p.gpus,
+                gpu_uuids=tuple(node.gpus[g].uuid for g in p.gpus),
+                milli=p.milli,
+                gpu_memory_mib=p.gpu_memory_mib,
+                mig_profile=p.mig_profile,
+                mig_start=p.mig_start,
+                cpu_milli=p.cpu_milli,
+                memory_mib=p.memory_mib,
+                borrowed=borrowed > 0,
+                created_at=now,
+            )
+            allocs.append(rec)
+            self._ledger.add(rec, live.rec)
+            txn.undo.append(partial(self._ledger.remove, rec, live.rec))
+            self._policy.observe(live.req.devices, p)
+        live.allocations = allocs
+        txn.undo.append(lambda: setattr(live, "allocations", []))
+        txn.changes.allocations.extend(allocs)
+        self._set_record(
+            txn,
+            live,
+            replace(live.rec, state=WorkloadState.RUNNING, reason="", message="", started_at=now),
+        )
+        where = ", ".join(f"{p.node}:{list(p.gpus)}" for p in placed)
+        self._event(
+            txn, "workload.started", live.rec.tenant, live.rec.id, f"{live.rec.name} on {where}"
+        )
+
+    # ---- scheduling ------------------------------------------------------------------
+
+    def _schedule(self, txn: _Txn, fresh: str | None = None) -> None:
+        scheduling.schedule(self, txn, fresh)
+
+    def _queue_entries(self) -> list[QueueEntry]:
+        return scheduling.queue_entries(self)
+
+    def _reclaimable_by_tenant(self, flavor: str) -> dict[str, int]:
+        """Per tenant, the borrowed amount of ``flavor`` not already being preempted."""
+        out: dict[str, int] = {}
+        for lv in self._live.values():
+            if lv.rec.state is not WorkloadState.RUNNING:
+                continue
+            for a in lv.allocations:
+                if a.flavor == flavor:
+                    out[lv.rec.tenant] = out.get(lv.rec.tenant, 0) + a.amount
+        return out
+
+    def _eta(self, lv: _Live, ahead: list[_Live], now: datetime) -> float | None:
+        """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor."""
+        models = self._models_for(lv.req)
+        if not models:
+            return None
+        fl = str(lv.req.devices.flavor(models[0]))
+        need = lv.req.devices.amount() * lv.req.gang_size
+        by_quota = lv.rec.reason == quota.QueueReason.QUOTA.value
+        tenant = lv.rec.tenant
+
+        def counts(other: _Live) -> bool:
+            return not by_quota or other.rec.tenant == tenant
+
+        ahead_amounts = [
+            o.req.devices.amount() * o.req.gang_size
+            for o in ahead
+            if counts(o)
+            and any(str(o.req.devices.flavor(m)) == fl for m in self._models_for(o.req))
+        ]
+        ends: list[tuple[float, int]] = []
+        for o in self._live.values():
+            if o.rec.state is WorkloadState.QUEUED or not counts(o):
+                continue
+            held = sum(a.amount for a in o.allocations if a.flavor == fl)
+            if not held:
+                continue
+            if o.rec.state is WorkloadState.PREEMPTING and o.rec.preempt_deadline is not None:
+                ends.append((o.rec.preempt_deadline.timestamp(), held))
+            elif o.rec.expected_duration_s is not None and o.rec.started_at is not None:
+                ends.append((o.rec.started_at.timestamp() + o.rec.expected_duration_s, held))
+            else:
+                ends.append((float("inf"), held))
+        if by_quota:
+            q = self._quotas.get((tenant, fl))
+            free = max(0, (q.limit if q else 0) - self._ledger.usage.get((tenant, fl), 0))
+        else:
+            used = sum(v for (_, f), v in self._ledger.usage.items() if f == fl)
+            free = max(0, self._capacity.get(fl, 0) - used)
+        return estimate_wait(ahead_amounts, ends, free, need, now.timestamp())
+
+    def _touch_history(self, txn: _Txn, tenant: str, now: datetime) -> None:
+        """Fold the tenant's usage since the last change into its decayed history."""
+        value, last = self._history.get(tenant, (0.0, now))
+        current = sum(self._ledger.tenant_gpu_equivalents(tenant).values())
+        new = (
+            fairness.accumulate(value, last.timestamp(), now.timestamp(), current, self._half_life),
+            now,
+        )
+        old = self._history.get(tenant)
+        self._history[tenant] = new
+        txn.undo.append(lambda: self._restore(self._history, tenant, old))
+        txn.changes.usage_history[tenant] = new
+
+    def _gpu_hours_this_period(self, tenant: str, flavor: str, now: datetime) -> float:
+        """GPU-hours of ``flavor`` the tenant used this calendar month (UTC), running included."""
+        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        if self._period_start != start:
+            self._period_start = start
+            self._period_done = {}
+            owners: dict[str, str] = {}
+            for a in self._store.allocations_between(start, now):
+                if a.released_at is None or a.created_at is None or not a.flavor:
+                    continue
+                if a.workload_id not in owners:
+                    w = self._store.workload(a.workload_id)
+                    owners[a.workload_id] = w.tenant if w is not None else ""
+                tenant_of = owners[a.workload_id]
+                self._add_period(tenant_of, a.flavor, a.gpu_equivalent, a.created_at, a.released_at)
+        total = self._period_done.get((tenant, flavor), 0.0)
+        for lv in self._live.values():
+            if lv.rec.tenant != tenant:
+                continue
+            for a in lv.allocations:
+                if a.flavor == flavor and a.created_at is not None:
+                    total += (
+                        a.gpu_equivalent * (now - max(a.created_at, start)).total_seconds() / 3600
+                    )
+        return total
+
+    def _add_period(
+        self, tenant: str, flavor: str, gpu_eq: float, begin: datetime, end: datetime
+    ) -> None:
+        if self._period_start is None or end <= self._period_start:
+            return
+        hours = (end - max(begin, self._period_start)).total_seconds() / 3600
+        key = (tenant, flavor)
+        self._period_done[key] = self._period_done.get(key, 0.0) + gpu_eq * hours
+
+    def _status(self, live: _Live) -> WorkloadStatus:
+        rec = live.rec
+        pos = tpos = None
+        eta = None
+        if rec.state is WorkloadState.QUEUED:
+            for e in self._queue_entries():
+                if e.workload_id == rec.id:
+                    pos, tpos, eta = e.position, e.tenant_position, e.eta_s
+                    break
+        flavor = live.allocations[0].flavor if live.allocations else None
+        return WorkloadStatus(
+            id=rec.id,
+            tenant=rec.tenant,
+            owner=rec.owner,
+            name=rec.name,
+            kind=rec.kind,
+            state=rec.state,
+            reason=rec.reason,
+            message=rec.message,
+            created_at=rec.created_at,
+            started_at=rec.started_at,
+            ended_at=rec.ended_at,
+            allocations=tuple(live.allocations),
+            position=pos,
+            tenant_position=tpos,
+            eta_s=eta,
+            preempt_deadline=rec.preempt_deadline,
+            flavor=flavor,
+        )
+
+    def _status_of_record(self, rec: WorkloadRecord) -> WorkloadStatus:
+        return WorkloadStatus(
+            id=rec.id,
+            tenant=rec.tenant,
+            owner=rec.owner,
+            name=rec.name,
+            kind=rec.kind,
+            state=rec.state,
+            reason=rec.reason,
+            message=rec.message,
+            created_at=rec.created_at,
+            started_at=rec.started_at,
+            ended_at=rec.ended_at,
+        )
+
+    def grace_for(self, kind: str) -> timedelta:
+        notice = self._preemption.notice("", WorkloadKind(kind), 0.0)
+        return timedelta(seconds=notice.deadline_at)

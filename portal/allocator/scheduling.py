@@ -1,0 +1,306 @@
+"""The scheduling cycle of the allocator, kept apart from its bookkeeping.
+
+A cycle, under the allocator's lock:
+
+1. end the grace period of preempted workloads whose deadline passed (their devices free up);
+2. order the queue: priority, then the tenant's weighted dominant share (with decayed
+   history), then arrival;
+3. for each pending workload in that order: admit it by quota (per allowed model), place it
+   (all gang members or none), start it — or record why not;
+4. the first workload blocked by capacity reserves the node closest to fitting it, so smaller
+   workloads behind it are placed elsewhere (backfill without starving the large one);
+5. a workload refused only because borrowers hold its tenant's guaranteed share reclaims it:
+   a minimal set of borrowing workloads is told to stop, with a grace period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from policies import fairness, quota
+from policies.flavors import FlavorKind
+from policies.placement.framework import PlacementContext
+from policies.placement.pipeline import NoFit, place_gang
+from policies.placement.state import Placement
+from policies.preemption import RunningItem, select_victims
+from policies.requests import TopologyRequirement
+from portal.allocator.views import QueueEntry
+from portal.store.records import WorkloadState
+
+if TYPE_CHECKING:
+    from portal.allocator.engine import Allocator, _Live, _Txn
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why a workload did not start in this cycle."""
+
+    reason: str
+    message: str
+    reclaim: dict[str, int] | None = None
+    flavor: str | None = None
+    capacity_model: str | None = None
+
+
+def order(self: Allocator) -> list[_Live]:
+    """Queued workloads in scheduling order (step 2)."""
+    now = self._clock()
+    shares: dict[str, float] = {}
+    cap_geq: dict[str, float] = {}
+    for fl, amount in self._capacity.items():
+        cap_geq[fl] = quota.gpu_equivalent(quota.validate_flavor_name(fl), amount)
+    pending = [lv for lv in self._live.values() if lv.rec.state is WorkloadState.QUEUED]
+    for t in {lv.rec.tenant for lv in pending}:
+        hist, at = self._history.get(t, (0.0, now))
+        shares[t] = fairness.dominant_share(
+            self._ledger.tenant_gpu_equivalents(t),
+            cap_geq,
+            self._tenants[t].weight if t in self._tenants else 1.0,
+            history=fairness.decayed(hist, at.timestamp(), now.timestamp(), self._half_life),
+        )
+    items = [
+        _Queued(lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv.rec.id)
+        for lv in pending
+    ]
+    return [self._live[item.workload_id] for item in fairness.queue_order(items, shares)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    priority: int
+    tenant: str
+    enqueued_at: float
+    seq: int
+    workload_id: str
+
+
+def schedule(self: Allocator, txn: _Txn, fresh: str | None = None) -> None:
+    """One scheduling cycle (see the module docstring). ``fresh``: only this new workload
+    needs trying (nothing was freed), the rest keep their last verdicts and reservations."""
+    now = self._clock()
+    # 1. expired grace periods
+    expired = [
+        lv
+        for lv in list(self._live.values())
+        if lv.rec.state is WorkloadState.PREEMPTING
+        and lv.rec.preempt_deadline is not None
+        and lv.rec.preempt_deadline <= now
+    ]
+    for lv in expired:
+        self._finish(txn, lv, WorkloadState.RELEASED, "preempted", now)
+    if fresh is not None and not expired:
+        lv = self._live[fresh]
+        blocked = try_start(self, txn, lv, self._reserved, now)
+        if blocked is not None:
+            note_blocked(self, txn, lv, blocked, now)
+        return
+    # 2.-5.
+    self._reserved = frozenset()
+    reserved: set[str] = set()
+    failed_shapes: set[tuple[object, ...]] = set()
+    for lv in order(self):
+        shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
+        if shape in failed_shapes:
+            continue
+        blocked = try_start(self, txn, lv, frozenset(reserved), now)
+        if blocked is None:
+            continue
+        if blocked.reason in (quota.QueueReason.CAPACITY.value, quota.QueueReason.TOPOLOGY.value):
+            failed_shapes.add(shape)
+            if not reserved and blocked.capacity_model is not None:
+                node = reserve_for(self, lv, blocked.capacity_model)
+                if node is not None:
+                    reserved.add(node)
+        note_blocked(self, txn, lv, blocked, now)
+    self._reserved = frozenset(reserved)
+
+
+def reserve_for(self: Allocator, lv: _Live, model: str) -> str | None:
+    """The node closest to fitting ``lv``: most free capacity of the right kind."""
+    dev = lv.req.devices
+    best: tuple[int, int] | None = None
+    name = None
+    for st in self._cluster.candidates(frozenset({model})):
+        if not st.schedulable:
+            continue
+        free = st.max_free_milli if dev.kind is FlavorKind.SHARE else st.full_free
+        key = (free, -st.order)
+        if best is None or key > best:
+            best, name = key, st.name
+    return name
+
+
+def _budget_ok(self: Allocator, tenant: str, flavor: str, now: datetime) -> bool:
+    q = self._quotas.get((tenant, flavor))
+    if q is None or q.budget_gpu_hours is None:
+        return True
+    used = self._gpu_hours_this_period(tenant, flavor, now)
+    return not quota.budget_exhausted(
+        quota.FlavorQuota(q.guaranteed, q.limit, q.budget_gpu_hours), used
+    )
+
+
+def try_start(
+    self: Allocator, txn: _Txn, lv: _Live, avoid: frozenset[str], now: datetime
+) -> Blocked | None:
+    """Admit and place ``lv``; start it and return None, or say why it cannot start."""
+    req = lv.req
+    dev = req.devices
+    members = req.gang_size
+    book = self._quota_book()
+    tenant = self._tenants[lv.rec.tenant]
+    admitted: dict[str, quota.Admission] = {}
+    refusal: Blocked | None = None
+    if dev.kind is not None:
+        for model in self._models_for(req):
+            fl = str(dev.flavor(model))
+            if not _budget_ok(self, tenant.name, fl, now):
+                refusal = refusal or Blocked(
+                    quota.QueueReason.BUDGET.value,
+                    f"{tenant.name} has used its GPU-hour budget for {fl} this period",
+                    flavor=fl,
+                )
+                continue
+            adm = quota.admit(book, self._ledger.usage, tenant.name, fl, dev.amount() * members)
+            if adm.ok:
+                admitted[model] = adm
+            elif refusal is None or (refusal.reclaim is None and adm.reclaimable):
+                plan = None
+                if adm.reclaimable >= adm.shortfall > 0:
+                    plan = quota.reclaim_plan(
+                        book,
+                        self._ledger.usage,
+                        self._reclaimable_by_tenant(fl),
+                        tenant.name,
+                        fl,
+                        dev.amount() * members,
+                    )
+                reason = adm.reason.value if adm.reason else quota.QueueReason.QUOTA.value
+                refusal = Blocked(reason, adm.message, plan or None, fl)
+        if not admitted:
+            assert refusal is not None
+            if refusal.reclaim:
+                preempt(self, txn, lv, refusal.flavor or "", refusal.reclaim, now)
+                return replace(refusal, message=refusal.message + "; reclaiming it now")
+            return refusal
+        dev = replace(dev, models=frozenset(admitted))
+    gang_topology = (
+        dev.topology
+        if dev.topology in (TopologyRequirement.SAME_NODE, TopologyRequirement.SAME_RACK)
+        else TopologyRequirement.ANY
+    )
+    member = replace(
+        dev,
+        topology=dev.topology
+        if dev.topology is TopologyRequirement.NVLINK
+        else TopologyRequirement.ANY,
+    )
+    ctx = PlacementContext(pools=frozenset(tenant.pools), avoid=avoid)
+    got = place_gang(member, members, self._cluster, self._policy, ctx, gang_topology)
+    if isinstance(got, NoFit):
+        reason = quota.QueueReason.TOPOLOGY if got.topology else quota.QueueReason.CAPACITY
+        return Blocked(
+            reason.value, got.summary(), capacity_model=min(admitted) if admitted else None
+        )
+    placed_model = _model_of(self, got)
+    admission = admitted.get(placed_model) if placed_model else None
+    self._start(txn, lv, got, admission.borrowed if admission else 0, now)
+    return None
+
+
+def _model_of(self: Allocator, placed: list[Placement]) -> str | None:
+    p = placed[0]
+    if not p.gpus:
+        return None
+    return self._nodes[p.node].gpus[p.gpus[0]].model
+
+
+def note_blocked(self: Allocator, txn: _Txn, lv: _Live, blocked: Blocked, now: datetime) -> None:
+    """Record the reason on the workload, writing only when it changed."""
+    if lv.rec.reason == blocked.reason and lv.rec.message == blocked.message:
+        return
+    self._set_record(txn, lv, replace(lv.rec, reason=blocked.reason, message=blocked.message))
+
+
+def preempt(
+    self: Allocator, txn: _Txn, claimant: _Live, flavor: str, need: dict[str, int], now: datetime
+) -> list[str]:
+    """Tell a minimal set of borrowing workloads to stop so ``claimant`` gets its share."""
+    candidates = [
+        RunningItem(
+            workload_id=lv.rec.id,
+            tenant=lv.rec.tenant,
+            flavor=flavor,
+            amount=sum(a.amount for a in lv.allocations if a.flavor == flavor),
+            priority=lv.rec.priority,
+            started_at=(lv.rec.started_at or lv.rec.created_at).timestamp(),
+            borrowed=sum(a.amount for a in lv.allocations if a.flavor == flavor and a.borrowed),
+        )
+        for lv in self._live.values()
+        if lv.rec.state is WorkloadState.RUNNING
+        and lv.rec.tenant in need
+        and any(a.flavor == flavor for a in lv.allocations)
+    ]
+    victims = select_victims(candidates, need, flavor)
+    if not victims:
+        return []
+    for wid in victims:
+        lv = self._live[wid]
+        deadline = now + self.grace_for(lv.rec.kind)
+        self._set_record(
+            txn,
+            lv,
+            replace(
+                lv.rec,
+                state=WorkloadState.PREEMPTING,
+                reason="preempted",
+                message=(
+                    f"{claimant.rec.tenant} reclaims its guaranteed {flavor}; "
+                    f"stop or checkpoint before {deadline:%H:%M:%S} UTC"
+                ),
+                preempt_deadline=deadline,
+            ),
+        )
+        self._event(
+            txn,
+            "workload.preempting",
+            lv.rec.tenant,
+            wid,
+            f"{lv.rec.name} preempted for {claimant.rec.tenant} ({claimant.rec.name})",
+            {"claimant": claimant.rec.id, "deadline": deadline.isoformat()},
+        )
+    return victims
+
+
+def queue_entries(self: Allocator) -> list[QueueEntry]:
+    ordered = order(self)
+    per_tenant: dict[str, int] = {}
+    out = []
+    now = self._clock()
+    for i, lv in enumerate(ordered, start=1):
+        per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
+        models = self._models_for(lv.req) or [""]
+        geq = lv.req.devices.gpu_equivalent(models[0]) * lv.req.gang_size if models[0] else 0.0
+        out.append(
+            QueueEntry(
+                workload_id=lv.rec.id,
+                tenant=lv.rec.tenant,
+                owner=lv.rec.owner,
+                name=lv.rec.name,
+                priority=lv.rec.priority,
+                position=i,
+                tenant_position=per_tenant[lv.rec.tenant],
+                reason=lv.rec.reason,
+                message=lv.rec.message,
+                enqueued_at=lv.rec.created_at,
+                gpu_equivalent=geq,
+                eta_s=self._eta(lv, ordered[: i - 1], now),
+            )
+        )
+    return out
+
+
+def grace(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)

@@ -1,0 +1,62 @@
+"""What the allocator answers: typed, immutable views of workloads, the queue and usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from portal.store.records import AllocationRecord, WorkloadState
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadStatus:
+    """A workload as its owner sees it.
+
+    ``reason`` is set while queued (``quota``, ``capacity``, ``topology``, ``budget``) and on
+    preemption; ``message`` is the human sentence; positions are 1-based; ``eta_s`` is the
+    estimated wait in seconds (None when it cannot be estimated).
+    """
+
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    kind: str
+    state: WorkloadState
+    reason: str
+    message: str
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    allocations: tuple[AllocationRecord, ...] = ()
+    position: int | None = None
+    tenant_position: int | None = None
+    eta_s: float | None = None
+    preempt_deadline: datetime | None = None
+    flavor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    workload_id: str
+    tenant: str
+    owner: str
+    name: str
+    priority: int
+    position: int
+    tenant_position: int
+    reason: str
+    message: str
+    enqueued_at: datetime
+    gpu_equivalent: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What a start-up or periodic reconcile changed."""
+
+    released: tuple[str, ...] = ()  # workloads whose allocations were released
+    adopted: tuple[str, ...] = ()
+    flagged: tuple[str, ...] = ()  # running on devices the allocator does not know of
+    node_lost: tuple[str, ...] = ()
