@@ -223,15 +223,10 @@ def _gpus_from_labels(v: NodeView, where: str) -> tuple[GPU, ...]:
     if not mig_counts:
         return tuple(GPU(index=i, model=model, memory_mib=memory) for i in range(count))
     geom = _geometry(model, where)
-    # GPUs not in MIG mode are the ones the device plugin advertises as nvidia.com/gpu.
-    mig_gpus = count - whole if whole is not None else None
-    layouts = _pack(geom, mig_counts, mig_gpus, where)
-    if len(layouts) > count:
-        raise InvalidRequest(
-            f"{where} MIG counts",
-            ", ".join(f"{n}x {p}" for p, n in sorted(mig_counts.items())),
-            f"instances that fit on {count} {model} GPUs",
-        )
+    # Under the mixed strategy the device plugin advertises the GPUs not in MIG mode as
+    # nvidia.com/gpu; every other GPU is in MIG mode, possibly without instances yet.
+    mig_gpu_count = count - (whole or 0)
+    layouts = _pack(geom, mig_counts, mig_gpu_count, where)
     return _mig_gpus(model, memory, layouts, count - len(layouts))
 
 
@@ -269,30 +264,82 @@ def _mig_counts(v: NodeView, where: str) -> dict[str, int]:
 def _pack(
     geom: mig.MigGeometry, counts: Mapping[str, int], gpus: int | None, where: str
 ) -> list[list[mig.MigInstance]]:
-    """A valid layout holding ``counts`` instances on as few GPUs as possible (at least ``gpus``).
+    """A valid layout of ``counts`` instances on exactly ``gpus`` GPUs (as few as possible when
+    ``gpus`` is None).
 
-    Largest profiles first, each at the highest free start on the first GPU where it fits:
-    big instances then sit at the end of the memory, leaving the low starts that more
-    profiles accept for the small ones.
+    First the same layout on every GPU (what mig-parted configurations such as
+    ``all-balanced`` produce); failing that, any valid packing (a bounded depth-first search).
     """
     for name in counts:
-        geom.profile(name)  # raise a clear error for a profile this model does not have
-    order = sorted(
-        counts, key=lambda p: (-geom.profiles[p].memory_slices, -geom.profiles[p].compute_slices, p)
+        geom.profile(name)  # a clear error for a profile this model does not have
+    total = sum(counts.values())
+    described = ", ".join(f"{n}x {p}" for p, n in sorted(counts.items()))
+    candidates = [gpus] if gpus is not None else list(range(1, total + 1))
+    for g in candidates:
+        if g > 0 and all(n % g == 0 for n in counts.values()):
+            per_gpu = _expand(geom, {p: n // g for p, n in counts.items()})
+            layout = _search(geom, per_gpu, 1)
+            if layout is not None:
+                return [list(layout[0]) for _ in range(g)]
+    limit = gpus if gpus is not None else total
+    found = _search(geom, _expand(geom, counts), limit)
+    if found is None:
+        raise InvalidRequest(
+            f"{where} MIG instances", described, f"instances that fit on {limit} {geom.model} GPUs"
+        )
+    if gpus is not None:
+        found += [[] for _ in range(gpus - len(found))]
+    return found
+
+
+def _expand(geom: mig.MigGeometry, counts: Mapping[str, int]) -> list[str]:
+    """Instances largest first, so the search places the hardest ones early."""
+    names = [p for p, n in counts.items() for _ in range(n)]
+    return sorted(
+        names, key=lambda p: (-geom.profiles[p].memory_slices, -geom.profiles[p].compute_slices, p)
     )
-    layouts: list[list[mig.MigInstance]] = [[] for _ in range(gpus or 0)]
-    for name in order:
-        for _ in range(counts[name]):
-            for layout in layouts:
-                starts = list(mig.free_starts(geom, name, layout))
-                if starts:
-                    layout.append(mig.MigInstance(profile=name, start=max(starts)))
+
+
+_SEARCH_BUDGET = 20_000
+
+
+def _search(
+    geom: mig.MigGeometry, todo: list[str], limit: int
+) -> list[list[mig.MigInstance]] | None:
+    """Place every instance on at most ``limit`` GPUs; ``None`` if impossible (or too costly)."""
+    layouts: list[list[mig.MigInstance]] = []
+    steps = 0
+
+    def place(k: int) -> bool:
+        nonlocal steps
+        steps += 1
+        if k == len(todo):
+            return True
+        if steps > _SEARCH_BUDGET:
+            return False
+        name = todo[k]
+        tried: set[tuple[mig.MigInstance, ...]] = set()
+        for layout in [*layouts, None]:
+            if layout is None:
+                if len(layouts) >= limit:
                     break
-            else:
-                starts = list(mig.free_starts(geom, name, []))
-                if not starts:  # pragma: no cover - every profile fits an empty GPU
-                    raise InvalidRequest(f"{where} MIG profile", name, "a profile that fits a GPU")
-                layouts.append([mig.MigInstance(profile=name, start=max(starts))])
+                layout = []
+                layouts.append(layout)
+            key = tuple(sorted(layout, key=lambda i: (i.start, i.profile)))
+            if key in tried:  # an identical GPU was already tried
+                continue
+            tried.add(key)
+            for start in mig.free_starts(geom, name, layout):
+                layout.append(mig.MigInstance(profile=name, start=start))
+                if place(k + 1):
+                    return True
+                layout.pop()
+            if not layout:
+                layouts.pop()
+        return False
+
+    if not place(0):
+        return None
     for layout in layouts:
         layout.sort(key=lambda i: i.start)
     return layouts
