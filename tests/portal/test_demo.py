@@ -1,0 +1,336 @@
+"""`gpuportal demo`: the hub configuration it builds, and the real hub it runs.
+
+The ``hub``-marked tests start the installed ``gpuportal demo`` as a subprocess in its own
+process group, log in over HTTP like a browser (xsrf cookie + form field), and check that
+stopping it leaves no process behind: the hub starts the proxy and each JupyterLab in sessions
+of their own, so the tests track every descendant, not only the process group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from traitlets.config import Config
+
+from portal.demo import (
+    DEMO_ADMINS,
+    DEMO_TENANTS,
+    HubPorts,
+    demo_users,
+    hub_config,
+    render_config,
+)
+from portal.settings import Settings
+
+GPUPORTAL = Path(sys.executable).parent / "gpuportal"
+PASSWORD = "demo-test-password"
+# The issue asks for a start "well under 2 minutes"; this bounds the wait, the measured time
+# is reported (JUnit property demo_start_s), not asserted.
+START_TIMEOUT_S = 120.0
+LAB_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 30.0
+
+
+# --- the configuration, without a hub ---------------------------------------------------
+
+
+def _config(tmp_path: Path, *, run_as_root: bool) -> dict[str, dict[str, object]]:
+    return hub_config(
+        Settings(state_dir=tmp_path, demo_port=8123, demo_ip="127.0.0.1"),
+        password="pw",
+        proxy_command=Path("/opt/chp/bin/configurable-http-proxy"),
+        ports=HubPorts(public=8123, hub_api=18081, proxy_api=18001),
+        python="/venv/bin/python",
+        run_as_root=run_as_root,
+    )
+
+
+def test_rendered_config_loads_into_traitlets_exactly(tmp_path: Path) -> None:
+    config = _config(tmp_path, run_as_root=False)
+    loaded = Config()
+    exec(render_config(config), {"get_config": lambda: loaded})
+    assert {section: dict(traits) for section, traits in loaded.items()} == config
+
+
+def test_tenants_are_hub_groups_and_admins_are_hub_admins(tmp_path: Path) -> None:
+    config = _config(tmp_path, run_as_root=False)
+    assert config["JupyterHub"]["load_groups"] == {
+        "team-a": {"users": ["alice"]},
+        "team-b": {"users": ["bob"]},
+    }
+    assert config["Authenticator"]["admin_users"] == ["carol"]
+    assert config["Authenticator"]["allowed_users"] == ["alice", "bob", "carol"]
+    assert demo_users() == {"alice": "team-a", "bob": "team-b", "carol": "admin"}
+
+
+def test_everything_the_hub_writes_goes_to_the_state_dir(tmp_path: Path) -> None:
+    config = _config(tmp_path, run_as_root=False)
+    assert config["JupyterHub"]["db_url"] == f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    assert config["JupyterHub"]["cookie_secret_file"] == str(tmp_path / "jupyterhub_cookie_secret")
+    assert config["ConfigurableHTTPProxy"]["pid_file"] == str(tmp_path / "proxy.pid")
+    home = config["SimpleLocalProcessSpawner"]["home_dir_template"]
+    assert home == str(tmp_path / "home" / "{username}")
+
+
+def test_internal_ports_stay_on_loopback(tmp_path: Path) -> None:
+    config = _config(tmp_path, run_as_root=False)
+    assert config["JupyterHub"]["bind_url"] == "http://127.0.0.1:8123/"
+    assert config["JupyterHub"]["hub_ip"] == "127.0.0.1"
+    assert config["JupyterHub"]["hub_port"] == 18081
+    assert config["ConfigurableHTTPProxy"]["api_url"] == "http://127.0.0.1:18001"
+
+
+def test_jupyterlab_gets_allow_root_only_when_run_as_root(tmp_path: Path) -> None:
+    assert _config(tmp_path, run_as_root=True)["Spawner"]["args"] == ["--allow-root"]
+    assert _config(tmp_path, run_as_root=False)["Spawner"]["args"] == []
+
+
+# --- a real hub -------------------------------------------------------------------------
+
+
+@dataclass
+class Demo:
+    """One `gpuportal demo` subprocess and what the tests learned about it."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    start_s: float = 0.0
+    seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def remember_descendants(self) -> None:
+        """Record every process below the demo now, as (pid, start time) to survive pid reuse."""
+        self.seen |= _descendants(self.process.pid)
+
+    def stop(self) -> None:
+        """SIGTERM the hub, as a service manager or Ctrl-C would, and wait for it to exit."""
+        self.remember_descendants()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def alive(self) -> list[int]:
+        """Processes of this demo still running: its process group and every descendant seen."""
+        left = [pid for pid, started in self.seen if _running(pid, started)]
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            pass
+        else:
+            if self.process.poll() is None or _group_members(self.process.pid):
+                left.append(-self.process.pid)
+        return sorted(left)
+
+    def kill_leftovers(self) -> None:
+        for pid, started in self.seen:
+            if _running(pid, started):
+                os.kill(pid, signal.SIGKILL)
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name, which may itself contain spaces and parentheses.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _running(pid: int, started: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z" and int(fields[19]) == started
+
+
+def _all_processes() -> dict[int, list[str]]:
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            table[int(entry.name)] = fields
+    return table
+
+
+def _descendants(root: int) -> set[tuple[int, int]]:
+    table = _all_processes()
+    found: set[tuple[int, int]] = set()
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, fields in table.items():
+            if int(fields[1]) == parent and pid not in {p for p, _ in found}:
+                found.add((pid, int(fields[19])))
+                frontier.append(pid)
+    return found
+
+
+def _group_members(pgid: int) -> list[int]:
+    return [
+        pid
+        for pid, fields in _all_processes().items()
+        if int(fields[2]) == pgid and fields[0] != "Z"
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_demo(state_dir: Path) -> Demo:
+    port = _free_port()
+    log = state_dir.parent / f"{state_dir.name}.log"
+    env = {
+        **os.environ,
+        "GPUPORTAL_STATE_DIR": str(state_dir),
+        "GPUPORTAL_DEMO_PASSWORD": PASSWORD,
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(GPUPORTAL), "demo", "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            process_group=0,
+        )
+    demo = Demo(process=process, url=f"http://127.0.0.1:{port}", log=log)
+    started = time.monotonic()
+    deadline = started + START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            demo.kill_leftovers()
+            pytest.fail(f"gpuportal demo exited with {process.returncode}:\n{demo.log_tail()}")
+        try:
+            if httpx.get(f"{demo.url}/hub/api/", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            demo.stop()
+            demo.kill_leftovers()
+            pytest.fail(f"hub API not up after {START_TIMEOUT_S:.0f} s:\n{demo.log_tail()}")
+        time.sleep(0.2)
+    demo.start_s = time.monotonic() - started
+    return demo
+
+
+@pytest.fixture
+def demo_factory(tmp_path: Path) -> Iterator[list[Demo]]:
+    """Demos started by a test; any the test did not stop are stopped and killed after it."""
+    demos: list[Demo] = []
+    yield demos
+    for demo in demos:
+        demo.stop()
+        demo.kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """One demo shared by the read-only tests of this module."""
+    running = _start_demo(tmp_path_factory.mktemp("demo") / "state")
+    try:
+        yield running
+    finally:
+        running.stop()
+        running.kill_leftovers()
+
+
+@contextmanager
+def _login(base: str, user: str, password: str = PASSWORD) -> Iterator[httpx.Client]:
+    """A client holding the hub's login cookies for ``user``; raises if the login is refused."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        form = client.get("/hub/login")
+        assert form.status_code == 200, form.text
+        response = client.post(
+            "/hub/login",
+            data={"username": user, "password": password, "_xsrf": client.cookies["_xsrf"]},
+        )
+        if response.status_code != 302:
+            raise PermissionError(f"login of {user} answered {response.status_code}")
+        yield client
+
+
+@pytest.mark.hub
+def test_demo_answers_on_the_hub_api_within_two_minutes(
+    demo: Demo, record_property: pytest.RecordProperty
+) -> None:
+    record_property("demo_start_s", f"{demo.start_s:.1f}")
+    print(f"gpuportal demo answered on /hub/api/ after {demo.start_s:.1f} s")
+    banner = demo.log.read_text(errors="replace").splitlines()[0]
+    assert banner.startswith(f"gpuportal demo: open {demo.url}/ and log in as alice (team-a)")
+    assert banner.endswith(f"with password {PASSWORD}")
+
+
+@pytest.mark.hub
+@pytest.mark.parametrize("user", ["alice", "bob", "carol"])
+def test_demo_user_logs_in_and_sees_their_home_page(demo: Demo, user: str) -> None:
+    with _login(demo.url, user) as client:
+        home = client.get("/hub/home")
+    assert home.status_code == 200
+    assert f'<span class="me-1">{user}</span>' in home.text
+    assert re.search(r'id="start"[^>]*>\s*Start\s+My Server', home.text)
+
+
+@pytest.mark.hub
+def test_wrong_password_and_unknown_user_are_refused(demo: Demo) -> None:
+    with pytest.raises(PermissionError), _login(demo.url, "alice", "not-the-password"):
+        pass
+    with pytest.raises(PermissionError), _login(demo.url, "mallory"):
+        pass
+
+
+@pytest.mark.hub
+def test_running_hub_has_the_tenants_as_groups(demo: Demo) -> None:
+    with _login(demo.url, DEMO_ADMINS[0]) as client:
+        response = client.get("/hub/api/groups", headers={"X-XSRFToken": client.cookies["_xsrf"]})
+    assert response.status_code == 200, response.text
+    groups = {group["name"]: sorted(group["users"]) for group in response.json()}
+    assert groups == {tenant: sorted(users) for tenant, users in DEMO_TENANTS.items()}
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
+    tmp_path: Path, demo_factory: list[Demo], record_property: pytest.RecordProperty
+) -> None:
+    demo = _start_demo(tmp_path / "state")
+    demo_factory.append(demo)
+    with _login(demo.url, "bob") as client:
+        client.get("/hub/spawn/bob")
+        started = time.monotonic()
+        while True:
+            lab = client.get("/user/bob/lab", follow_redirects=True)
+            if lab.status_code == 200 and lab.url.path == "/user/bob/lab":
+                break
+            assert time.monotonic() - started < LAB_TIMEOUT_S, demo.log_tail()
+            time.sleep(0.5)
+    record_property("lab_spawn_s", f"{time.monotonic() - started:.1f}")
+    assert "JupyterLab" in lab.text
+    assert (tmp_path / "state" / "home" / "bob").is_dir()
+
+    demo.remember_descendants()
+    assert len(demo.seen) >= 2, "expected the proxy and bob's JupyterLab below the hub"
+    demo.stop()
+    assert demo.process.returncode is not None, "the hub ignored SIGTERM"
+    assert demo.alive() == [], f"left running after SIGTERM:\n{demo.log_tail()}"
