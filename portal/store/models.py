@@ -35,6 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from policies.errors import InvalidRequest
 from portal.store.records import WorkloadState
 
 NAMING_CONVENTION = {
@@ -61,9 +62,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(
-                f"naive datetime {value.isoformat()}: the store needs a timezone-aware datetime "
-                "(for example datetime.now(UTC))"
+            raise InvalidRequest(
+                "timestamp",
+                f"{value.isoformat()} (naive)",
+                "a timezone-aware datetime such as datetime.now(UTC)",
             )
         return value.astimezone(UTC).replace(tzinfo=None)
 

@@ -110,9 +110,10 @@ class Store:
 
     def _prepare(self) -> None:
         self._insert_new: dict[str, Any] = {
-            table.name: self._insert_factory(table).on_conflict_do_nothing(
-                index_elements=[c.name for c in table.primary_key.columns]
-            )
+            # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT inserts.
+            table.name: self._insert_factory(table)
+            .on_conflict_do_nothing(index_elements=[c.name for c in table.primary_key.columns])
+            .returning(table.c.version)
             for table in (TENANTS, QUOTAS, WORKLOADS)
         }
         self._update_versioned: dict[str, Any] = {
@@ -234,7 +235,7 @@ class Store:
             raise Conflict(f"{what} carries version {version}; versions start at 1")
         keys = {c.name: row[c.name] for c in table.primary_key.columns}
         if version == 1:
-            done = conn.execute(self._insert_new[table.name], row).rowcount == 1
+            done = conn.execute(self._insert_new[table.name], row).first() is not None
         else:
             params = {**row, **{f"key_{k}": v for k, v in keys.items()}, "old_version": version - 1}
             done = conn.execute(self._update_versioned[table.name], params).rowcount == 1
