@@ -283,6 +283,8 @@ def _node(s: Mapping[str, Any], where: str) -> Node:
             mig_reconfigurable=preset.mig_reconfigurable,
         )
     except InvalidRequest as e:
+        if e.field.startswith(where):
+            raise
         raise InvalidRequest(f"{where} {e.field}", e.value, e.valid) from None
 
 
