@@ -147,10 +147,10 @@ def to_node(obj: Any) -> Node | None:
             log.warning("ignoring the topology annotation, using labels: %s", e.message)
         else:
             gpus, topology = report.gpus, report.topology
-    if gpus is None:
-        gpus = _gpus_from_labels(v, where)
     sharing = v.labels.get(LABEL_SHARING, "").lower() == "true"
     try:
+        if gpus is None:
+            gpus = _gpus_from_labels(v, where)
         if sharing:
             gpus = tuple(
                 GPU(
