@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from policies import mig
 from policies.errors import InvalidRequest
 
 SHARE_SUFFIX = "share"
@@ -40,7 +41,7 @@ class Flavor:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        if not _MODEL_RE.match(self.model):
+        if not isinstance(self.model, str) or not _MODEL_RE.fullmatch(self.model):
             raise InvalidRequest(
                 "flavor",
                 self.model,
@@ -50,6 +51,9 @@ class Flavor:
             raise InvalidRequest(
                 "flavor", str(self.profile), "a MIG profile exactly when the flavor kind is 'mig'"
             )
+        if self.profile is not None:
+            # Raises with the model's valid profiles (or the MIG-capable models) when unknown.
+            mig.geometry(self.model).profile(self.profile)
 
     def __str__(self) -> str:
         if self.kind is FlavorKind.GPU:

@@ -85,7 +85,7 @@ class Node:
     mig_reconfigurable: bool = False
 
     def __post_init__(self) -> None:
-        if not _NODE_NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NODE_NAME_RE.fullmatch(self.name):
             raise InvalidRequest(
                 "node name",
                 repr(self.name),

@@ -67,7 +67,7 @@ class DeviceRequest:
                 "cpu/memory", f"{self.cpu_milli}m/{self.memory_mib}Mi", "values >= 0"
             )
         if self.kind is None:
-            if self.count or self.milli or self.mig_profile:
+            if self.count or self.milli or self.mig_profile or self.gpu_memory_mib:
                 raise InvalidRequest("request", "CPU-only with GPU fields", "kind gpu/mig/share")
         elif self.kind is FlavorKind.GPU:
             if not 1 <= self.count <= MAX_GPUS_PER_MEMBER:
@@ -83,6 +83,8 @@ class DeviceRequest:
                     f"profile={self.mig_profile} count={self.count}",
                     "one instance of a named profile",
                 )
+            if self.milli or self.gpu_memory_mib:
+                raise InvalidRequest("request", "a MIG instance with share fields", "one shape")
             if not self.models:
                 raise InvalidRequest("MIG request models", "none", "the model(s) of the profile")
             for model in self.models:
@@ -94,6 +96,12 @@ class DeviceRequest:
                 )
             if self.gpu_memory_mib < 0:
                 raise InvalidRequest("GPU memory share", self.gpu_memory_mib, ">= 0 MiB")
+            if self.mig_profile is not None or self.count not in (0, 1):
+                raise InvalidRequest(
+                    "GPU share request",
+                    f"profile={self.mig_profile} count={self.count}",
+                    "one share of one GPU, without a MIG profile",
+                )
         if self.topology is TopologyRequirement.NVLINK and (
             self.kind is not FlavorKind.GPU or self.count < 2
         ):

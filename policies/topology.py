@@ -69,6 +69,20 @@ class Topology:
                     raise InvalidRequest(
                         "topology", f"links[{i}][{j}] != links[{j}][{i}]", "a symmetric matrix"
                     )
+        lanes = self.nvlink_lanes
+        if lanes:
+            if len(lanes) != n or any(len(row) != n for row in lanes):
+                raise InvalidRequest(
+                    "topology nvlink_lanes", f"{len(lanes)} rows", f"an {n}x{n} matrix or none"
+                )
+            for i in range(n):
+                for j in range(i + 1, n):
+                    if lanes[i][j] != lanes[j][i] or lanes[i][j] < 0:
+                        raise InvalidRequest(
+                            "topology nvlink_lanes",
+                            f"[{i}][{j}]={lanes[i][j]}, [{j}][{i}]={lanes[j][i]}",
+                            "a symmetric matrix of lane counts >= 0",
+                        )
 
     @property
     def size(self) -> int:
