@@ -439,3 +439,22 @@ def test_invariants_over_random_operations(b: QuotaBook, data: st.DataObject) ->
 def test_usage_type_alias_is_a_mapping() -> None:
     u: Usage = {("team-a", H100): 1}
     assert admit(LAB, u, "team-a", H100, 1).ok
+
+
+def test_docs_worked_example_two_tenants_lending() -> None:
+    # docs/quota.md: cohort lab, team-a and team-b each guaranteed 2, limit 4; capacity 4.
+    lab = QuotaBook({t: tenant(t, "lab", h100=(2, 4)) for t in ("team-a", "team-b")}, {H100: 4})
+    usage: dict[tuple[str, str], int] = {}
+    got = admit(lab, usage, "team-b", H100, 4)
+    assert (got.ok, got.borrowed) == (True, 2)
+    usage[("team-b", H100)] = 4
+    assert admit(lab, usage, "team-b", H100, 1).message.startswith("team-b quota for H100-80GB")
+    assert reclaim_plan(lab, usage, None, "team-a", H100, 2) == {"team-b": 2}
+    usage[("team-b", H100)] = 2
+    assert admit(lab, usage, "team-a", H100, 2).ok
+    usage[("team-a", H100)] = 2
+    more = admit(lab, usage, "team-a", H100, 1)
+    assert (more.ok, more.reason, more.reclaimable) == (False, QueueReason.QUOTA, 0)
+    # With 6 GPUs, 2 are unguaranteed: team-a's 2 fit at once, nobody is preempted.
+    wide = lab.with_capacity({H100: 6})
+    assert admit(wide, {("team-b", H100): 4}, "team-a", H100, 2).ok
