@@ -94,6 +94,9 @@ def schedule(self: Allocator, txn: _Txn, fresh: str | None = None) -> None:
         lv = self._live[fresh]
         blocked = try_start(self, txn, lv, self._reserved, now)
         if blocked is not None:
+            if not self._reserved and blocked.capacity_model is not None:
+                node = reserve_for(self, lv, blocked.capacity_model)
+                self._reserved = frozenset({node}) if node else frozenset()
             note_blocked(self, txn, lv, blocked, now)
         return
     # 2.-5.
