@@ -130,6 +130,9 @@ class NodeState:
         (g,) = p.gpus
         self._check_gpu(g)
         assert p.mig_profile is not None and p.mig_start is not None
+        if not self.node.gpus[g].mig_enabled:
+            # The GPU is handed out whole or in shares; a MIG instance would double-book it.
+            raise Conflict(f"GPU {g} of {self.name} is not MIG-enabled")
         if p.mig_created:
             geom = mig.geometry(self.node.gpus[g].model)
             if p.mig_start not in set(mig.free_starts(geom, p.mig_profile, self.mig_layout[g])):
@@ -146,7 +149,41 @@ class NodeState:
                 )
             self.mig_free[g].discard(p.mig_start)
 
+    def _check_give(self, p: Placement) -> None:
+        """Refuse (before any change) to give back what ``p`` does not hold."""
+        node = self.node
+        if self.cpu_free + p.cpu_milli > node.cpu_milli or (
+            self.mem_free + p.memory_mib > node.memory_mib
+        ):
+            raise Conflict(f"node {self.name} would get back more CPU or memory than it has")
+        if p.mig_profile is not None:
+            (g,) = p.gpus
+            self._check_gpu(g)
+            inst = self._instance(g, p.mig_start)
+            existing = mig.MigInstance(p.mig_profile, p.mig_start or 0) in node.gpus[g].mig_layout
+            if (
+                inst is None
+                or inst.profile != p.mig_profile
+                or p.mig_start in self.mig_free[g]
+                or existing == p.mig_created
+            ):
+                raise Conflict(
+                    f"MIG instance {p.mig_profile}@{p.mig_start} on GPU {g} of {self.name} "
+                    "is not held by this placement"
+                )
+            return
+        if len(set(p.gpus)) != len(p.gpus):
+            raise InvalidRequest("GPU indices", list(p.gpus), "distinct indices")
+        for g in p.gpus:
+            self._check_gpu(g)
+            if (
+                self.free_milli[g] + p.milli > MILLI_PER_GPU
+                or self.free_mem[g] + p.gpu_memory_mib > node.gpus[g].memory_mib
+            ):
+                raise Conflict(f"GPU {g} on {self.name} released more than it held")
+
     def _give(self, p: Placement) -> None:
+        self._check_give(p)
         if p.mig_profile is not None:
             (g,) = p.gpus
             if p.mig_created:
@@ -157,8 +194,6 @@ class NodeState:
             for g in p.gpus:
                 self.free_milli[g] += p.milli
                 self.free_mem[g] += p.gpu_memory_mib
-                if self.free_milli[g] > MILLI_PER_GPU:
-                    raise Conflict(f"GPU {g} on {self.name} released more than it held")
         self.cpu_free += p.cpu_milli
         self.mem_free += p.memory_mib
         self._refresh()
@@ -229,7 +264,10 @@ class ClusterState:
         if len(models) == 1:
             (m,) = models
             return self.by_model.get(m, {}).values()
-        return [st for m in models for st in self.by_model.get(m, {}).values()]
+        # A node carrying two of the models is one candidate, not two.
+        return list(
+            {st.name: st for m in models for st in self.by_model.get(m, {}).values()}.values()
+        )
 
     def apply(self, p: Placement) -> None:
         """Take the devices of ``p``; raises ``Conflict`` (and changes nothing) if not free."""

@@ -90,5 +90,5 @@ def test_worst_link_is_the_weakest_pair_in_the_set(gpus: tuple[int, ...], worst:
 
 def test_uniform_builds_an_all_pairs_matrix() -> None:
     topo = Topology.uniform(8, L.NVSWITCH)
-    assert topo.worst_link(range(8)) is L.NVSWITCH  # type: ignore[arg-type]
+    assert topo.worst_link(tuple(range(8))) is L.NVSWITCH
     assert topo.numa == (0,) * 8
