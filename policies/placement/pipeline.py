@@ -140,7 +140,8 @@ def place_gang(
     """
     last: NoFit = NoFit(0, {})
     for domain in _domains(cluster, req, topology):
-        only = domain if ctx.only is None or domain is None else domain & ctx.only
+        # Keep the caller's restriction: a domain narrows it, it never widens it.
+        only = ctx.only if domain is None else domain if ctx.only is None else domain & ctx.only
         sub = PlacementContext(ctx.pools, ctx.tolerations, only, ctx.avoid)
         placed: list[Placement] = []
         try:
