@@ -51,6 +51,9 @@ def choose_whole(req: DeviceRequest, st: NodeState) -> tuple[int, ...] | None:
     if len(free) < k:
         return None
     need_nvlink = req.topology is TopologyRequirement.NVLINK
+    if st.node.topology is None and not need_nvlink:
+        # Unknown topology means uniform links: every set is as good; take the lowest indices.
+        return tuple(free[:k])
     if k == 1:
         # A single GPU: take the one least connected to the other free GPUs, so the
         # well-connected groups stay whole for multi-GPU requests later.

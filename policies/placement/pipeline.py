@@ -6,12 +6,13 @@ whole cluster) at a time on the live state and undoes partial work before trying
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from policies.flavors import FlavorKind
 from policies.inventory import TaintEffect
-from policies.placement import devices
 from policies.placement.framework import PlacementContext, Policy, Unfit
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest, TopologyRequirement
@@ -79,7 +80,24 @@ def place(
     policy: Policy,
     ctx: PlacementContext = ANYWHERE,
 ) -> Placement | NoFit:
-    """Best placement of one member of ``req``, or why none exists. Does not change state."""
+    """Best placement of one member of ``req``, or why none exists. Does not change state.
+
+    Ties go to the node first in the cluster's order. When the policy's scores can be cached
+    (``Policy.cache_token``) and the context names no node lists, the answer comes from a
+    per-request-shape index that re-scores only the nodes changed since its last use.
+    """
+    if ctx.only is None and not ctx.avoid:
+        token = policy.cache_token()
+        if token is not None:
+            got = _indexed(req, cluster, policy, ctx, token)
+            if got is not None:
+                return got
+    return _scan(req, cluster, policy, ctx)
+
+
+def _scan(
+    req: DeviceRequest, cluster: ClusterState, policy: Policy, ctx: PlacementContext
+) -> Placement | NoFit:
     best: Placement | None = None
     best_key: tuple[float, int] = (float("-inf"), 0)
     reasons: Counter[Unfit] = Counter()
@@ -94,17 +112,97 @@ def place(
         if why is not None:
             reasons[why] += 1
             continue
-        opts = devices.options(req, st)
-        if not opts:
+        got = policy.best_on_node(req, st, cluster)
+        if got is None:
             reasons[_no_option_reason(req)] += 1
             continue
-        for opt in opts:
-            key = (policy.score(req, st, opt, cluster), -st.order)
-            if best is None or key > best_key:
-                best, best_key = opt, key
+        key = (got[0], -st.order)
+        if best is None or key > best_key:
+            best, best_key = got[1], key
     if best is None:
         return NoFit(considered, dict(reasons))
     return best
+
+
+# How many request shapes a policy keeps score indexes for (least recently used dropped).
+MAX_INDEXES = 512
+
+
+class _Index:
+    """Best-first heap of (−score, order, version, node, option) for one request shape.
+
+    ``live`` maps a node to the version its heap entry was scored at (None: it does not fit);
+    entries whose version is no longer live are dropped lazily when they reach the top.
+    """
+
+    __slots__ = ("cluster", "heap", "live", "seq")
+
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.heap: list[tuple[float, int, int, str, Placement]] = []
+        self.live: dict[str, int | None] = {}
+        self.seq = cluster.seq
+
+
+def _indexed(
+    req: DeviceRequest,
+    cluster: ClusterState,
+    policy: Policy,
+    ctx: PlacementContext,
+    token: Hashable,
+) -> Placement | None:
+    if policy.indexed_token != token:
+        policy.indexes.clear()
+        policy.indexed_token = token
+    key = (id(cluster), req, ctx.pools, ctx.tolerations)
+    idx: _Index | None = policy.indexes.get(key)
+    changed = None if idx is None else cluster.changed_since(idx.seq)
+    if idx is None or changed is None or idx.cluster is not cluster:
+        idx = _Index(cluster)
+        for st in cluster.candidates(req.models):
+            _rescore(idx, req, st, cluster, policy, ctx)
+        policy.indexes[key] = idx
+        if len(policy.indexes) > MAX_INDEXES:
+            policy.indexes.popitem(last=False)
+    else:
+        policy.indexes.move_to_end(key)
+        if changed:
+            models = req.models
+            nodes = cluster.nodes
+            for name in set(changed):
+                now = nodes.get(name)
+                if now is None or (models and not (now.models & models)):
+                    idx.live.pop(name, None)
+                else:
+                    _rescore(idx, req, now, cluster, policy, ctx)
+            idx.seq = cluster.seq
+    heap, live = idx.heap, idx.live
+    if len(heap) > 2 * len(live) + 64:
+        heap[:] = [e for e in heap if live.get(e[3]) == e[2]]
+        heapq.heapify(heap)
+    while heap:
+        top = heap[0]
+        if live.get(top[3]) == top[2]:
+            return top[4]
+        heapq.heappop(heap)
+    return None
+
+
+def _rescore(
+    idx: _Index,
+    req: DeviceRequest,
+    st: NodeState,
+    cluster: ClusterState,
+    policy: Policy,
+    ctx: PlacementContext,
+) -> None:
+    name = st.node.name
+    got = None if unfit(req, st, ctx) is not None else policy.best_on_node(req, st, cluster)
+    if got is None:
+        idx.live[name] = None
+        return
+    idx.live[name] = st.version
+    heapq.heappush(idx.heap, (-got[0], st.order, st.version, name, got[1]))
 
 
 def _domains(

@@ -7,6 +7,7 @@ current, so a decision never scans more than the nodes that could possibly fit.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -14,6 +15,10 @@ from policies import mig
 from policies.errors import Conflict, InvalidRequest, NotFound
 from policies.flavors import MILLI_PER_GPU
 from policies.inventory import Node
+
+# Versions are unique across all nodes and clusters, so a (node, version) pair names one state
+# for caches even when a node is removed and added again.
+_VERSIONS = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class NodeState:
     """Free capacity of one node. Aggregates are kept current by ``ClusterState``."""
 
     __slots__ = (
+        "_free_total",
         "cpu_free",
         "free_mem",
         "free_milli",
@@ -49,6 +55,7 @@ class NodeState:
         "mig_free",
         "mig_layout",
         "model",
+        "models",
         "node",
         "order",
         "schedulable",
@@ -59,6 +66,7 @@ class NodeState:
         self.node = node
         self.order = order
         self.model = node.gpus[0].model if node.gpus else ""
+        self.models = node.models
         self.cpu_free = node.cpu_milli
         self.mem_free = node.memory_mib
         self.schedulable = node.schedulable
@@ -71,13 +79,15 @@ class NodeState:
         self.full_free = 0
         self.max_free_milli = 0
         self.version = 0
+        self._free_total = 0
         self._refresh()
 
     def _refresh(self) -> None:
         self.full_free = sum(1 for m in self.free_milli if m == MILLI_PER_GPU)
         shareable = [m for m, g in zip(self.free_milli, self.node.gpus, strict=True) if g.shareable]
         self.max_free_milli = max(shareable, default=0)
-        self.version += 1
+        self._free_total = sum(self.free_milli)
+        self.version = next(_VERSIONS)
 
     @property
     def name(self) -> str:
@@ -89,7 +99,7 @@ class NodeState:
 
     @property
     def free_milli_total(self) -> int:
-        return sum(self.free_milli)
+        return self._free_total
 
     def free_gpus(self) -> list[int]:
         """Indices of fully free (whole-allocatable) GPUs."""
@@ -214,12 +224,17 @@ class ClusterState:
 
     Node order (``NodeState.order``) is the deterministic tie-break: among equally scored
     candidates the lowest order wins.
+
+    Every change appends the node's name to a change log (``seq``/``changed_since``), so score
+    caches re-evaluate only the nodes that changed since they last looked.
     """
 
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
         self.nodes: dict[str, NodeState] = {}
         self.by_model: dict[str, dict[str, NodeState]] = {}
         self._next_order = 0
+        self._log: list[str] = []
+        self._log_start = 0
         for n in nodes:
             self.add_node(n)
 
@@ -245,6 +260,7 @@ class ClusterState:
         self.nodes[node.name] = st
         for model in node.models or {""}:
             self.by_model.setdefault(model, {})[node.name] = st
+        self._changed(node.name)
         return st
 
     def remove_node(self, name: str) -> NodeState:
@@ -252,10 +268,35 @@ class ClusterState:
         del self.nodes[name]
         for model in st.node.models or {""}:
             self.by_model.get(model, {}).pop(name, None)
+        self._changed(name)
         return st
 
     def set_schedulable(self, name: str, schedulable: bool) -> None:
-        self.node(name).schedulable = schedulable
+        st = self.node(name)
+        st.schedulable = schedulable
+        st.version = next(_VERSIONS)
+        self._changed(name)
+
+    # -- change log ----------------------------------------------------------------------
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the next change; compare with ``changed_since``."""
+        return self._log_start + len(self._log)
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        """Names of nodes changed since ``seq`` (repeats possible), or None if forgotten."""
+        if seq < self._log_start:
+            return None
+        return self._log[seq - self._log_start :]
+
+    def _changed(self, name: str) -> None:
+        self._log.append(name)
+        # Keep the log bounded: readers that fell further behind rebuild from scratch.
+        if len(self._log) > max(4096, 8 * len(self.nodes)):
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_start += drop
 
     def candidates(self, models: frozenset[str]) -> Iterable[NodeState]:
         """Nodes carrying one of ``models`` (all nodes when empty), in no particular order."""
@@ -272,7 +313,9 @@ class ClusterState:
     def apply(self, p: Placement) -> None:
         """Take the devices of ``p``; raises ``Conflict`` (and changes nothing) if not free."""
         self.node(p.node)._take(p)
+        self._changed(p.node)
 
     def unapply(self, p: Placement) -> None:
         """Give back the devices of ``p``."""
         self.node(p.node)._give(p)
+        self._changed(p.node)
