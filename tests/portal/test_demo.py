@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from portal.settings import Settings
 GPUPORTAL = Path(sys.executable).parent / "gpuportal"
 PASSWORD = "demo-test-password"
 # The issue asks for a start "well under 2 minutes"; this bounds the wait, the measured time
-# is reported (JUnit property demo_start_s), not asserted.
+# is reported (JUnit suite property demo_start_s), not asserted.
 START_TIMEOUT_S = 120.0
 LAB_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
@@ -273,9 +273,9 @@ def _login(base: str, user: str, password: str = PASSWORD) -> Iterator[httpx.Cli
 
 @pytest.mark.hub
 def test_demo_answers_on_the_hub_api_within_two_minutes(
-    demo: Demo, record_property: pytest.RecordProperty
+    demo: Demo, record_testsuite_property: Callable[[str, object], None]
 ) -> None:
-    record_property("demo_start_s", f"{demo.start_s:.1f}")
+    record_testsuite_property("demo_start_s", f"{demo.start_s:.1f}")
     print(f"gpuportal demo answered on /hub/api/ after {demo.start_s:.1f} s")
     banner = demo.log.read_text(errors="replace").splitlines()[0]
     assert banner.startswith(f"gpuportal demo: open {demo.url}/ and log in as alice (team-a)")
@@ -312,7 +312,9 @@ def test_running_hub_has_the_tenants_as_groups(demo: Demo) -> None:
 @pytest.mark.hub
 @pytest.mark.slow
 def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
-    tmp_path: Path, demo_factory: list[Demo], record_property: pytest.RecordProperty
+    tmp_path: Path,
+    demo_factory: list[Demo],
+    record_testsuite_property: Callable[[str, object], None],
 ) -> None:
     demo = _start_demo(tmp_path / "state")
     demo_factory.append(demo)
@@ -325,7 +327,7 @@ def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
                 break
             assert time.monotonic() - started < LAB_TIMEOUT_S, demo.log_tail()
             time.sleep(0.5)
-    record_property("lab_spawn_s", f"{time.monotonic() - started:.1f}")
+    record_testsuite_property("lab_spawn_s", f"{time.monotonic() - started:.1f}")
     assert "JupyterLab" in lab.text
     assert (tmp_path / "state" / "home" / "bob").is_dir()
 
