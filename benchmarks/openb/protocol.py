@@ -136,7 +136,10 @@ def run(
 def summarize(results: Sequence[RunResult]) -> dict[str, float]:
     """Mean ± std over seeds of the headline numbers, and pooled per-placement times."""
 
-    def ms(xs: list[float]) -> tuple[float, float]:
+    def ms(values: list[float]) -> tuple[float, float]:
+        xs = [x for x in values if not math.isnan(x)]
+        if not xs:
+            return math.nan, math.nan
         return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
     u100 = [r.unallocated_at(100) for r in results]

@@ -1,0 +1,212 @@
+"""The published baselines and gpuportal: scores with the arithmetic worked out; the registry."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies.errors import InvalidRequest
+from policies.flavors import FlavorKind
+from policies.inventory import GPU, Node
+from policies.placement.framework import Policy
+from policies.placement.pipeline import ANYWHERE, NoFit, _scan, place
+from policies.placement.scorers import DEFAULT_POLICY, POLICIES, policy
+from policies.placement.scorers.bestfit import BestFit
+from policies.placement.scorers.dotprod import DotProd
+from policies.placement.scorers.fgd import FGD
+from policies.placement.scorers.fragmentation import FragModel, Shape
+from policies.placement.scorers.gpu_packing import GpuPacking
+from policies.placement.scorers.gpuportal import GpuPortal
+from policies.placement.state import ClusterState, NodeState, Placement
+from policies.requests import DeviceRequest
+
+
+def node(name: str = "n", gpus: int = 2, cpu: int = 64_000) -> Node:
+    return Node(
+        name, tuple(GPU(i, "T4", 15_360, shareable=True) for i in range(gpus)), cpu, 256_000
+    )
+
+
+def state(free: list[int], cpu_free: int, gpus: int | None = None, cpu: int = 64_000) -> NodeState:
+    """A node whose GPUs have ``free`` milli and ``cpu_free`` CPU left."""
+    cl = ClusterState([node(gpus=gpus or len(free), cpu=cpu)])
+    st = cl.node("n")
+    for i, f in enumerate(free):
+        if f < 1000:
+            cl.apply(Placement("n", gpus=(i,), milli=1000 - f))
+    if cpu_free < cpu:
+        cl.apply(Placement("n", cpu_milli=cpu - cpu_free))
+    return st
+
+
+def share(milli: int, cpu: int = 8_000) -> DeviceRequest:
+    return DeviceRequest(FlavorKind.SHARE, count=1, milli=milli, cpu_milli=cpu)
+
+
+def whole(n: int, cpu: int = 8_000) -> DeviceRequest:
+    return DeviceRequest(FlavorKind.GPU, count=n, cpu_milli=cpu)
+
+
+def on(st: NodeState, gpu: int, milli: int, cpu: int = 8_000) -> Placement:
+    return Placement("n", gpus=(gpu,), milli=milli, cpu_milli=cpu)
+
+
+CL = ClusterState()
+
+
+@pytest.mark.parametrize(
+    ("free", "cpu_free", "opt", "expected"),
+    [
+        # left: cpu 64 000 − 8 000 = 56 000 → 0.5·56/128 = 0.21875; gpu 2000 − 1000 = 1000 →
+        # 0.5·1000/8000 = 0.0625; 100·(1 − 0.28125) = 71.875 → 71
+        ([1000, 1000], 64_000, Placement("n", (0,), 1000, cpu_milli=8_000), 71),
+        # left: cpu 8 000 → 0.03125; gpu 300 − 200 = 100 → 0.00625; 100·0.9625 → 96
+        ([300, 0], 16_000, Placement("n", (0,), 200, cpu_milli=8_000), 96),
+    ],
+)
+def test_bestfit_score(free: list[int], cpu_free: int, opt: Placement, expected: float) -> None:
+    assert BestFit().score(whole(1), state(free, cpu_free), opt, CL) == expected
+
+
+@pytest.mark.parametrize(
+    ("free", "cpu_free", "opt", "expected"),
+    [
+        # free [0.5, 0.25] · ask [8/128, 1/8] = 0.03125 + 0.03125 = 0.0625 → 100·(1 − 0.03125)
+        # = 96.875 → 96
+        ([1000, 1000], 64_000, Placement("n", (0,), 1000, cpu_milli=8_000), 96),
+        # free [0.125, 0.0375] · ask [0.0625, 0.025] = 0.0078125 + 0.0009375 → 100·0.99562 → 99
+        ([300, 0], 16_000, Placement("n", (0,), 200, cpu_milli=8_000), 99),
+    ],
+)
+def test_dotprod_score(free: list[int], cpu_free: int, opt: Placement, expected: float) -> None:
+    assert DotProd().score(whole(1), state(free, cpu_free), opt, CL) == expected
+
+
+@pytest.mark.parametrize(
+    ("free", "req", "expected"),
+    [
+        ([1000] * 8, whole(1), 25),  # empty 8-GPU node: max(33 − 8, 8)
+        ([1000, 1000], whole(1), 31),  # empty 2-GPU node: max(33 − 2, 2)
+        ([1000, 1000, 1000, 0], whole(2), 48),  # two free GPUs on a used node: max(50 − 2, 33)
+        ([300, 1000], share(200), 97),  # shared GPU with 300 free: 100 − (30 // 10)
+        ([900, 1000], share(200), 91),  # 900 free: 100 − (90 // 10)
+        ([1000, 1000], DeviceRequest(cpu_milli=1000), 0),  # CPU-only: 0 everywhere
+    ],
+)
+def test_gpu_packing_score(free: list[int], req: DeviceRequest, expected: int) -> None:
+    st = state(free, 64_000)
+    assert GpuPacking().score(req, st, Placement("n"), CL) == expected
+
+
+def test_shares_go_best_fit_in_the_baselines() -> None:
+    # Free shares 1000, 600, 300: a 200 share fits all three; best fit is GPU 2 (300 free).
+    st = state([1000, 600, 300], 64_000)
+    cl = ClusterState()
+    cl.nodes["n"] = st
+    for scorer in (BestFit(), DotProd(), GpuPacking()):
+        got = Policy("p", [(scorer, 1.0)]).best_on_node(share(200), st, cl)
+        assert got is not None and got[1].gpus == (2,), scorer.name
+
+
+def test_fragmentation_model_arithmetic() -> None:
+    # Free (1000, 300), 8 000m CPU free. Whole GPU: fits, strands the 300 → 300.
+    # Half GPU: fits on GPU 0, strands 300 → 300. 16-core pod: CPU does not fit → all 1300.
+    # CPU-only pod: all idle GPU is fragment to it → 1300.
+    key = (8_000, "T4", (1000, 300))
+    assert FragModel([(Shape(0, 1000, 1), 1.0)]).value(key) == 300
+    assert FragModel([(Shape(0, 500, 1), 1.0)]).value(key) == 300
+    assert FragModel([(Shape(16_000, 500, 1), 1.0)]).value(key) == 1300
+    assert FragModel([(Shape(1_000, 0, 0), 1.0)]).value(key) == 1300
+    # Two GPUs asked, one has enough: nothing fits → all idle. Mixed 50/50: (300 + 1300) / 2.
+    assert FragModel([(Shape(0, 1000, 2), 1.0)]).value(key) == 1300
+    mix = FragModel([(Shape(0, 1000, 1), 1.0), (Shape(0, 1000, 2), 1.0)])
+    assert mix.value(key) == 800
+    # A model constraint the node does not satisfy: all idle.
+    assert FragModel([(Shape(0, 500, 1, frozenset({"A10"})), 1.0)]).value(key) == 1300
+
+
+def test_fgd_prefers_the_share_that_fills_the_gap() -> None:
+    # Typical pod: 0.5 GPU. Free (1000, 300): F = 300 (the 300 is stranded).
+    # A 0.2 share on GPU 1 → (1000, 100): F = 100, Δ = 200, int(100·sigmoid(0.2)) = 54.
+    # On GPU 0 → (800, 300): F = 300, Δ = 0 → 50.
+    fgd = FGD([(Shape(0, 500, 1), 1.0)])
+    st = state([1000, 300], 64_000)
+    assert fgd.score(share(200, 0), st, on(st, 1, 200, 0), CL) == 54
+    assert fgd.score(share(200, 0), st, on(st, 0, 200, 0), CL) == 50
+    got = Policy("fgd", [(fgd, 1.0)]).best_on_node(share(200, 0), st, CL)
+    assert got == (54.0, on(st, 1, 200, 0))
+
+
+def test_gpuportal_docstring_example() -> None:
+    # Learned distribution {0.5 GPU: 1}; Δ = 200 → 100·(0.8·sigmoid(0.2) + 0.2) = 63.99;
+    # Δ = 0 → 100·(0.8·0.5 + 0.2) = 60.
+    gp = GpuPortal(refresh_every=1)
+    for _ in range(4):
+        gp.observe(DeviceRequest(FlavorKind.SHARE, count=1, milli=500), None)
+    assert gp.distribution == {Shape(0, 500, 1): 1.0}
+    st = state([1000, 300], 64_000)
+    assert gp.score(share(200, 0), st, on(st, 1, 200, 0), CL) == pytest.approx(63.99, abs=0.01)
+    assert gp.score(share(200, 0), st, on(st, 0, 200, 0), CL) == pytest.approx(60.0)
+
+
+def test_gpuportal_learns_from_observe_and_invalidates_caches() -> None:
+    gp = GpuPortal(refresh_every=4)
+    token = gp.cache_token()
+    for _ in range(8):
+        gp.observe(whole(8, 0), None)
+    assert gp.cache_token() != token
+    assert gp.distribution == {Shape(0, 1000, 8): 1.0}
+
+
+def test_registry() -> None:
+    assert DEFAULT_POLICY == "gpuportal"
+    assert {"gpuportal", "binpack", "random", "dotprod", "gpupacking", "bestfit", "fgd"} <= set(
+        POLICIES
+    )
+    with pytest.raises(InvalidRequest, match="fgd typical"):
+        policy("fgd")
+    with pytest.raises(InvalidRequest, match="one of"):
+        policy("nope")
+
+
+@pytest.mark.parametrize(
+    "name", ["gpuportal", "binpack", "dotprod", "gpupacking", "bestfit", "fgd"]
+)
+def test_indexed_place_matches_a_full_scan(name: str) -> None:
+    """The per-shape score index gives exactly what scoring every node would."""
+    rng = random.Random(5)
+    nodes = [
+        node(f"n{i}", gpus=rng.choice((1, 2, 4, 8)), cpu=rng.choice((32_000, 96_000)))
+        for i in range(25)
+    ]
+    cluster = ClusterState(nodes)
+    pol = policy(name, typical=[(Shape(4_000, 500, 1), 0.5), (Shape(8_000, 1000, 1), 0.5)])
+    shapes = [share(250), share(500), whole(1), whole(2), whole(4), DeviceRequest(cpu_milli=4000)]
+    placed = 0
+    for _ in range(150):
+        req = rng.choice(shapes)
+        want = _scan(req, cluster, pol, ANYWHERE)
+        got = place(req, cluster, pol)
+        assert got == want
+        if not isinstance(got, NoFit):
+            cluster.apply(got)
+            placed += 1
+        pol.observe(req, None if isinstance(got, NoFit) else got)
+    assert placed > 50
+
+
+def test_random_is_reproducible_with_the_injected_generator() -> None:
+    def run(seed: int) -> list[str]:
+        cluster = ClusterState([node(f"n{i}") for i in range(10)])
+        pol = policy("random", rng=random.Random(seed))
+        out = []
+        for _ in range(10):
+            got = place(share(300), cluster, pol)
+            assert not isinstance(got, NoFit)
+            cluster.apply(got)
+            out.append(f"{got.node}/{got.gpus}")
+        return out
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
