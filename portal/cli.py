@@ -45,8 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
     if summary is not None:
         print(summary, flush=True)
     print(f"state in {plan.state_dir}; stop with Ctrl-C", flush=True)
-    demo.run_hub(plan)
-    return EXIT_OK  # not reached: run_hub replaces the process
+    return demo.run_hub(plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,24 +2,30 @@
 
 ``hub_config`` builds the hub's configuration from typed inputs with no I/O, ``render_config``
 turns it into a ``jupyterhub_config.py``; ``prepare`` writes the state directory and ``run_hub``
-replaces the current process with JupyterHub, so signals (Ctrl-C, SIGTERM) reach the hub
-directly and it stops its proxy and the users' servers itself.
+runs JupyterHub as a child until it exits, passing on Ctrl-C and SIGTERM, and then stops any
+process the hub left behind.
 
 Later issues replace the spawner with gpuportal's own and add the portal service.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import secrets
 import shutil
+import signal
 import socket
+import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from policies.errors import PortalError
 from portal.settings import Settings
@@ -33,6 +39,8 @@ PROXY_PROGRAM = "configurable-http-proxy"
 _LOCAL_NODE_BIN = Path(".cache/node/bin")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _DEMO_INVENTORY = Path(__file__).resolve().parent / "data" / "demo-inventory.yaml"
+
+_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 
 # JupyterLab's first start on a small machine can take longer than the hub's 60 s default.
 _SPAWN_TIMEOUT_S = 180
@@ -214,16 +222,85 @@ def _count_gpus(nodes: Iterable[object]) -> str:
     return f"{len(node_list)} nodes, {sum(by_model.values())} GPUs: {models or 'none'}"
 
 
-def run_hub(plan: DemoPlan) -> None:
-    """Replace this process with JupyterHub; returns only if the exec itself fails."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.chdir(plan.state_dir)
+def run_hub(plan: DemoPlan) -> int:
+    """Run JupyterHub until it exits, and leave no process of it behind; returns its status.
+
+    SIGINT, SIGTERM and SIGHUP to this process become one SIGTERM to the hub, which stops its
+    proxy and the users' servers. JupyterHub starts those in sessions of their own and handles
+    signals only once it is up, so a signal during start-up (or a crash) would orphan them:
+    this process is made their subreaper (Linux) and stops whatever is left after the hub.
+    """
+    _become_subreaper()
     argv = [sys.executable, "-m", "jupyterhub", "--config", str(plan.config_file)]
     try:
-        os.execv(sys.executable, argv)
+        # Its own process group: a terminal's Ctrl-C reaches only this process, which
+        # forwards it once.
+        hub = subprocess.Popen(argv, cwd=plan.state_dir, stdin=subprocess.DEVNULL, process_group=0)
     except OSError as exc:
         raise PortalError(f"cannot start JupyterHub with {sys.executable}: {exc}") from exc
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        with suppress(ProcessLookupError):
+            hub.send_signal(signal.SIGTERM)
+
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, stop) for signum in stop_signals}
+    try:
+        status = hub.wait()
+    finally:
+        left = _stop_orphans()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if left:
+        print(f"gpuportal demo: stopped {left} process(es) the hub left behind", file=sys.stderr)
+    return 128 - status if status < 0 else status
+
+
+def _become_subreaper() -> None:
+    # PR_SET_CHILD_SUBREAPER: orphaned descendants are re-parented to us instead of init.
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _children() -> list[int]:
+    """Live (non-zombie) children of this process, read from /proc."""
+    me = str(os.getpid())
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            raw = stat.read_text()
+        except OSError:
+            continue
+        state, ppid = raw[raw.rindex(")") + 2 :].split()[:2]
+        if ppid == me and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _reap() -> None:
+    with suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _stop_orphans(grace_s: float = 10.0) -> int:
+    """SIGTERM every child left (then SIGKILL after ``grace_s``); returns how many there were."""
+    signalled: set[int] = set()
+    deadline = time.monotonic() + grace_s
+    while True:
+        _reap()
+        children = _children()
+        if not children:
+            return len(signalled)
+        late = time.monotonic() > deadline
+        for pid in children:
+            if late or pid not in signalled:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                signalled.add(pid)
+        time.sleep(0.1)
 
 
 def _demo_password(settings: Settings) -> str:

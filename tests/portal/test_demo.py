@@ -182,6 +182,13 @@ def _descendants(root: int) -> set[tuple[int, int]]:
     return found
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def _group_members(pgid: int) -> list[int]:
     return [
         pid
@@ -197,7 +204,8 @@ def _free_port() -> int:
         return port
 
 
-def _start_demo(state_dir: Path) -> Demo:
+def _launch(state_dir: Path) -> Demo:
+    """Start `gpuportal demo` in a process group of its own, without waiting for it."""
     port = _free_port()
     log = state_dir.parent / f"{state_dir.name}.log"
     env = {
@@ -214,7 +222,13 @@ def _start_demo(state_dir: Path) -> Demo:
             env=env,
             process_group=0,
         )
-    demo = Demo(process=process, url=f"http://127.0.0.1:{port}", log=log)
+    return Demo(process=process, url=f"http://127.0.0.1:{port}", log=log)
+
+
+def _start_demo(state_dir: Path) -> Demo:
+    """Start `gpuportal demo` and wait until the hub API answers through the proxy."""
+    demo = _launch(state_dir)
+    process = demo.process
     started = time.monotonic()
     deadline = started + START_TIMEOUT_S
     while True:
@@ -336,3 +350,35 @@ def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
     demo.stop()
     assert demo.process.returncode is not None, "the hub ignored SIGTERM"
     assert demo.alive() == [], f"left running after SIGTERM:\n{demo.log_tail()}"
+
+
+@pytest.mark.hub
+def test_stop_during_start_up_leaves_no_process(tmp_path: Path, demo_factory: list[Demo]) -> None:
+    # JupyterHub handles SIGTERM only once it is up; before that the proxy it has already
+    # started (in a session of its own) would be orphaned if nothing else stopped it.
+    demo = _launch(tmp_path / "state")
+    demo_factory.append(demo)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not any("configurable-http-proxy" in _cmdline(pid) for pid, _ in demo.seen):
+        assert demo.process.poll() is None, demo.log_tail()
+        assert time.monotonic() < deadline, f"no proxy started:\n{demo.log_tail()}"
+        demo.remember_descendants()
+        time.sleep(0.05)
+    demo.stop()
+    assert demo.process.returncode is not None, "gpuportal demo ignored SIGTERM"
+    assert demo.alive() == [], f"left running after SIGTERM:\n{demo.log_tail()}"
+
+
+@pytest.mark.hub
+def test_hub_crash_leaves_no_process_and_fails_the_demo(
+    tmp_path: Path, demo_factory: list[Demo]
+) -> None:
+    demo = _start_demo(tmp_path / "state")
+    demo_factory.append(demo)
+    demo.remember_descendants()
+    hubs = [pid for pid, _ in demo.seen if "-m jupyterhub --config" in _cmdline(pid)]
+    assert len(hubs) == 1, [_cmdline(pid) for pid, _ in demo.seen]
+    os.kill(hubs[0], signal.SIGKILL)
+    assert demo.process.wait(timeout=STOP_TIMEOUT_S) == 128 + signal.SIGKILL
+    assert demo.alive() == [], f"left running after the hub died:\n{demo.log_tail()}"
+    assert "process(es) the hub left behind" in demo.log_tail()
