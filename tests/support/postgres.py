@@ -143,9 +143,8 @@ class PostgresServer:
     def _run(self, argv: list[str], env: dict[str, str]) -> None:
         result = subprocess.run(argv, capture_output=True, text=True, env=env, **self._user)
         if result.returncode != 0:
-            raise RuntimeError(
-                f"{Path(argv[0]).name} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
-            )
+            output = result.stdout + result.stderr
+            raise RuntimeError(f"{Path(argv[0]).name} failed ({result.returncode}):\n{output}")
 
     def _wait_ready(self) -> bool:
         import psycopg
@@ -188,11 +187,12 @@ class PostgresServer:
         self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def stop(self) -> None:
-        """Fast shutdown (SIGINT), then SIGKILL if it lingers; idempotent."""
+        """Immediate shutdown (SIGQUIT: the data is thrown away, so no checkpoint), then
+        SIGKILL if it lingers; idempotent."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGQUIT)
         try:
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:

@@ -65,7 +65,7 @@ def test_stale_tenant_versions_are_rejected(acme: Store, version: int, expected:
 
 
 def test_updating_a_missing_row_is_a_conflict(store: Store) -> None:
-    with pytest.raises(Conflict, match="workload 'w9'.*found no stored row"):
+    with pytest.raises(Conflict, match=r"workload 'w9'.*found no stored row"):
         store.commit(ChangeSet(workloads=[workload("w9", version=2)]))
 
 
