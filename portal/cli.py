@@ -41,9 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
     settings = load_settings(demo_port=args.port, demo_ip=args.ip)
     plan = demo.prepare(settings)
     print(demo.banner(plan), flush=True)
-    summary = demo.inventory_summary()
-    if summary is not None:
-        print(summary, flush=True)
+    print(demo.inventory_summary(), flush=True)
     print(f"state in {plan.state_dir}; stop with Ctrl-C", flush=True)
     return demo.run_hub(plan)
 

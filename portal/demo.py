@@ -11,7 +11,6 @@ Later issues replace the spawner with gpuportal's own and add the portal service
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import secrets
 import shutil
@@ -21,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,6 @@ PROXY_PROGRAM = "configurable-http-proxy"
 # Where scripts/bootstrap installs the proxy (npm --prefix), relative to the repository root.
 _LOCAL_NODE_BIN = Path(".cache/node/bin")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
-_DEMO_INVENTORY = Path(__file__).resolve().parent / "data" / "demo-inventory.yaml"
 
 _PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 
@@ -194,32 +192,16 @@ def banner(plan: DemoPlan) -> str:
     return f"gpuportal demo: open {plan.url} and log in as {users} with password {plan.password}"
 
 
-def inventory_summary() -> str | None:
-    """One line of simulated GPUs by model, or None while the simulated inventory is absent."""
-    try:
-        simulated = importlib.import_module("portal.inventory.simulated")
-    except ImportError:
-        return None
-    load = next(
-        (
-            getattr(simulated, name)
-            for name in ("load_inventory", "load")
-            if hasattr(simulated, name)
-        ),
-        None,
-    )
-    if load is None or not _DEMO_INVENTORY.is_file():
-        return None
-    loaded = load(_DEMO_INVENTORY)
-    nodes = list(getattr(loaded, "nodes", loaded))
-    return "inventory (simulated): " + _count_gpus(nodes)
+def inventory_summary() -> str:
+    """One line of the simulated demo inventory: nodes, and GPUs by model."""
+    # Imported here: only the demo needs the YAML inventory.
+    from portal.inventory import simulated
 
-
-def _count_gpus(nodes: Iterable[object]) -> str:
-    node_list = list(nodes)
-    by_model = Counter(gpu.model for node in node_list for gpu in getattr(node, "gpus", ()))
+    nodes = simulated.load_demo()
+    by_model = Counter(gpu.model for node in nodes for gpu in node.gpus)
     models = ", ".join(f"{count}x {model}" for model, count in sorted(by_model.items()))
-    return f"{len(node_list)} nodes, {sum(by_model.values())} GPUs: {models or 'none'}"
+    gpus = sum(by_model.values())
+    return f"inventory (simulated): {len(nodes)} nodes, {gpus} GPUs: {models or 'none'}"
 
 
 def run_hub(plan: DemoPlan) -> int:

@@ -30,6 +30,7 @@ from portal.demo import (
     HubPorts,
     demo_users,
     hub_config,
+    inventory_summary,
     render_config,
 )
 from portal.settings import Settings
@@ -95,6 +96,17 @@ def test_internal_ports_stay_on_loopback(tmp_path: Path) -> None:
 def test_jupyterlab_gets_allow_root_only_when_run_as_root(tmp_path: Path) -> None:
     assert _config(tmp_path, run_as_root=True)["Spawner"]["args"] == ["--allow-root"]
     assert _config(tmp_path, run_as_root=False)["Spawner"]["args"] == []
+
+
+def test_inventory_summary_counts_gpus_of_the_demo_inventory_by_model() -> None:
+    from portal.inventory import simulated
+
+    nodes = simulated.load_demo()
+    total = sum(len(node.gpus) for node in nodes)
+    summary = inventory_summary()
+    assert summary.startswith(f"inventory (simulated): {len(nodes)} nodes, {total} GPUs: ")
+    counts = summary.split(": ", 2)[2].split(", ")
+    assert sum(int(item.split("x ", 1)[0]) for item in counts) == total
 
 
 # --- a real hub -------------------------------------------------------------------------
@@ -291,9 +303,10 @@ def test_demo_answers_on_the_hub_api_within_two_minutes(
 ) -> None:
     record_testsuite_property("demo_start_s", f"{demo.start_s:.1f}")
     print(f"gpuportal demo answered on /hub/api/ after {demo.start_s:.1f} s")
-    banner = demo.log.read_text(errors="replace").splitlines()[0]
+    banner, inventory = demo.log.read_text(errors="replace").splitlines()[:2]
     assert banner.startswith(f"gpuportal demo: open {demo.url}/ and log in as alice (team-a)")
     assert banner.endswith(f"with password {PASSWORD}")
+    assert inventory.startswith("inventory (simulated): ")
 
 
 @pytest.mark.hub
