@@ -65,6 +65,28 @@ class _Live:
         return [codec.placement_of(a) for a in self.allocations]
 
 
+@dataclass(frozen=True, slots=True)
+class _InventoryFacts:
+    """Aggregates of the inventory that every request check needs; rebuilt only when the
+    inventory changes (scanning every node per decision is O(nodes))."""
+
+    models: frozenset[str]
+    max_gpus: int
+    max_cpu_milli: int
+    max_memory_mib: int
+
+    @staticmethod
+    def of(nodes: Iterable[Node]) -> _InventoryFacts:
+        models: set[str] = set()
+        max_gpus = max_cpu = max_mem = 0
+        for n in nodes:
+            models.update(g.model for g in n.gpus)
+            max_gpus = max(max_gpus, len(n.gpus))
+            max_cpu = max(max_cpu, n.cpu_milli)
+            max_mem = max(max_mem, n.memory_mib)
+        return _InventoryFacts(frozenset(models), max_gpus, max_cpu, max_mem)
+
+
 class _Txn:
     """Changes of one decision: what to commit, and how to undo it in memory if that fails."""
 
@@ -100,6 +122,7 @@ class Allocator:
         self._history: dict[str, tuple[float, datetime]] = {}
         self._seq = 0
         self._capacity: dict[str, int] = {}
+        self._facts: _InventoryFacts | None = None
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
         self._period_start: datetime | None = None
@@ -421,6 +444,7 @@ class Allocator:
             def undo_removal() -> None:
                 self._cluster.add_node(node)
                 self._nodes[name] = node
+                self._refresh_book()
 
             txn.undo.append(undo_removal)
             self._refresh_book()
@@ -491,19 +515,20 @@ class Allocator:
     def _check_request(self, req: WorkloadRequest) -> None:
         """Static checks against the inventory: models exist, the shape can ever fit."""
         dev = req.devices
-        known = {g.model for n in self._nodes.values() for g in n.gpus}
+        facts = self._inventory_facts()
+        known = facts.models
         unknown = sorted(set(dev.models) - known)
         if dev.kind is not None and unknown:
             raise InvalidRequest(
                 "GPU model", ", ".join(unknown), "one of " + (", ".join(sorted(known)) or "none")
             )
-        biggest_gpus = max((len(n.gpus) for n in self._nodes.values()), default=0)
+        biggest_gpus = facts.max_gpus
         if dev.count > biggest_gpus:
             raise InvalidRequest(
                 "GPU count", dev.count, f"at most {biggest_gpus} (the largest node's GPUs)"
             )
-        biggest_cpu = max((n.cpu_milli for n in self._nodes.values()), default=0)
-        biggest_mem = max((n.memory_mib for n in self._nodes.values()), default=0)
+        biggest_cpu = facts.max_cpu_milli
+        biggest_mem = facts.max_memory_mib
         if dev.cpu_milli > biggest_cpu or dev.memory_mib > biggest_mem:
             raise InvalidRequest(
                 "cpu/memory",
@@ -520,7 +545,7 @@ class Allocator:
     def _models_for(self, req: WorkloadRequest) -> list[str]:
         """Models whose flavor for this request exists in the inventory."""
         dev = req.devices
-        models = dev.models or frozenset(g.model for n in self._nodes.values() for g in n.gpus)
+        models = dev.models or self._inventory_facts().models
         out = []
         for m in sorted(models):
             fl = dev.flavor(m)
@@ -537,9 +562,16 @@ class Allocator:
         return self._status_of_record(stored) if stored is not None else None
 
     def _add_node(self, node: Node) -> None:
+        # Capacity is recomputed by the caller once all nodes are in (_refresh_book): doing it
+        # here made start() quadratic in the number of nodes.
         self._cluster.add_node(node)
         self._nodes[node.name] = node
-        self._capacity = flavor_capacity(self._nodes.values())
+        self._facts = None
+
+    def _inventory_facts(self) -> _InventoryFacts:
+        if self._facts is None:
+            self._facts = _InventoryFacts.of(self._nodes.values())
+        return self._facts
 
     def _after_inventory_change(self) -> None:
         self._refresh_book()
@@ -550,6 +582,7 @@ class Allocator:
     def _refresh_book(self) -> None:
         self._capacity = flavor_capacity(self._nodes.values())
         self._book = None
+        self._facts = None
 
     def _quota_book(self) -> quota.QuotaBook:
         if self._book is None:
@@ -694,12 +727,11 @@ class Allocator:
     def _reclaimable_by_tenant(self, flavor: str) -> dict[str, int]:
         """Per tenant, the borrowed amount of ``flavor`` not already being preempted."""
         out: dict[str, int] = {}
-        for lv in self._live.values():
-            if lv.rec.state is not WorkloadState.RUNNING:
+        for wid, held in self._ledger.holders.get(flavor, {}).items():
+            lv = self._live.get(wid)
+            if lv is None or lv.rec.state is not WorkloadState.RUNNING:
                 continue
-            for a in lv.allocations:
-                if a.flavor == flavor:
-                    out[lv.rec.tenant] = out.get(lv.rec.tenant, 0) + a.amount
+            out[lv.rec.tenant] = out.get(lv.rec.tenant, 0) + held
         return out
 
     def _eta(self, lv: _Live, ahead: list[_Live], now: datetime) -> float | None:
@@ -722,11 +754,9 @@ class Allocator:
             and any(str(o.req.devices.flavor(m)) == fl for m in self._models_for(o.req))
         ]
         ends: list[tuple[float, int]] = []
-        for o in self._live.values():
-            if o.rec.state is WorkloadState.QUEUED or not counts(o):
-                continue
-            held = sum(a.amount for a in o.allocations if a.flavor == fl)
-            if not held:
+        for wid, held in self._ledger.holders.get(fl, {}).items():
+            o = self._live.get(wid)
+            if o is None or o.rec.state is WorkloadState.QUEUED or not counts(o) or not held:
                 continue
             if o.rec.state is WorkloadState.PREEMPTING and o.rec.preempt_deadline is not None:
                 ends.append((o.rec.preempt_deadline.timestamp(), held))
@@ -795,10 +825,10 @@ class Allocator:
         pos = tpos = None
         eta = None
         if rec.state is WorkloadState.QUEUED:
-            for e in self._queue_entries():
-                if e.workload_id == rec.id:
-                    pos, tpos, eta = e.position, e.tenant_position, e.eta_s
-                    break
+            # Only this workload's entry: building every entry costs an ETA per queued workload.
+            found = scheduling.queue_position(self, rec.id)
+            if found is not None:
+                pos, tpos, eta = found
         flavor = live.allocations[0].flavor if live.allocations else None
         return WorkloadStatus(
             id=rec.id,

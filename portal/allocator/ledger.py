@@ -16,6 +16,9 @@ class Ledger:
         self.usage: dict[tuple[str, str], int] = defaultdict(int)
         self.gpu_equivalents: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
+        # flavor -> workload id -> amount held: lets ETA and reclaim visit only the holders of
+        # one flavor instead of every live workload.
+        self.holders: dict[str, dict[str, int]] = defaultdict(dict)
 
     def add(self, a: AllocationRecord, w: WorkloadRecord) -> None:
         if not a.flavor:
@@ -23,6 +26,8 @@ class Ledger:
         key = (w.tenant, a.flavor)
         self.usage[key] += a.amount
         self.gpu_equivalents[w.tenant][a.flavor] += a.gpu_equivalent
+        held = self.holders[a.flavor]
+        held[w.id] = held.get(w.id, 0) + a.amount
         if a.borrowed:
             self.borrowed[key] += a.amount
 
@@ -37,6 +42,12 @@ class Ledger:
         geq[a.flavor] -= a.gpu_equivalent
         if geq[a.flavor] <= 1e-9:
             del geq[a.flavor]
+        held = self.holders[a.flavor]
+        left = held.get(w.id, 0) - a.amount
+        if left > 0:
+            held[w.id] = left
+        else:
+            held.pop(w.id, None)
         if a.borrowed:
             self.borrowed[key] -= a.amount
             if self.borrowed[key] <= 0:

@@ -305,5 +305,17 @@ def queue_entries(self: Allocator) -> list[QueueEntry]:
     return out
 
 
+def queue_position(self: Allocator, workload_id: str) -> tuple[int, int, float | None] | None:
+    """Position, position within its tenant and ETA of one queued workload — what
+    ``queue_entries`` says about it, without computing the other entries."""
+    ordered = order(self)
+    for i, lv in enumerate(ordered):
+        if lv.rec.id == workload_id:
+            tenant = lv.rec.tenant
+            tpos = sum(1 for o in ordered[: i + 1] if o.rec.tenant == tenant)
+            return i + 1, tpos, self._eta(lv, ordered[:i], self._clock())
+    return None
+
+
 def grace(seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
