@@ -55,11 +55,6 @@ def test_t4_pcie_node_is_the_literal_manifest() -> None:
         "status": {
             "capacity": capacity,
             "allocatable": capacity,
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "kubeletVersion": "fake",
-            },
         },
     }
 

@@ -191,7 +191,8 @@ def gpu_resources(spec: GpuNodeSpec) -> dict[str, str]:
 
 
 def node_manifest(spec: GpuNodeSpec) -> dict[str, Any]:
-    """The v1 Node with its status (the apiserver keeps the status of a new Node)."""
+    """The v1 Node with capacity and allocatable (the apiserver keeps a new Node's status;
+    kwok's node-initialize stage adds conditions, addresses and nodeInfo)."""
     labels = {
         "kubernetes.io/arch": "amd64",
         "kubernetes.io/hostname": spec.name,
@@ -216,11 +217,6 @@ def node_manifest(spec: GpuNodeSpec) -> dict[str, Any]:
         "status": {
             "capacity": dict(capacity),
             "allocatable": dict(capacity),
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "kubeletVersion": "fake",
-            },
         },
     }
     if spec.taints:
