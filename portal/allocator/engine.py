@@ -125,6 +125,10 @@ class Allocator:
         self._facts: _InventoryFacts | None = None
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
+        self._queued: set[str] = set()
+        self._reserved_for: str | None = None
+        self._flavor_cache: dict[object, frozenset[str]] = {}
+        self._preempting: set[str] = set()
         self._period_start: datetime | None = None
         self._period_done: dict[tuple[str, str], float] = {}
         self._started = False
@@ -170,6 +174,7 @@ class Allocator:
         )
         live = _Live(rec, req, self._seq)
         self._live[rec.id] = live
+        self._index_state(rec.id, WorkloadState.RELEASED, rec.state)
         if rec.state is WorkloadState.QUEUED:
             return live
         if any(a.node not in self._nodes for a in allocs):
@@ -219,8 +224,8 @@ class Allocator:
             txn.undo.append(lambda: self._restore(self._tenants, name, old))
             txn.changes.tenants.append(rec)
             self._event(txn, "tenant.set", name, None, f"tenant {name} set", {"cohort": cohort})
-            self._refresh_book()
-            txn.undo.append(self._refresh_book)
+            self._invalidate_book()
+            txn.undo.append(self._invalidate_book)
             self._schedule(txn)
             self._commit(txn)
             return rec
@@ -261,8 +266,8 @@ class Allocator:
                 f"quota {tenant} {fl}: {guaranteed}/{limit}",
                 {"flavor": fl, "guaranteed": guaranteed, "limit": limit},
             )
-            self._refresh_book()
-            txn.undo.append(self._refresh_book)
+            self._invalidate_book()
+            txn.undo.append(self._invalidate_book)
             self._schedule(txn)
             self._commit(txn)
             return rec
@@ -318,7 +323,9 @@ class Allocator:
             live = _Live(rec, req, self._seq)
             txn = _Txn()
             self._live[rec.id] = live
+            self._queued.add(rec.id)
             txn.undo.append(lambda: self._live.pop(rec.id, None))
+            txn.undo.append(partial(self._queued.discard, rec.id))
             txn.changes.workloads.append(rec)
             self._event(
                 txn, "workload.requested", req.tenant, rec.id, f"{req.owner} asked for {req.name}"
@@ -342,8 +349,9 @@ class Allocator:
                 if live.rec.state is WorkloadState.QUEUED
                 else WorkloadState.RELEASED
             )
+            freed = frozenset(a.flavor for a in live.allocations if a.flavor)
             self._finish(txn, live, state, reason, self._clock())
-            self._schedule(txn)
+            self._schedule(txn, freed=freed)
             self._commit(txn)
             return self._status_of_record(live.rec)
 
@@ -580,9 +588,15 @@ class Allocator:
         self._commit(txn)
 
     def _refresh_book(self) -> None:
+        """After an inventory change: capacity, inventory facts and the quota book."""
         self._capacity = flavor_capacity(self._nodes.values())
         self._book = None
         self._facts = None
+        self._flavor_cache = {}
+
+    def _invalidate_book(self) -> None:
+        """After a tenant or quota change: only the quota book."""
+        self._book = None
 
     def _quota_book(self) -> quota.QuotaBook:
         if self._book is None:
@@ -637,6 +651,19 @@ class Allocator:
         txn.undo.append(lambda: setattr(live, "rec", old))
         txn.changes.workloads = [w for w in txn.changes.workloads if w.id != rec.id]
         txn.changes.workloads.append(live.rec)
+        self._index_state(live.rec.id, old.state, live.rec.state)
+        txn.undo.append(partial(self._index_state, live.rec.id, live.rec.state, old.state))
+
+    def _index_state(self, wid: str, old: WorkloadState, new: WorkloadState) -> None:
+        """Keep the sets of queued and preempting workloads current."""
+        for state, ids in (
+            (WorkloadState.QUEUED, self._queued),
+            (WorkloadState.PREEMPTING, self._preempting),
+        ):
+            if old is state and new is not state:
+                ids.discard(wid)
+            elif new is state:
+                ids.add(wid)
 
     def _finish(
         self, txn: _Txn, live: _Live, state: WorkloadState, reason: str, now: datetime
@@ -718,8 +745,20 @@ class Allocator:
 
     # ---- scheduling ------------------------------------------------------------------
 
-    def _schedule(self, txn: _Txn, fresh: str | None = None) -> None:
-        scheduling.schedule(self, txn, fresh)
+    def _schedule(
+        self, txn: _Txn, fresh: str | None = None, freed: frozenset[str] | None = None
+    ) -> None:
+        scheduling.schedule(self, txn, fresh, freed)
+
+    def _flavors_for(self, req: WorkloadRequest) -> frozenset[str]:
+        """Names of the flavors ``req`` could be counted as (cached until the inventory
+        changes)."""
+        dev = req.devices
+        got = self._flavor_cache.get(dev)
+        if got is None:
+            got = frozenset(str(dev.flavor(m)) for m in self._models_for(req))
+            self._flavor_cache[dev] = got
+        return got
 
     def _queue_entries(self) -> list[QueueEntry]:
         return scheduling.queue_entries(self)

@@ -51,7 +51,7 @@ def order(self: Allocator) -> list[_Live]:
     cap_geq: dict[str, float] = {}
     for fl, amount in self._capacity.items():
         cap_geq[fl] = quota.gpu_equivalent(quota.validate_flavor_name(fl), amount)
-    pending = [lv for lv in self._live.values() if lv.rec.state is WorkloadState.QUEUED]
+    pending = [self._live[w] for w in self._queued]
     for t in {lv.rec.tenant for lv in pending}:
         hist, at = self._history.get(t, (0.0, now))
         shares[t] = fairness.dominant_share(
@@ -76,37 +76,54 @@ class _Queued:
     workload_id: str
 
 
-def schedule(self: Allocator, txn: _Txn, fresh: str | None = None) -> None:
+def schedule(
+    self: Allocator, txn: _Txn, fresh: str | None = None, freed: frozenset[str] | None = None
+) -> None:
     """One scheduling cycle (see the module docstring). ``fresh``: only this new workload
-    needs trying (nothing was freed), the rest keep their last verdicts and reservations."""
+    needs trying (nothing was freed), the rest keep their last verdicts and reservations.
+    ``freed``: only these flavors got capacity or quota back, so only workloads that could use
+    one of them are retried (``None``: everything may have changed)."""
     now = self._clock()
     # 1. expired grace periods
     expired = [
         lv
-        for lv in list(self._live.values())
-        if lv.rec.state is WorkloadState.PREEMPTING
-        and lv.rec.preempt_deadline is not None
-        and lv.rec.preempt_deadline <= now
+        for lv in (self._live[w] for w in sorted(self._preempting))
+        if lv.rec.preempt_deadline is not None and lv.rec.preempt_deadline <= now
     ]
     for lv in expired:
+        if freed is not None:
+            freed = freed | {a.flavor for a in lv.allocations}
         self._finish(txn, lv, WorkloadState.RELEASED, "preempted", now)
     if fresh is not None and not expired:
         lv = self._live[fresh]
+        _drop_stale_reservation(self)
         blocked = try_start(self, txn, lv, self._reserved, now)
         if blocked is not None:
             if not self._reserved and blocked.capacity_model is not None:
                 node = reserve_for(self, lv, blocked.capacity_model)
-                self._reserved = frozenset({node}) if node else frozenset()
+                if node is not None:
+                    self._reserved, self._reserved_for = frozenset({node}), lv.rec.id
             note_blocked(self, txn, lv, blocked, now)
         return
-    # 2.-5.
-    self._reserved = frozenset()
-    reserved: set[str] = set()
+    # 2.-5. A partial cycle (``freed``) keeps the reservation of a workload it does not retry.
+    _drop_stale_reservation(self)
+    if freed is None:
+        self._reserved, self._reserved_for = frozenset(), None
+    reserved: set[str] = set(self._reserved)
+    holder = self._reserved_for
     failed_shapes: set[tuple[object, ...]] = set()
     for lv in order(self):
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
             continue
+        if (
+            freed is not None
+            and lv.req.devices.kind is not None
+            and not freed & self._flavors_for(lv.req)
+        ):
+            continue
+        if lv.rec.id == holder:
+            reserved, holder = set(), None  # the holder itself may use its reserved node
         blocked = try_start(self, txn, lv, frozenset(reserved), now)
         if blocked is None:
             continue
@@ -115,9 +132,15 @@ def schedule(self: Allocator, txn: _Txn, fresh: str | None = None) -> None:
             if not reserved and blocked.capacity_model is not None:
                 node = reserve_for(self, lv, blocked.capacity_model)
                 if node is not None:
-                    reserved.add(node)
+                    reserved, holder = {node}, lv.rec.id
         note_blocked(self, txn, lv, blocked, now)
-    self._reserved = frozenset(reserved)
+    self._reserved, self._reserved_for = frozenset(reserved), holder
+
+
+def _drop_stale_reservation(self: Allocator) -> None:
+    """Forget the reservation once its workload is no longer queued."""
+    if self._reserved_for is not None and self._reserved_for not in self._queued:
+        self._reserved, self._reserved_for = frozenset(), None
 
 
 def reserve_for(self: Allocator, lv: _Live, model: str) -> str | None:
