@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -80,6 +81,13 @@ def test_gpu_pod_on_a_kwok_h100_node_runs_with_a_loopback_pod_ip(
     assert ip in ipaddress.ip_network("127.0.0.0/8")
     assert ip in ipaddress.ip_network(POD_CIDR)
     assert pod.status.host_ip == "127.0.0.1"
+    # Why the CIDR is on loopback: a test can serve what the "pod" would, at the pod's own IP.
+    with socket.create_server((str(ip), 0)) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection((str(ip), port), timeout=5) as conn:
+            accepted, _ = server.accept()
+            accepted.close()
+            assert conn.getpeername() == (str(ip), port)
 
 
 def test_mig_slice_pod_runs_on_the_a100_mixed_node(

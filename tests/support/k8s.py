@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -608,8 +607,3 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
     if exitstatus != 0 and _started_log_dirs:
         for log_dir in _started_log_dirs:
             terminalreporter.write_line(f"k8s control-plane logs: {log_dir}")
-
-
-def dump_json(obj: Any) -> str:
-    """Compact JSON of an API object, for assertion messages."""
-    return json.dumps(obj, default=str, sort_keys=True)[:2000]
