@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 from kubernetes import client
@@ -268,3 +268,46 @@ def test_dynamic_resource_allocation_v1_is_served(k8s_cluster: K8sCluster) -> No
         resources = client.CustomObjectsApi(api).get_api_resources("resource.k8s.io", "v1")
     names = {r.name for r in resources.resources}
     assert {"deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices"} <= names
+
+
+def test_resource_claims_can_be_created_against_a_device_class(k8s_cluster: K8sCluster) -> None:
+    k8s_cluster.create_namespace("tenant-dra")
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]},
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "one-gpu"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}
+                ]
+            }
+        },
+    }
+    with k8s_cluster.api_client() as api:
+        custom = client.CustomObjectsApi(api)
+        custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", device_class)
+        custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", "tenant-dra", "resourceclaims", claim
+        )
+        stored = cast(
+            dict[str, Any],
+            custom.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", "tenant-dra", "resourceclaims", "one-gpu"
+            ),
+        )
+        # The apiserver compiles CEL selectors: a broken one is refused, not stored.
+        broken = dict(device_class, metadata={"name": "broken"})
+        broken["spec"] = {"selectors": [{"cel": {"expression": "device.driver =="}}]}
+        with pytest.raises(ApiException) as refused:
+            custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", broken)
+    assert stored["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == (
+        "gpu.nvidia.com"
+    )
+    assert refused.value.status == 422
