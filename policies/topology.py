@@ -7,7 +7,7 @@ Link classes are ordered best first by their integer value being *higher*; they 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from policies.errors import InvalidRequest
@@ -58,9 +58,14 @@ class Topology:
     links: tuple[tuple[LinkClass, ...], ...]
     numa: tuple[int, ...]
     nvlink_lanes: tuple[tuple[int, ...], ...] = ()
+    # The one class joining every pair, when all pairs are alike (an NVSwitch board): device
+    # choice then needs no search. Derived, not compared.
+    uniform_link: LinkClass | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.numa)
+        classes = {self.links[i][j] for i in range(len(self.links)) for j in range(i)}
+        object.__setattr__(self, "uniform_link", classes.pop() if len(classes) == 1 else None)
         if len(self.links) != n or any(len(row) != n for row in self.links):
             raise InvalidRequest("topology", f"{len(self.links)} rows", f"an {n}x{n} link matrix")
         for i in range(n):

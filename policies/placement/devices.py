@@ -83,6 +83,8 @@ def _best_set(topo: Topology, free: list[int], k: int) -> tuple[int, ...]:
     """
     if len(free) == k:
         return tuple(free)
+    if topo.uniform_link is not None:
+        return tuple(free[:k])  # every set is as good as any other: lowest indices
     best_key: tuple[int, int, tuple[int, ...]] | None = None
     best: tuple[int, ...] = ()
     links = topo.links

@@ -264,10 +264,8 @@ def preempt(
             started_at=(lv.rec.started_at or lv.rec.created_at).timestamp(),
             borrowed=sum(a.amount for a in lv.allocations if a.flavor == flavor and a.borrowed),
         )
-        for lv in self._live.values()
-        if lv.rec.state is WorkloadState.RUNNING
-        and lv.rec.tenant in need
-        and any(a.flavor == flavor for a in lv.allocations)
+        for lv in (self._live[w] for w in self._ledger.holders.get(flavor, {}))
+        if lv.rec.state is WorkloadState.RUNNING and lv.rec.tenant in need
     ]
     victims = select_victims(candidates, need, flavor)
     if not victims:
