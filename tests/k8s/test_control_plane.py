@@ -311,3 +311,25 @@ def test_resource_claims_can_be_created_against_a_device_class(k8s_cluster: K8sC
         "gpu.nvidia.com"
     )
     assert refused.value.status == 422
+
+
+async def test_configure_authenticates_sync_and_asyncio_clients_as_the_user(
+    k8s_cluster: K8sCluster,
+) -> None:
+    import kubernetes_asyncio.client as async_client
+
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    with k8s_cluster.api_client("carol") as api:
+        sync_user = client.AuthenticationV1Api(api).create_self_subject_review(body(review))
+    config = k8s_cluster.configure(async_client.Configuration(), "carol")
+    async with async_client.ApiClient(config) as api:
+        async_user = await async_client.AuthenticationV1Api(api).create_self_subject_review(
+            body(review)
+        )
+    results: list[Any] = [sync_user, async_user]
+    for result in results:
+        user = result.status.user_info
+        assert user.username == "carol"
+        assert {"gpuportal:tenant-a", "gpuportal:tenant-admins", "system:authenticated"} <= set(
+            user.groups
+        )

@@ -383,17 +383,25 @@ class K8sCluster:
             path.write_text(yaml.safe_dump(config))
         return path
 
-    def api_client(self, user: str = ADMIN.name) -> k8s_client.ApiClient:
-        """A ``kubernetes.client.ApiClient`` acting as ``user`` (admin by default)."""
-        config = k8s_client.Configuration()
+    def configure(self, config: Any, user: str = ADMIN.name) -> Any:
+        """Point a ``kubernetes`` or ``kubernetes_asyncio`` ``Configuration`` at this cluster
+        as ``user``; returns it.
+
+        Sets the token under both key names: the sync client reads ``authorization`` or
+        ``BearerToken``, ``kubernetes_asyncio`` only ``BearerToken`` (else it is anonymous).
+        """
+        token = self.token_for(user)
         config.host = self.server
         config.ssl_ca_cert = str(self.ca_path)
-        config.api_key = {"authorization": self.token_for(user)}
-        config.api_key_prefix = {"authorization": "Bearer"}
+        config.api_key = {"BearerToken": token, "authorization": token}
+        config.api_key_prefix = {"BearerToken": "Bearer", "authorization": "Bearer"}
         # Never route loopback traffic through a proxy from the environment.
         config.proxy = None
-        config.no_proxy = "*"
-        return k8s_client.ApiClient(config)
+        return config
+
+    def api_client(self, user: str = ADMIN.name) -> k8s_client.ApiClient:
+        """A ``kubernetes.client.ApiClient`` acting as ``user`` (admin by default)."""
+        return k8s_client.ApiClient(self.configure(k8s_client.Configuration(), user))
 
     def create_namespace(
         self, name: str, labels: Mapping[str, str] | None = None, timeout_s: float = 30.0
