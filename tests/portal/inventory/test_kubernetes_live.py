@@ -13,7 +13,7 @@ from kubernetes_asyncio import client as k8s_async
 from portal.inventory.events import EventKind, InventoryEvent
 from portal.inventory.kubernetes import KubernetesInventory
 from tests.support import gpu_nodes
-from tests.support.k8s import ADMIN, K8sCluster
+from tests.support.k8s import K8sCluster
 
 pytestmark = pytest.mark.k8s
 
@@ -31,10 +31,7 @@ async def next_event(events: AsyncIterator[InventoryEvent]) -> InventoryEvent:
 
 async def test_snapshot_then_watch_add_update_delete(k8s_cluster: K8sCluster) -> None:
     k8s_cluster.add_gpu_node(labelled(gpu_nodes.t4_pcie_node("inv-t4-1")))
-    config = k8s_async.Configuration(host=k8s_cluster.server)
-    config.ssl_ca_cert = str(k8s_cluster.ca_path)
-    config.api_key = {"authorization": ADMIN.token}
-    config.api_key_prefix = {"authorization": "Bearer"}
+    config = k8s_cluster.configure(k8s_async.Configuration())
     with k8s_cluster.api_client() as sync_api:
         core = k8s.CoreV1Api(sync_api)
         async with k8s_async.ApiClient(config) as async_api:
