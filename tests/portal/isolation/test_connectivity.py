@@ -95,7 +95,10 @@ class Connection:
 def connections(tmp_path_factory: pytest.TempPathFactory) -> list[Connection]:
     nca = nca_executable()
     if nca is None:
-        pytest.skip("network-config-analyzer is not installed; see this module's docstring")
+        pytest.fail(
+            "network-config-analyzer is not installed: run scripts/bootstrap test "
+            "(see this module's docstring)"
+        )
     folder = tmp_path_factory.mktemp("nca")
     Path(folder / "cluster.yaml").write_text(yaml.safe_dump_all(cluster_objects()))
     proc = subprocess.run(
