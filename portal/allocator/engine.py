@@ -21,7 +21,7 @@ from functools import partial
 
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
-from policies.errors import Conflict, InvalidRequest, NotFound
+from policies.errors import Conflict, InvalidRequest, NotFound, PortalError
 from policies.eta import estimate_wait
 from policies.flavors import Flavor
 from policies.inventory import Node
@@ -420,19 +420,26 @@ class Allocator:
             old_state = self._cluster.remove_node(node.name)
             old_node = self._nodes.pop(node.name)
             try:
-                self._cluster.add_node(node, order=old_state.order)
-                self._nodes[node.name] = node
-                for _, a in held:
-                    self._cluster.apply(self._restored_placement(a))
-            except Exception:
-                self._cluster.nodes.pop(node.name, None)
-                self._cluster.remove_node(node.name) if node.name in self._cluster.nodes else None
-                self._cluster.add_node(old_node, order=old_state.order)
-                self._nodes[node.name] = old_node
-                for _, a in held:
-                    self._cluster.apply(self._restored_placement(a))
-                raise
+                self._install(node, old_state.order, [a for _, a in held])
+            except PortalError as err:
+                self._install(old_node, old_state.order, [a for _, a in held])
+                raise Conflict(
+                    f"node {node.name} changed in a way its running allocations no longer fit "
+                    f"({err}); keeping its previous description until they end"
+                ) from err
             self._after_inventory_change()
+
+    def _install(self, node: Node, order: int, held: list[AllocationRecord]) -> None:
+        """Put ``node`` into the cluster state with ``held`` applied, or leave it out."""
+        self._cluster.add_node(node, order=order)
+        self._nodes[node.name] = node
+        try:
+            for a in held:
+                self._cluster.apply(self._restored_placement(a))
+        except PortalError:
+            self._cluster.remove_node(node.name)
+            del self._nodes[node.name]
+            raise
 
     def node_removed(self, name: str) -> list[str]:
         """A node is gone: its workloads fail with reason ``node-lost``. Returns their ids."""
