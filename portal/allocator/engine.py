@@ -59,10 +59,16 @@ class _Live:
     req: WorkloadRequest
     seq: int
     allocations: list[AllocationRecord] = field(default_factory=list)
+    # The latest wait message when only its figures changed since the persisted one.
+    note: str | None = None
 
     @property
     def placements(self) -> list[Placement]:
         return [codec.placement_of(a) for a in self.allocations]
+
+    @property
+    def message(self) -> str:
+        return self.note if self.note is not None else self.rec.message
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,6 +659,7 @@ class Allocator:
         """Replace the workload's record; one version step per transaction, however many
         changes the transaction makes to it."""
         old = live.rec
+        live.note = None
         pending = [w for w in txn.changes.workloads if w.id == rec.id]
         live.rec = replace(rec, version=old.version if pending else old.version + 1)
         txn.undo.append(lambda: setattr(live, "rec", old))
@@ -884,7 +891,7 @@ class Allocator:
             kind=rec.kind,
             state=rec.state,
             reason=rec.reason,
-            message=rec.message,
+            message=live.message,
             created_at=rec.created_at,
             started_at=rec.started_at,
             ended_at=rec.ended_at,

@@ -244,9 +244,13 @@ def _model_of(self: Allocator, placed: list[Placement]) -> str | None:
 
 
 def note_blocked(self: Allocator, txn: _Txn, lv: _Live, blocked: Blocked, now: datetime) -> None:
-    """Record the reason on the workload, writing only when it changed."""
-    if lv.rec.reason == blocked.reason and lv.rec.message == blocked.message:
+    """Record why the workload waits. The reason is persisted when it changes; the message's
+    figures change with every release, so while the reason stays the same only memory (what
+    status and queue show) is updated — a cycle must not rewrite every queued row."""
+    if lv.rec.reason == blocked.reason:
+        lv.note = blocked.message
         return
+    lv.note = None
     self._set_record(txn, lv, replace(lv.rec, reason=blocked.reason, message=blocked.message))
 
 
@@ -317,7 +321,7 @@ def queue_entries(self: Allocator) -> list[QueueEntry]:
                 position=i,
                 tenant_position=per_tenant[lv.rec.tenant],
                 reason=lv.rec.reason,
-                message=lv.rec.message,
+                message=lv.message,
                 enqueued_at=lv.rec.created_at,
                 gpu_equivalent=geq,
                 eta_s=self._eta(lv, ordered[: i - 1], now),
