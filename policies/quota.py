@@ -501,6 +501,26 @@ def _plan(
     return plan
 
 
+def affected_by_release(
+    book: QuotaBook, usage: Usage, tenant: str, flavor: str
+) -> frozenset[str] | None:
+    """Tenants whose admission of ``flavor`` can change when ``tenant`` holds less of it.
+
+    ``usage`` is the state before the release. A release changes the tenant's own usage and
+    its group's draw on the unguaranteed pool: if the group was within its guaranteed total,
+    the pool is untouched and only the group's members can be affected; if it was drawing on
+    the pool, anyone borrowing from the pool may now fit, so ``None`` (everyone). Free capacity
+    changes for everyone either way; callers retry capacity-blocked work separately.
+    """
+    idx = book._flavor(flavor)
+    gi, _ = idx.where[tenant]
+    group = idx.groups[gi]
+    used = sum(usage.get((m.tenant, flavor), 0) for m in group.members)
+    if used > group.guaranteed:
+        return None
+    return frozenset(m.tenant for m in group.members)
+
+
 def usage_summary(book: QuotaBook, usage: Usage, tenant: str) -> list[FlavorUsage]:
     """The tenant's guaranteed, limit, used, borrowed and lent per flavor it has quota or
     usage for, sorted by flavor."""

@@ -132,6 +132,9 @@ class Allocator:
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
         self._queued: set[str] = set()
+        # Per freed flavor, the tenants whose quota verdict the last release can change
+        # (None: everyone); read by the next partial scheduling cycle.
+        self._affected: dict[str, frozenset[str] | None] = {}
         self._reserved_for: str | None = None
         self._flavor_cache: dict[object, frozenset[str]] = {}
         self._preempting: set[str] = set()
@@ -356,6 +359,11 @@ class Allocator:
                 else WorkloadState.RELEASED
             )
             freed = frozenset(a.flavor for a in live.allocations if a.flavor)
+            book = self._quota_book()
+            self._affected = {
+                fl: quota.affected_by_release(book, self._ledger.usage, live.rec.tenant, fl)
+                for fl in freed
+            }
             self._finish(txn, live, state, reason, self._clock())
             self._schedule(txn, freed=freed)
             self._commit(txn)

@@ -116,12 +116,12 @@ def schedule(
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
             continue
-        if (
-            freed is not None
-            and lv.req.devices.kind is not None
-            and not freed & self._flavors_for(lv.req)
-        ):
-            continue
+        if freed is not None and lv.req.devices.kind is not None:
+            usable = freed & self._flavors_for(lv.req)
+            if not usable or (
+                lv.rec.reason in _QUOTA_REASONS and not _quota_may_change(self, lv, usable)
+            ):
+                continue
         if lv.rec.id == holder:
             reserved, holder = set(), None  # the holder itself may use its reserved node
         blocked = try_start(self, txn, lv, frozenset(reserved), now)
@@ -135,6 +135,18 @@ def schedule(
                     reserved, holder = {node}, lv.rec.id
         note_blocked(self, txn, lv, blocked, now)
     self._reserved, self._reserved_for = frozenset(reserved), holder
+
+
+_QUOTA_REASONS = (quota.QueueReason.QUOTA.value, quota.QueueReason.BUDGET.value)
+
+
+def _quota_may_change(self: Allocator, lv: _Live, flavors: frozenset[str]) -> bool:
+    """Whether the last release can change ``lv``'s quota verdict for one of ``flavors``."""
+    for fl in flavors:
+        tenants = self._affected.get(fl, None)
+        if tenants is None or lv.rec.tenant in tenants:
+            return True
+    return False
 
 
 def _drop_stale_reservation(self: Allocator) -> None:
