@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -166,7 +167,7 @@ def claims(a: AllocationRecord) -> list[Claim]:
     Raises:
         InvalidRequest: the flavor, MIG profile or placement does not describe real devices.
     """
-    flavor = Flavor.parse(a.flavor)
+    flavor = _parse_flavor(a.flavor) if isinstance(a.flavor, str) else Flavor.parse(a.flavor)
     if flavor.kind is FlavorKind.SHARE:
         return []
     if flavor.kind is FlavorKind.MIG:
@@ -189,3 +190,8 @@ def claims(a: AllocationRecord) -> list[Claim]:
         ]
     slots = mig.geometry(flavor.model).memory_slices if mig.is_mig_capable(flavor.model) else 1
     return [(a.node, g, s) for g in a.gpus for s in range(slots)]
+
+
+# Every allocation of a commit parses its flavor, and a cluster has only a few dozen of them.
+# Flavor is immutable; invalid names raise every time (lru_cache keeps no exceptions).
+_parse_flavor = lru_cache(maxsize=1024)(Flavor.parse)

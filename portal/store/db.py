@@ -8,17 +8,29 @@ with ``BEGIN IMMEDIATE`` (take the write lock up front, so a transaction that re
 writes cannot fail half way with "database is locked"), reads with a plain ``BEGIN``.
 
 PostgreSQL is reached through psycopg 3.
+
+``raw_write`` runs a write transaction on the bare DBAPI connection with statements compiled once
+by ``compile_raw``: the allocator commits once per decision, and SQLAlchemy's per-statement
+machinery (execution context, cache-key lookup, parameter construction, events) cost several times
+what SQLite itself spends on a typical decision. Statements, parameter conversion (the column
+types' own bind processors) and error classes stay SQLAlchemy's, so nothing but the cost changes.
 """
 
 from __future__ import annotations
 
+import operator
 import sqlite3
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import DateTime, Dialect, Engine, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import ArgumentError
-from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+from sqlalchemy.exc import ArgumentError, DBAPIError, StatementError
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection, StaticPool
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.types import TypeEngine
 
 from policies.errors import InvalidRequest
 
@@ -94,3 +106,225 @@ def _sqlite_engine(url: str, *, in_memory: bool, echo: bool) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
     return engine
+
+
+# -- write transactions on the DBAPI connection ------------------------------------------------
+
+Params = Sequence[Any] | dict[str, Any]
+
+
+class RawStatement:
+    """A Core statement compiled once for one dialect, with its parameters' bind processors.
+
+    ``bind`` turns a row (a mapping with a value for every name in ``names``) into what the
+    DBAPI expects: a sequence in the statement's order for positional paramstyles, else a dict.
+    """
+
+    def __init__(
+        self,
+        sql: str,
+        names: Sequence[str],
+        sql_names: Sequence[str],
+        processors: Sequence[Callable[[Any], Any] | None],
+        *,
+        positional: bool,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.sql = sql
+        self._defaults = dict(defaults or {})  # values fixed in the statement (LIMIT 6)
+        self.names = tuple(names)  # row names, in the order ``bind_values`` takes them
+        self.positional = positional
+        self._sql_names = tuple(sql_names)
+        self._converted = tuple((i, p) for i, p in enumerate(processors) if p is not None)
+        # Positional with no conversions: rows go to the driver as they are.
+        self.plain = positional and not self._converted
+        self._values: Callable[[Mapping[str, Any]], Sequence[Any]] = (
+            operator.itemgetter(*self.names)
+            if len(self.names) > 1
+            else lambda row: tuple(row[k] for k in self.names)
+        )
+
+    def bind(self, row: Mapping[str, Any]) -> Params:
+        if self._defaults:
+            row = {**self._defaults, **row}
+        return self.bind_values(self._values(row))
+
+    def bind_values(self, values: Sequence[Any]) -> Params:
+        """Like ``bind`` for a row given as values in the order of ``names``."""
+        if self._converted:
+            converted = list(values)
+            try:
+                for i, process in self._converted:
+                    converted[i] = process(converted[i])
+            except Exception as err:
+                # What Connection.execute raises when a parameter cannot be converted.
+                raise StatementError(
+                    f"({type(err).__module__}.{type(err).__name__}) {err}",
+                    self.sql,
+                    dict(zip(self.names, values, strict=True)),
+                    err,
+                ) from err
+            values = converted
+        if self.positional:
+            return values
+        return dict(zip(self._sql_names, values, strict=True))
+
+
+def compile_raw(
+    stmt: ClauseElement, dialect: Dialect, column_keys: Iterable[str] | None = None
+) -> RawStatement:
+    """Compile ``stmt`` for ``dialect``; ``column_keys`` are the columns an INSERT/UPDATE sets.
+
+    Parameters are taken from the row at execution, or else from the statement (``limit(6)``);
+    expanding (post-compile) parameters such as ``in_([...])`` of plain values are refused.
+    """
+    compiled = cast(
+        SQLCompiler,
+        stmt.compile(
+            dialect=dialect, column_keys=None if column_keys is None else list(column_keys)
+        ),
+    )
+    binds = compiled.binds
+    if compiled.positional:
+        assert compiled.positiontup is not None  # set for positional paramstyles
+        names = list(compiled.positiontup)
+    else:
+        names = list(binds)
+    processors: list[Callable[[Any], Any] | None] = []
+    defaults: dict[str, Any] = {}
+    for name in names:
+        bind = binds[name]
+        if bind.expanding or bind.literal_execute:
+            raise ValueError(f"bind parameter {name!r} of {compiled.string!r} is post-compiled")
+        if not bind.required:
+            defaults[name] = bind.effective_value
+        processor: Callable[[Any], Any] | None
+        processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if processor is not None and _is_datetime(bind.type):
+            processor = _remember_last(processor)
+        processors.append(processor)
+    escaped = compiled.escaped_bind_names
+    return RawStatement(
+        compiled.string,
+        names,
+        [escaped.get(n, n) for n in names],
+        processors,
+        positional=bool(compiled.positional),
+        defaults=defaults,
+    )
+
+
+def _is_datetime(type_: TypeEngine[Any]) -> bool:
+    if isinstance(type_, TypeDecorator):
+        type_ = type_.impl_instance
+    return isinstance(type_, DateTime)
+
+
+def _remember_last(processor: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``processor``, skipped when called again with the very same (immutable) value.
+
+    One decision stamps most of its rows with the same datetime object, and converting a
+    datetime costs more than binding the rest of a row.
+    """
+    last: list[tuple[Any, Any]] = [(object(), None)]  # one (input, output) pair, swapped whole
+
+    def process(value: Any) -> Any:
+        seen, result = last[0]
+        if value is seen:
+            return result
+        result = processor(value)
+        last[0] = (value, result)
+        return result
+
+    return process
+
+
+class RawTransaction:
+    """One transaction on a pooled DBAPI connection; see ``raw_write``.
+
+    DBAPI errors are raised as SQLAlchemy's ``DBAPIError`` subclasses (``IntegrityError``, ...)
+    with the driver's exception in ``.orig``, as ``Connection.execute`` would raise them.
+    """
+
+    def __init__(self, engine: Engine, connection: PoolProxiedConnection) -> None:
+        self._dialect = engine.dialect
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._connection = connection
+        self.cursor: Any = connection.cursor()
+
+    def execute(self, stmt: RawStatement, row: Mapping[str, Any]) -> Any:
+        """Run ``stmt`` with one row; returns the cursor (``rowcount``, ``fetchall``)."""
+        params = stmt.bind(row)
+        try:
+            self.cursor.execute(stmt.sql, params)
+        except self._dbapi_error as err:
+            raise self._wrap(err, stmt.sql, params, many=False) from err
+        return self.cursor
+
+    def executemany(self, stmt: RawStatement, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Run ``stmt`` once per row, in one driver call."""
+        params = [stmt.bind(row) for row in rows]
+        try:
+            self.cursor.executemany(stmt.sql, params)
+        except self._dbapi_error as err:
+            raise self._wrap(err, stmt.sql, params, many=True) from err
+
+    def executemany_values(self, stmt: RawStatement, rows: Sequence[Sequence[Any]]) -> None:
+        """``executemany`` with rows given as values in the order of ``stmt.names``."""
+        params = rows if stmt.plain else [stmt.bind_values(row) for row in rows]
+        try:
+            self.cursor.executemany(stmt.sql, params)
+        except self._dbapi_error as err:
+            raise self._wrap(err, stmt.sql, params, many=True) from err
+
+    def _begin(self, sql: str | None) -> None:
+        if sql is None:
+            return  # the driver opens the transaction with the first statement
+        try:
+            self.cursor.execute(sql)
+        except self._dbapi_error as err:
+            raise self._wrap(err, sql, (), many=False) from err
+
+    def _commit(self) -> None:
+        try:
+            self._connection.commit()
+        except self._dbapi_error as err:
+            raise self._wrap(err, "COMMIT", (), many=False) from err
+
+    def _wrap(self, err: Exception, sql: str, params: Any, *, many: bool) -> BaseException:
+        # As Connection does: a lost connection is dropped from the pool, not handed out again.
+        lost = self._dialect.is_disconnect(
+            cast(Any, err), self._connection.dbapi_connection, self.cursor
+        )
+        if lost:
+            self._connection.invalidate(err)
+        wrapped = DBAPIError.instance(
+            sql,
+            params,
+            err,
+            self._dbapi_error,
+            connection_invalidated=lost,
+            dialect=self._dialect,
+            ismulti=many,
+        )
+        assert isinstance(wrapped, BaseException)  # a DBAPI error is never a DontWrapMixin
+        return wrapped
+
+
+@contextmanager
+def raw_write(engine: Engine) -> Iterator[RawTransaction]:
+    """A write transaction on a pooled DBAPI connection: committed when the block ends, rolled
+    back when it raises. On SQLite it begins with ``BEGIN IMMEDIATE``, like ``WRITE_OPTION``."""
+    connection = engine.raw_connection()
+    try:
+        tx = RawTransaction(engine, connection)
+        tx._begin("BEGIN IMMEDIATE" if is_sqlite(engine) else None)
+        try:
+            yield tx
+        except BaseException:
+            if connection.is_valid:
+                connection.rollback()
+            raise
+        tx._commit()
+    finally:
+        connection.close()  # back to the pool, which rolls back whatever is left open

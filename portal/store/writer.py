@@ -34,7 +34,14 @@ from sqlalchemy.exc import IntegrityError, StatementError
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
 from portal.store.convert import Claim
-from portal.store.db import WRITE_OPTION, make_engine
+from portal.store.db import (
+    WRITE_OPTION,
+    RawStatement,
+    RawTransaction,
+    compile_raw,
+    make_engine,
+    raw_write,
+)
 from portal.store.migrate import upgrade
 from portal.store.models import metadata
 from portal.store.records import (
@@ -56,6 +63,11 @@ EVENTS: Table = metadata.tables["events"]
 META: Table = metadata.tables["meta"]
 
 ACTIVE_STATES = tuple(s for s in WorkloadState if not s.terminal)
+
+
+def _written_columns(table: Table) -> list[str]:
+    """The columns ``commit`` writes: all but an auto-incremented key (``events.id``)."""
+    return [c.name for c in table.columns if c is not table.autoincrement_column]
 
 
 def _app_version() -> str:
@@ -109,32 +121,87 @@ class Store:
     # -- statements, compiled once and reused for speed ------------------------------------
 
     def _prepare(self) -> None:
-        self._insert_new: dict[str, Any] = {
-            # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT inserts.
-            table.name: self._insert_factory(table)
-            .on_conflict_do_nothing(index_elements=[c.name for c in table.primary_key.columns])
-            .returning(table.c.version)
-            for table in (TENANTS, QUOTAS, WORKLOADS)
-        }
-        self._update_versioned: dict[str, Any] = {
-            table.name: update(table).where(
-                *(c == bindparam(f"key_{c.name}") for c in table.primary_key.columns),
-                table.c.version == bindparam("old_version"),
+        # commit() runs these on the DBAPI cursor (portal.store.db.raw_write): per statement,
+        # SQLAlchemy's execution machinery cost more than SQLite's own work. They are still
+        # built and compiled by SQLAlchemy, for this engine's dialect.
+        dialect = self.engine.dialect
+
+        def raw(stmt: Any, table: Table | None = None) -> RawStatement:
+            return compile_raw(stmt, dialect, None if table is None else _written_columns(table))
+
+        self._insert_new: dict[str, RawStatement] = {}
+        self._update_versioned: dict[str, RawStatement] = {}
+        self._current_version: dict[str, RawStatement] = {}
+        for table in (TENANTS, QUOTAS, WORKLOADS):
+            key = table.primary_key.columns
+            self._insert_new[table.name] = raw(
+                # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT inserts.
+                self._insert_factory(table)
+                .on_conflict_do_nothing(index_elements=[c.name for c in key])
+                .returning(table.c.version),
+                table,
             )
-            for table in (TENANTS, QUOTAS, WORKLOADS)
-        }
-        self._release = (
+            self._update_versioned[table.name] = raw(
+                update(table).where(
+                    *(c == bindparam(f"key_{c.name}") for c in key),
+                    table.c.version == bindparam("old_version", type_=table.c.version.type),
+                ),
+                table,
+            )
+            self._current_version[table.name] = raw(
+                select(table.c.version).where(*(c == bindparam(f"key_{c.name}") for c in key))
+            )
+        self._insert_allocation = raw(ALLOCATIONS.insert(), ALLOCATIONS)
+        self._insert_claim = raw(CLAIMS.insert(), CLAIMS)
+        # Claim rows are built as (node, gpu, slot, allocation_id) tuples; see _apply.
+        assert self._insert_claim.names == ("node", "gpu", "slot", "allocation_id")
+        self._insert_event = raw(EVENTS.insert(), EVENTS)
+        self._release = raw(
             update(ALLOCATIONS)
             .where(ALLOCATIONS.c.id == bindparam("key_id"), ALLOCATIONS.c.released_at.is_(None))
-            .values(released_at=bindparam("at"))
+            .values(released_at=bindparam("at", type_=ALLOCATIONS.c.released_at.type))
         )
+        self._released_at = raw(
+            select(ALLOCATIONS.c.released_at).where(ALLOCATIONS.c.id == bindparam("key_id"))
+        )
+        self._released_at_type = ALLOCATIONS.c.released_at.type.dialect_impl(dialect)
+        self._delete_claims = raw(
+            delete(CLAIMS).where(CLAIMS.c.allocation_id == bindparam("key_id"))
+        )
+        self._delete_quota = raw(
+            delete(QUOTAS).where(
+                QUOTAS.c.tenant == bindparam("key_tenant"),
+                QUOTAS.c.flavor == bindparam("key_flavor"),
+            )
+        )
+        self._busy_workloads = raw(
+            select(WORKLOADS.c.id)
+            .where(
+                WORKLOADS.c.tenant == bindparam("key_tenant"),
+                WORKLOADS.c.state.in_(
+                    [
+                        bindparam(f"active_{i}", type_=WORKLOADS.c.state.type)
+                        for i in range(len(ACTIVE_STATES))
+                    ]
+                ),
+            )
+            .order_by(WORKLOADS.c.id)
+            .limit(6)
+        )
+        self._delete_tenant_row = raw(
+            delete(TENANTS).where(TENANTS.c.name == bindparam("key_name"))
+        )
+        self._delete_usage = raw(delete(USAGE).where(USAGE.c.tenant == bindparam("key_tenant")))
         usage_insert = self._insert_factory(USAGE)
-        self._upsert_usage = usage_insert.on_conflict_do_update(
-            index_elements=["tenant"],
-            set_={
-                "value": usage_insert.excluded.value,
-                "updated_at": usage_insert.excluded.updated_at,
-            },
+        self._upsert_usage = raw(
+            usage_insert.on_conflict_do_update(
+                index_elements=["tenant"],
+                set_={
+                    "value": usage_insert.excluded.value,
+                    "updated_at": usage_insert.excluded.updated_at,
+                },
+            ),
+            USAGE,
         )
 
     @contextmanager
@@ -172,8 +239,8 @@ class Store:
         now = datetime.now(UTC)
         new_claims = self._new_claims(changes.allocations)
         try:
-            with self._write() as conn:
-                self._apply(conn, changes, new_claims, now)
+            with raw_write(self.engine) as tx:
+                self._apply(tx, changes, new_claims, now)
         except IntegrityError as err:
             raise self._explain(changes, new_claims, err) from err
         except StatementError as err:
@@ -183,7 +250,7 @@ class Store:
 
     def _apply(
         self,
-        conn: Connection,
+        tx: RawTransaction,
         changes: ChangeSet,
         new_claims: Mapping[str, list[Claim]],
         now: datetime,
@@ -191,37 +258,31 @@ class Store:
         # Order matters: releases come before new allocations, so a preemption that frees a
         # GPU and hands it to another workload in the same decision is accepted.
         for t in changes.tenants:
-            self._versioned(conn, TENANTS, convert.tenant_row(t), f"tenant {t.name!r}")
+            self._versioned(tx, TENANTS, convert.tenant_row(t), f"tenant {t.name!r}")
         for q in changes.quotas:
-            self._versioned(conn, QUOTAS, convert.quota_row(q), f"quota {q.tenant}/{q.flavor}")
+            self._versioned(tx, QUOTAS, convert.quota_row(q), f"quota {q.tenant}/{q.flavor}")
         for w in changes.workloads:
-            self._versioned(conn, WORKLOADS, convert.workload_row(w), f"workload {w.id!r}")
+            self._versioned(tx, WORKLOADS, convert.workload_row(w), f"workload {w.id!r}")
         if changes.released:
-            self._apply_releases(conn, changes.released)
+            self._apply_releases(tx, changes.released)
         if changes.allocations:
-            conn.execute(
-                ALLOCATIONS.insert(),
+            tx.executemany(
+                self._insert_allocation,
                 [convert.allocation_row(a, now) for a in changes.allocations],
             )
-            rows = [
-                {"node": node, "gpu": gpu, "slot": slot, "allocation_id": alloc_id}
-                for alloc_id, cs in new_claims.items()
-                for node, gpu, slot in cs
-            ]
+            rows = [(*c, alloc_id) for alloc_id, cs in new_claims.items() for c in cs]
             if rows:
-                conn.execute(CLAIMS.insert(), rows)
+                tx.executemany_values(self._insert_claim, rows)
         for tenant, flavor in changes.deleted_quotas:
-            gone = conn.execute(
-                delete(QUOTAS).where(QUOTAS.c.tenant == tenant, QUOTAS.c.flavor == flavor)
-            )
+            gone = tx.execute(self._delete_quota, {"key_tenant": tenant, "key_flavor": flavor})
             if gone.rowcount != 1:
                 raise NotFound("quota", f"{tenant}/{flavor}")
         for name in changes.deleted_tenants:
-            self._delete_tenant(conn, name)
+            self._delete_tenant(tx, name)
         if changes.events:
-            conn.execute(EVENTS.insert(), [convert.event_row(e) for e in changes.events])
+            tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:
-            conn.execute(
+            tx.executemany(
                 self._upsert_usage,
                 [
                     {"tenant": tenant, "value": value, "updated_at": at}
@@ -229,67 +290,62 @@ class Store:
                 ],
             )
 
-    def _versioned(self, conn: Connection, table: Table, row: dict[str, Any], what: str) -> None:
+    def _versioned(self, tx: RawTransaction, table: Table, row: dict[str, Any], what: str) -> None:
         version = row["version"]
         if version < 1:
             raise Conflict(f"{what} carries version {version}; versions start at 1")
-        keys = {c.name: row[c.name] for c in table.primary_key.columns}
+        keys = {f"key_{c.name}": row[c.name] for c in table.primary_key.columns}
         if version == 1:
-            done = conn.execute(self._insert_new[table.name], row).first() is not None
+            done = bool(tx.execute(self._insert_new[table.name], row).fetchall())
         else:
-            params = {**row, **{f"key_{k}": v for k, v in keys.items()}, "old_version": version - 1}
-            done = conn.execute(self._update_versioned[table.name], params).rowcount == 1
+            params = {**row, **keys, "old_version": version - 1}
+            done = tx.execute(self._update_versioned[table.name], params).rowcount == 1
         if done:
             return
-        found = conn.execute(
-            select(table.c.version).where(*(table.c[k] == v for k, v in keys.items()))
-        ).scalar_one_or_none()
+        found = tx.execute(self._current_version[table.name], keys).fetchone()
         expected = (
             "no stored row (version 1 creates one)"
             if version == 1
             else (f"stored version {version - 1}")
         )
-        stored = "no stored row" if found is None else f"stored version {found}"
+        stored = "no stored row" if found is None else f"stored version {found[0]}"
         raise Conflict(
             f"stale {what}: writing version {version} needs {expected}, found {stored}; "
             "reload it and retry"
         )
 
-    def _apply_releases(self, conn: Connection, released: list[tuple[str, datetime]]) -> None:
+    def _apply_releases(self, tx: RawTransaction, released: list[tuple[str, datetime]]) -> None:
         for alloc_id, at in released:
-            if conn.execute(self._release, {"key_id": alloc_id, "at": at}).rowcount == 1:
+            if tx.execute(self._release, {"key_id": alloc_id, "at": at}).rowcount == 1:
                 continue
-            when = conn.execute(
-                select(ALLOCATIONS.c.released_at).where(ALLOCATIONS.c.id == alloc_id)
-            ).one_or_none()
-            if when is None:
+            found = tx.execute(self._released_at, {"key_id": alloc_id}).fetchone()
+            if found is None:
                 raise NotFound("allocation", alloc_id)
+            # The stored value as SQLAlchemy would hand it back: an aware UTC datetime.
+            to_python = self._released_at_type.result_processor(self.engine.dialect, None)
+            when = found[0] if to_python is None else to_python(found[0])
+            assert when is not None  # the row exists and the UPDATE skipped it: it is released
             raise Conflict(
-                f"allocation {alloc_id!r} was already released at {when[0].isoformat()}; "
+                f"allocation {alloc_id!r} was already released at {when.isoformat()}; "
                 "only active allocations can be released"
             )
-        conn.execute(
-            delete(CLAIMS).where(CLAIMS.c.allocation_id.in_([alloc_id for alloc_id, _ in released]))
-        )
+        tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
 
-    def _delete_tenant(self, conn: Connection, name: str) -> None:
-        busy = list(
-            conn.execute(
-                select(WORKLOADS.c.id)
-                .where(WORKLOADS.c.tenant == name, WORKLOADS.c.state.in_(ACTIVE_STATES))
-                .order_by(WORKLOADS.c.id)
-                .limit(6)
-            ).scalars()
-        )
+    def _delete_tenant(self, tx: RawTransaction, name: str) -> None:
+        active = {f"active_{i}": s for i, s in enumerate(ACTIVE_STATES)}
+        busy = [
+            r[0]
+            for r in tx.execute(self._busy_workloads, {"key_tenant": name, **active}).fetchall()
+        ]
         if busy:
             shown = ", ".join(busy[:5]) + (", …" if len(busy) > 5 else "")
             raise Conflict(
                 f"tenant {name!r} still has non-terminal workloads ({shown}); cancel or "
                 "release them before deleting the tenant"
             )
-        if conn.execute(delete(TENANTS).where(TENANTS.c.name == name)).rowcount != 1:
+        if tx.execute(self._delete_tenant_row, {"key_name": name}).rowcount != 1:
             raise NotFound("tenant", name)
-        conn.execute(delete(USAGE).where(USAGE.c.tenant == name))
+        tx.execute(self._delete_usage, {"key_tenant": name})
 
     @staticmethod
     def _new_claims(allocations: Iterable[AllocationRecord]) -> dict[str, list[Claim]]:
