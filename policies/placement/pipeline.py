@@ -86,12 +86,10 @@ def place(
     (``Policy.cache_token``) and the context names no node lists, the answer comes from a
     per-request-shape index that re-scores only the nodes changed since its last use.
     """
-    if ctx.only is None and not ctx.avoid:
+    if ctx.only is None:
         token = policy.cache_token()
         if token is not None:
-            got = _indexed(req, cluster, policy, ctx, token)
-            if got is not None:
-                return got
+            return _indexed(req, cluster, policy, ctx, token)
     return _scan(req, cluster, policy, ctx)
 
 
@@ -135,13 +133,27 @@ class _Index:
     entries whose version is no longer live are dropped lazily when they reach the top.
     """
 
-    __slots__ = ("cluster", "heap", "live", "seq")
+    __slots__ = ("cluster", "counts", "heap", "live", "seq", "why")
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
         self.heap: list[tuple[float, int, int, str, Placement]] = []
         self.live: dict[str, int | None] = {}
         self.seq = cluster.seq
+        # Why each node that does not fit does not, and the totals: "nothing fits" answers
+        # come from here instead of a scan of every node.
+        self.why: dict[str, Unfit] = {}
+        self.counts: Counter[Unfit] = Counter()
+
+    def set_why(self, name: str, reason: Unfit | None) -> None:
+        old = self.why.pop(name, None)
+        if old is not None:
+            self.counts[old] -= 1
+            if not self.counts[old]:
+                del self.counts[old]
+        if reason is not None:
+            self.why[name] = reason
+            self.counts[reason] += 1
 
 
 def _indexed(
@@ -150,7 +162,7 @@ def _indexed(
     policy: Policy,
     ctx: PlacementContext,
     token: Hashable,
-) -> Placement | None:
+) -> Placement | NoFit:
     if policy.indexed_token != token:
         policy.indexes.clear()
         policy.indexed_token = token
@@ -173,6 +185,7 @@ def _indexed(
                 now = nodes.get(name)
                 if now is None or (models and not (now.models & models)):
                     idx.live.pop(name, None)
+                    idx.set_why(name, None)
                 else:
                     _rescore(idx, req, now, cluster, policy, ctx)
             idx.seq = cluster.seq
@@ -180,12 +193,29 @@ def _indexed(
     if len(heap) > 2 * len(live) + 64:
         heap[:] = [e for e in heap if live.get(e[3]) == e[2]]
         heapq.heapify(heap)
-    while heap:
-        top = heap[0]
-        if live.get(top[3]) == top[2]:
-            return top[4]
-        heapq.heappop(heap)
-    return None
+    # Best live entry outside ``ctx.avoid``; avoided entries are put back afterwards.
+    skipped: list[tuple[float, int, int, str, Placement]] = []
+    try:
+        while heap:
+            top = heap[0]
+            if live.get(top[3]) != top[2]:
+                heapq.heappop(heap)
+            elif top[3] in ctx.avoid:
+                skipped.append(heapq.heappop(heap))
+            else:
+                return top[4]
+    finally:
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+    reasons = Counter(idx.counts)
+    avoided = 0
+    for name in ctx.avoid:
+        if name in live:
+            avoided += 1
+            why = idx.why.get(name)
+            if why is not None:
+                reasons[why] -= 1
+    return NoFit(len(live) - avoided, {r: n for r, n in reasons.items() if n > 0})
 
 
 def _rescore(
@@ -197,10 +227,13 @@ def _rescore(
     ctx: PlacementContext,
 ) -> None:
     name = st.node.name
-    got = None if unfit(req, st, ctx) is not None else policy.best_on_node(req, st, cluster)
+    why = unfit(req, st, ctx)
+    got = None if why is not None else policy.best_on_node(req, st, cluster)
     if got is None:
         idx.live[name] = None
+        idx.set_why(name, why if why is not None else _no_option_reason(req))
         return
+    idx.set_why(name, None)
     idx.live[name] = st.version
     heapq.heappush(idx.heap, (-got[0], st.order, st.version, name, got[1]))
 

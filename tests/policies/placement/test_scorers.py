@@ -9,7 +9,7 @@ import pytest
 from policies.errors import InvalidRequest
 from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
-from policies.placement.framework import Policy
+from policies.placement.framework import PlacementContext, Policy
 from policies.placement.pipeline import ANYWHERE, NoFit, _scan, place
 from policies.placement.scorers import DEFAULT_POLICY, POLICIES, policy
 from policies.placement.scorers.bestfit import BestFit
@@ -186,6 +186,9 @@ def test_indexed_place_matches_a_full_scan(name: str) -> None:
     placed = 0
     for _ in range(150):
         req = rng.choice(shapes)
+        # Also with a reserved node to avoid (the allocator's backfill reservation).
+        avoid = PlacementContext(avoid=frozenset({f"n{rng.randrange(25)}"}))
+        assert place(req, cluster, pol, avoid) == _scan(req, cluster, pol, avoid)
         want = _scan(req, cluster, pol, ANYWHERE)
         got = place(req, cluster, pol)
         assert got == want

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -25,8 +25,21 @@ def labelled(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-async def next_event(events: AsyncIterator[InventoryEvent]) -> InventoryEvent:
-    return await asyncio.wait_for(anext(events), 30)
+async def next_event(
+    events: AsyncIterator[InventoryEvent],
+    name: str,
+    matches: Callable[[InventoryEvent], bool] = lambda _: True,
+) -> InventoryEvent:
+    """The next event about node ``name`` that ``matches``; kwok's own status updates (Ready
+    conditions and the like) may produce other events in between."""
+
+    async def first() -> InventoryEvent:
+        while True:
+            event = await anext(events)
+            if event.name == name and matches(event):
+                return event
+
+    return await asyncio.wait_for(first(), 30)
 
 
 async def test_snapshot_then_watch_add_update_delete(k8s_cluster: K8sCluster) -> None:
@@ -44,17 +57,19 @@ async def test_snapshot_then_watch_add_update_delete(k8s_cluster: K8sCluster) ->
 
             events = inventory.watch()
             k8s_cluster.add_gpu_node(labelled(gpu_nodes.h100_nvswitch_node("inv-h100-1")))
-            added = await next_event(events)
+            added = await next_event(events, "inv-h100-1")
             assert (added.kind, added.name) == (EventKind.ADDED, "inv-h100-1")
             assert added.node is not None and len(added.node.gpus) == 8
 
             core.patch_node("inv-t4-1", {"metadata": {"labels": {"gpuportal.io/rack": "r9"}}})
-            updated = await next_event(events)
+            updated = await next_event(
+                events, "inv-t4-1", lambda e: e.node is not None and e.node.rack == "r9"
+            )
             assert (updated.kind, updated.name) == (EventKind.UPDATED, "inv-t4-1")
             assert updated.node is not None and updated.node.rack == "r9"
 
             core.delete_node("inv-h100-1")
-            removed = await next_event(events)
+            removed = await next_event(events, "inv-h100-1", lambda e: e.node is None)
             assert (removed.kind, removed.name, removed.node) == (
                 EventKind.REMOVED,
                 "inv-h100-1",
