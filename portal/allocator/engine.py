@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -132,6 +133,8 @@ class Allocator:
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
         self._queued: set[str] = set()
+        self._last_created: datetime | None = None
+        self._preempting_amount: Counter[tuple[str, str]] = Counter()
         # Per freed flavor, the tenants whose quota verdict the last release can change
         # (None: everyone); read by the next partial scheduling cycle.
         self._affected: dict[str, frozenset[str] | None] = {}
@@ -162,6 +165,7 @@ class Allocator:
                 by_wl.setdefault(a.workload_id, []).append(a)
             lost: list[str] = []
             for rec in sorted(stored.workloads, key=lambda r: (r.created_at, r.id)):
+                self._last_created = max(self._last_created or rec.created_at, rec.created_at)
                 live = self._revive(rec, by_wl.get(rec.id, []))
                 if live is None:
                     lost.append(rec.id)
@@ -186,14 +190,17 @@ class Allocator:
         self._index_state(rec.id, WorkloadState.RELEASED, rec.state)
         if rec.state is WorkloadState.QUEUED:
             return live
-        if any(a.node not in self._nodes for a in allocs):
-            live.allocations = allocs  # released by the caller with reason node-lost
-            return None
+        lost = any(a.node not in self._nodes for a in allocs)
         for a in allocs:
-            self._cluster.apply(self._restored_placement(a))
+            if not lost:
+                self._cluster.apply(self._restored_placement(a))
             self._ledger.add(a, rec)
         live.allocations = allocs
-        return live
+        if rec.state is WorkloadState.PREEMPTING:
+            for a in allocs:
+                if a.flavor:
+                    self._preempting_amount[(rec.tenant, a.flavor)] += a.amount
+        return None if lost else live  # the caller fails a lost one with reason node-lost
 
     def _restored_placement(self, a: AllocationRecord) -> Placement:
         p = codec.placement_of(a)
@@ -314,6 +321,11 @@ class Allocator:
                 if prior is not None:
                     return prior
             now = self._clock()
+            # Arrival order must survive a restart, which re-sorts by creation time: keep
+            # creation times strictly increasing even when the clock repeats itself.
+            if self._last_created is not None and now <= self._last_created:
+                now = self._last_created + timedelta(microseconds=1)
+            self._last_created = now
             self._seq += 1
             rec = WorkloadRecord(
                 id=uuid.uuid4().hex,
@@ -692,6 +704,8 @@ class Allocator:
     ) -> None:
         if live.allocations:
             self._touch_history(txn, live.rec.tenant, now)
+        if live.rec.state is WorkloadState.PREEMPTING:
+            self._mark_preempting(txn, live, -1)
         for a in list(live.allocations):
             p = codec.placement_of(a) if a.node not in self._nodes else self._restored_placement(a)
             if a.node in self._nodes:
@@ -788,12 +802,20 @@ class Allocator:
     def _reclaimable_by_tenant(self, flavor: str) -> dict[str, int]:
         """Per tenant, the borrowed amount of ``flavor`` not already being preempted."""
         out: dict[str, int] = {}
-        for wid, held in self._ledger.holders.get(flavor, {}).items():
-            lv = self._live.get(wid)
-            if lv is None or lv.rec.state is not WorkloadState.RUNNING:
-                continue
-            out[lv.rec.tenant] = out.get(lv.rec.tenant, 0) + held
+        for (tenant, fl), held in self._ledger.usage.items():
+            if fl == flavor:
+                left = held - self._preempting_amount.get((tenant, fl), 0)
+                if left > 0:
+                    out[tenant] = left
         return out
+
+    def _mark_preempting(self, txn: _Txn, live: _Live, sign: int) -> None:
+        """Count (sign 1) or stop counting (sign -1) a workload's devices as being preempted."""
+        for a in live.allocations:
+            if a.flavor:
+                key = (live.rec.tenant, a.flavor)
+                self._preempting_amount[key] += sign * a.amount
+                txn.undo.append(partial(self._preempting_amount.update, {key: -sign * a.amount}))
 
     def _eta(self, lv: _Live, ahead: list[_Live], now: datetime) -> float | None:
         """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor."""

@@ -288,6 +288,7 @@ def preempt(
         return []
     for wid in victims:
         lv = self._live[wid]
+        self._mark_preempting(txn, lv, 1)
         deadline = now + self.grace_for(lv.rec.kind)
         self._set_record(
             txn,
