@@ -11,6 +11,8 @@ GPU or MIG slice out twice.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -64,6 +66,8 @@ META: Table = metadata.tables["meta"]
 
 ACTIVE_STATES = tuple(s for s in WorkloadState if not s.terminal)
 
+log = logging.getLogger(__name__)
+
 
 def _written_columns(table: Table) -> list[str]:
     """The columns ``commit`` writes: all but an auto-incremented key (``events.id``)."""
@@ -75,6 +79,44 @@ def _app_version() -> str:
         return importlib_metadata.version("gpuportal")
     except importlib_metadata.PackageNotFoundError:
         return "unknown"
+
+
+class Checkpointer:
+    """Runs SQLite WAL checkpoints in a daemon thread (automatic ones are off, see ``db``).
+
+    PASSIVE checkpoints never block writers; the WAL is bounded by running one every
+    ``interval_s`` seconds.
+    """
+
+    def __init__(self, engine: Engine, interval_s: float = 0.5) -> None:
+        self._engine = engine
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlite-checkpointer", daemon=True)
+
+    @classmethod
+    def start_for(cls, engine: Engine) -> Checkpointer | None:
+        if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+            return None
+        cp = cls(engine)
+        cp._thread.start()
+        return cp
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.checkpoint()
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        try:
+            with self._engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        except Exception:  # a failed checkpoint is retried next time; never fatal
+            log.warning("SQLite checkpoint failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 class Store:
@@ -102,6 +144,7 @@ class Store:
             self.engine.dispose()
             raise
         self._prepare()
+        self._checkpointer = Checkpointer.start_for(self.engine)
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -110,6 +153,8 @@ class Store:
 
     def close(self) -> None:
         """Close every pooled connection. The store is unusable afterwards."""
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         self.engine.dispose()
 
     def __enter__(self) -> Store:
@@ -141,12 +186,15 @@ class Store:
                 .returning(table.c.version),
                 table,
             )
-            self._update_versioned[table.name] = raw(
+            self._update_versioned[table.name] = compile_raw(
                 update(table).where(
                     *(c == bindparam(f"key_{c.name}") for c in key),
                     table.c.version == bindparam("old_version", type_=table.c.version.type),
                 ),
-                table,
+                dialect,
+                # The key is not SET (the WHERE fixes it): SQLite would rewrite the key's index
+                # entry for every key column named in SET, even with the value unchanged.
+                [name for name in _written_columns(table) if name not in key],
             )
             self._current_version[table.name] = raw(
                 select(table.c.version).where(*(c == bindparam(f"key_{c.name}") for c in key))
