@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from policies.flavors import FlavorKind
@@ -101,7 +101,7 @@ def _scan(
     reasons: Counter[Unfit] = Counter()
     considered = 0
     only, avoid = ctx.only, ctx.avoid
-    for st in cluster.candidates(req.models):
+    for st in _candidates(req, cluster, only):
         name = st.node.name
         if (only is not None and name not in only) or name in avoid:
             continue
@@ -120,6 +120,19 @@ def _scan(
     if best is None:
         return NoFit(considered, dict(reasons))
     return best
+
+
+def _candidates(
+    req: DeviceRequest, cluster: ClusterState, only: frozenset[str] | None
+) -> Iterable[NodeState]:
+    """The nodes to look at: a small ``only`` list (a rack, one node) directly, else the
+    model index."""
+    if only is not None and len(only) < 64:
+        found = (cluster.nodes.get(name) for name in sorted(only))
+        return [
+            st for st in found if st is not None and (not req.models or st.node.models & req.models)
+        ]
+    return cluster.candidates(req.models)
 
 
 # How many request shapes a policy keeps score indexes for (least recently used dropped).

@@ -111,6 +111,7 @@ def schedule(
         self._reserved, self._reserved_for = frozenset(), None
     reserved: set[str] = set(self._reserved)
     holder = self._reserved_for
+    budget = PARTIAL_CYCLE_TRIES if freed is not None else None
     failed_shapes: set[tuple[object, ...]] = set()
     for lv in order(self):
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
@@ -122,6 +123,10 @@ def schedule(
                 lv.rec.reason in _QUOTA_REASONS and not _quota_may_change(self, lv, usable)
             ):
                 continue
+        if budget is not None:
+            if budget == 0:
+                break  # the rest wait for the next full cycle (``tick``)
+            budget -= 1
         if lv.rec.id == holder:
             reserved, holder = set(), None  # the holder itself may use its reserved node
         blocked = try_start(self, txn, lv, frozenset(reserved), now)
@@ -136,6 +141,11 @@ def schedule(
         note_blocked(self, txn, lv, blocked, now)
     self._reserved, self._reserved_for = frozenset(reserved), holder
 
+
+# A release retries at most this many queued workloads, in queue order; the periodic full
+# cycle (``Allocator.tick``, every second in the service) reaches the rest. It bounds the
+# latency of a release however long the queue is, as kube-scheduler bounds a cycle.
+PARTIAL_CYCLE_TRIES = 16
 
 _QUOTA_REASONS = (quota.QueueReason.QUOTA.value, quota.QueueReason.BUDGET.value)
 
