@@ -252,14 +252,26 @@ def _rescore(
 
 
 def _domains(
-    cluster: ClusterState, req: DeviceRequest, topo: TopologyRequirement
+    cluster: ClusterState,
+    req: DeviceRequest,
+    topo: TopologyRequirement,
+    members: int,
+    ctx: PlacementContext,
 ) -> list[frozenset[str] | None]:
     if topo is TopologyRequirement.SAME_RACK:
         groups: dict[str, set[str]] = {}
+        room: Counter[str] = Counter()
         for st in cluster.candidates(req.models):
             key = st.node.clique or st.node.rack
             if key:
                 groups.setdefault(key, set()).add(st.node.name)
+                if unfit(req, st, ctx) is None:
+                    # Whole GPUs: how many members the node's free GPUs could take at most;
+                    # other shapes: at least one.
+                    whole = req.kind is FlavorKind.GPU and req.count > 0
+                    room[key] += st.full_free // req.count if whole else members
+        # Racks that cannot hold every member are skipped without trying to place.
+        groups = {k: g for k, g in groups.items() if room[k] >= members}
         # Smallest sufficient domain first keeps the big ones for big gangs (best fit).
         return [frozenset(g) for g in sorted(groups.values(), key=lambda g: (len(g), min(g)))]
     if topo is TopologyRequirement.SAME_NODE:
@@ -283,7 +295,7 @@ def place_gang(
     ``same-node`` puts every member on one node; ``same-rack`` in one rack/clique.
     """
     last: NoFit = NoFit(0, {})
-    for domain in _domains(cluster, req, topology):
+    for domain in _domains(cluster, req, topology, members, ctx):
         # Keep the caller's restriction: a domain narrows it, it never widens it.
         only = ctx.only if domain is None else domain if ctx.only is None else domain & ctx.only
         sub = PlacementContext(ctx.pools, ctx.tolerations, only, ctx.avoid)

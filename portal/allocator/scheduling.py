@@ -90,20 +90,18 @@ def schedule(
         for lv in (self._live[w] for w in sorted(self._preempting))
         if lv.rec.preempt_deadline is not None and lv.rec.preempt_deadline <= now
     ]
+    ended: set[str] = set()
     for lv in expired:
-        if freed is not None:
-            freed = freed | {a.flavor for a in lv.allocations}
+        ended |= {a.flavor for a in lv.allocations if a.flavor}
         self._finish(txn, lv, WorkloadState.RELEASED, "preempted", now)
-    if fresh is not None and not expired:
-        lv = self._live[fresh]
-        _drop_stale_reservation(self)
-        blocked = try_start(self, txn, lv, self._reserved, now)
-        if blocked is not None:
-            if not self._reserved and blocked.capacity_model is not None:
-                node = reserve_for(self, lv, blocked.capacity_model)
-                if node is not None:
-                    self._reserved, self._reserved_for = frozenset({node}), lv.rec.id
-            note_blocked(self, txn, lv, blocked, now)
+    if ended:
+        # Preempted work ended: a partial cycle over what it freed, for everyone.
+        for fl in ended:
+            self._affected[fl] = None
+        if freed is not None or fresh is not None:
+            freed = (freed or frozenset()) | ended
+    if fresh is not None and freed is None:
+        _try_fresh(self, txn, self._live[fresh], now)
         return
     # 2.-5. A partial cycle (``freed``) keeps the reservation of a workload it does not retry.
     _drop_stale_reservation(self)
@@ -113,6 +111,7 @@ def schedule(
     holder = self._reserved_for
     budget = PARTIAL_CYCLE_TRIES if freed is not None else None
     failed_shapes: set[tuple[object, ...]] = set()
+    tried: set[str] = set()
     for lv in order(self):
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
@@ -129,6 +128,7 @@ def schedule(
             budget -= 1
         if lv.rec.id == holder:
             reserved, holder = set(), None  # the holder itself may use its reserved node
+        tried.add(lv.rec.id)
         blocked = try_start(self, txn, lv, frozenset(reserved), now)
         if blocked is None:
             continue
@@ -140,6 +140,20 @@ def schedule(
                     reserved, holder = {node}, lv.rec.id
         note_blocked(self, txn, lv, blocked, now)
     self._reserved, self._reserved_for = frozenset(reserved), holder
+    if fresh is not None and fresh in self._queued and fresh not in tried:
+        _try_fresh(self, txn, self._live[fresh], now)
+
+
+def _try_fresh(self: Allocator, txn: _Txn, lv: _Live, now: datetime) -> None:
+    """Try one new workload against the current reservation."""
+    _drop_stale_reservation(self)
+    blocked = try_start(self, txn, lv, self._reserved, now)
+    if blocked is not None:
+        if not self._reserved and blocked.capacity_model is not None:
+            node = reserve_for(self, lv, blocked.capacity_model)
+            if node is not None:
+                self._reserved, self._reserved_for = frozenset({node}), lv.rec.id
+        note_blocked(self, txn, lv, blocked, now)
 
 
 # A release retries at most this many queued workloads, in queue order; the periodic full
