@@ -30,7 +30,7 @@ from policies.placement.framework import Policy
 from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState, Placement
 from policies.preemption import PreemptionPolicy
-from policies.requests import WorkloadKind, WorkloadRequest
+from policies.requests import DeviceRequest, TopologyRequirement, WorkloadKind, WorkloadRequest
 from portal.allocator import codec, scheduling
 from portal.allocator.ledger import Ledger
 from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus
@@ -62,6 +62,8 @@ class _Live:
     allocations: list[AllocationRecord] = field(default_factory=list)
     # The latest wait message when only its figures changed since the persisted one.
     note: str | None = None
+    # When the devices are expected back (epoch seconds; inf: unknown), for ETAs.
+    end_at: float = float("inf")
 
     @property
     def placements(self) -> list[Placement]:
@@ -133,6 +135,11 @@ class Allocator:
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
         self._queued: set[str] = set()
+        # Memos keyed by (hashable, frozen) request shapes; bounded by the shapes people ask for.
+        self._flavor_names: dict[tuple[DeviceRequest, str], str] = {}
+        self._member_shapes: dict[
+            tuple[DeviceRequest, frozenset[str]], tuple[DeviceRequest, TopologyRequirement]
+        ] = {}
         self._last_created: datetime | None = None
         self._preempting_amount: Counter[tuple[str, str]] = Counter()
         # Per freed flavor, the tenants whose quota verdict the last release can change
@@ -196,6 +203,7 @@ class Allocator:
                 self._cluster.apply(self._restored_placement(a))
             self._ledger.add(a, rec)
         live.allocations = allocs
+        self._set_end(_Txn(), live)
         if rec.state is WorkloadState.PREEMPTING:
             for a in allocs:
                 if a.flavor:
@@ -774,6 +782,7 @@ class Allocator:
             live,
             replace(live.rec, state=WorkloadState.RUNNING, reason="", message="", started_at=now),
         )
+        self._set_end(txn, live)
         where = ", ".join(f"{p.node}:{list(p.gpus)}" for p in placed)
         self._event(
             txn, "workload.started", live.rec.tenant, live.rec.id, f"{live.rec.name} on {where}"
@@ -785,6 +794,13 @@ class Allocator:
         self, txn: _Txn, fresh: str | None = None, freed: frozenset[str] | None = None
     ) -> None:
         scheduling.schedule(self, txn, fresh, freed)
+
+    def _flavor_name(self, dev: DeviceRequest, model: str) -> str:
+        key = (dev, model)
+        name = self._flavor_names.get(key)
+        if name is None:
+            name = self._flavor_names[key] = str(dev.flavor(model))
+        return name
 
     def _flavors_for(self, req: WorkloadRequest) -> frozenset[str]:
         """Names of the flavors ``req`` could be counted as (cached until the inventory
@@ -808,6 +824,19 @@ class Allocator:
                 if left > 0:
                     out[tenant] = left
         return out
+
+    def _set_end(self, txn: _Txn, live: _Live) -> None:
+        """Cache when ``live``'s devices are expected back: its preemption deadline, else its
+        start plus expected duration, else never known."""
+        rec = live.rec
+        if rec.state is WorkloadState.PREEMPTING and rec.preempt_deadline is not None:
+            end = rec.preempt_deadline.timestamp()
+        elif rec.expected_duration_s is not None and rec.started_at is not None:
+            end = rec.started_at.timestamp() + rec.expected_duration_s
+        else:
+            end = float("inf")
+        txn.undo.append(partial(setattr, live, "end_at", live.end_at))
+        live.end_at = end
 
     def _mark_preempting(self, txn: _Txn, live: _Live, sign: int) -> None:
         """Count (sign 1) or stop counting (sign -1) a workload's devices as being preempted."""
@@ -837,16 +866,11 @@ class Allocator:
             and any(str(o.req.devices.flavor(m)) == fl for m in self._models_for(o.req))
         ]
         ends: list[tuple[float, int]] = []
+        live = self._live
         for wid, held in self._ledger.holders.get(fl, {}).items():
-            o = self._live.get(wid)
-            if o is None or o.rec.state is WorkloadState.QUEUED or not counts(o) or not held:
-                continue
-            if o.rec.state is WorkloadState.PREEMPTING and o.rec.preempt_deadline is not None:
-                ends.append((o.rec.preempt_deadline.timestamp(), held))
-            elif o.rec.expected_duration_s is not None and o.rec.started_at is not None:
-                ends.append((o.rec.started_at.timestamp() + o.rec.expected_duration_s, held))
-            else:
-                ends.append((float("inf"), held))
+            o = live.get(wid)
+            if o is not None and held and (not by_quota or o.rec.tenant == tenant):
+                ends.append((o.end_at, held))
         if by_quota:
             q = self._quotas.get((tenant, fl))
             free = max(0, (q.limit if q else 0) - self._ledger.usage.get((tenant, fl), 0))

@@ -25,7 +25,7 @@ from policies.placement.framework import PlacementContext
 from policies.placement.pipeline import NoFit, place_gang
 from policies.placement.state import Placement
 from policies.preemption import RunningItem, select_victims
-from policies.requests import TopologyRequirement
+from policies.requests import DeviceRequest, TopologyRequirement
 from portal.allocator.views import QueueEntry
 from portal.store.records import WorkloadState
 
@@ -217,7 +217,7 @@ def try_start(
     refusal: Blocked | None = None
     if dev.kind is not None:
         for model in self._models_for(req):
-            fl = str(dev.flavor(model))
+            fl = self._flavor_name(dev, model)
             if not _budget_ok(self, tenant.name, fl, now):
                 refusal = refusal or Blocked(
                     quota.QueueReason.BUDGET.value,
@@ -243,22 +243,12 @@ def try_start(
                 refusal = Blocked(reason, adm.message, plan or None, fl)
         if not admitted:
             assert refusal is not None
-            if refusal.reclaim:
-                preempt(self, txn, lv, refusal.flavor or "", refusal.reclaim, now)
+            if refusal.reclaim and preempt(
+                self, txn, lv, refusal.flavor or "", refusal.reclaim, now
+            ):
                 return replace(refusal, message=refusal.message + "; reclaiming it now")
             return refusal
-        dev = replace(dev, models=frozenset(admitted))
-    gang_topology = (
-        dev.topology
-        if dev.topology in (TopologyRequirement.SAME_NODE, TopologyRequirement.SAME_RACK)
-        else TopologyRequirement.ANY
-    )
-    member = replace(
-        dev,
-        topology=dev.topology
-        if dev.topology is TopologyRequirement.NVLINK
-        else TopologyRequirement.ANY,
-    )
+    member, gang_topology = _member_shape(self, dev, frozenset(admitted))
     ctx = PlacementContext(pools=frozenset(tenant.pools), avoid=avoid)
     got = place_gang(member, members, self._cluster, self._policy, ctx, gang_topology)
     if isinstance(got, NoFit):
@@ -270,6 +260,27 @@ def try_start(
     admission = admitted.get(placed_model) if placed_model else None
     self._start(txn, lv, got, admission.borrowed if admission else 0, now)
     return None
+
+
+def _member_shape(
+    self: Allocator, dev: DeviceRequest, admitted: frozenset[str]
+) -> tuple[DeviceRequest, TopologyRequirement]:
+    """What one gang member asks placement for (restricted to the admitted models), and the
+    gang's topology; memoized, as building a request re-validates it."""
+    key = (dev, admitted)
+    got = self._member_shapes.get(key)
+    if got is None:
+        gang = (
+            dev.topology
+            if dev.topology in (TopologyRequirement.SAME_NODE, TopologyRequirement.SAME_RACK)
+            else TopologyRequirement.ANY
+        )
+        own = (
+            dev.topology if dev.topology is TopologyRequirement.NVLINK else TopologyRequirement.ANY
+        )
+        member = replace(dev, models=admitted or dev.models, topology=own)
+        got = self._member_shapes[key] = (member, gang)
+    return got
 
 
 def _model_of(self: Allocator, placed: list[Placement]) -> str | None:
@@ -328,6 +339,7 @@ def preempt(
                 preempt_deadline=deadline,
             ),
         )
+        self._set_end(txn, lv)
         self._event(
             txn,
             "workload.preempting",
