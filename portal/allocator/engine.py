@@ -135,6 +135,7 @@ class Allocator:
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
         self._queued: set[str] = set()
+        self._cap_geq: dict[str, float] | None = None
         # Memos keyed by (hashable, frozen) request shapes; bounded by the shapes people ask for.
         self._flavor_names: dict[tuple[DeviceRequest, str], str] = {}
         self._member_shapes: dict[
@@ -633,6 +634,7 @@ class Allocator:
         self._capacity = flavor_capacity(self._nodes.values())
         self._book = None
         self._facts = None
+        self._cap_geq = None
         self._flavor_cache = {}
 
     def _invalidate_book(self) -> None:
@@ -794,6 +796,15 @@ class Allocator:
         self, txn: _Txn, fresh: str | None = None, freed: frozenset[str] | None = None
     ) -> None:
         scheduling.schedule(self, txn, fresh, freed)
+
+    def _capacity_geq(self) -> dict[str, float]:
+        """Capacity per flavor in GPU-equivalents (cached until the inventory changes)."""
+        if self._cap_geq is None:
+            self._cap_geq = {
+                fl: quota.gpu_equivalent(quota.validate_flavor_name(fl), amount)
+                for fl, amount in self._capacity.items()
+            }
+        return self._cap_geq
 
     def _flavor_name(self, dev: DeviceRequest, model: str) -> str:
         key = (dev, model)

@@ -48,9 +48,7 @@ def order(self: Allocator) -> list[_Live]:
     """Queued workloads in scheduling order (step 2)."""
     now = self._clock()
     shares: dict[str, float] = {}
-    cap_geq: dict[str, float] = {}
-    for fl, amount in self._capacity.items():
-        cap_geq[fl] = quota.gpu_equivalent(quota.validate_flavor_name(fl), amount)
+    cap_geq = self._capacity_geq()
     pending = [self._live[w] for w in self._queued]
     for t in {lv.rec.tenant for lv in pending}:
         hist, at = self._history.get(t, (0.0, now))
