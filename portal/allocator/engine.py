@@ -23,7 +23,6 @@ from functools import partial
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
 from policies.errors import Conflict, InvalidRequest, NotFound, PortalError
-from policies.eta import estimate_wait
 from policies.flavors import Flavor
 from policies.inventory import Node
 from policies.placement.framework import Policy
@@ -31,9 +30,9 @@ from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState, Placement
 from policies.preemption import PreemptionPolicy
 from policies.requests import DeviceRequest, TopologyRequirement, WorkloadKind, WorkloadRequest
-from portal.allocator import codec, scheduling
+from portal.allocator import codec, estimates, scheduling
 from portal.allocator.ledger import Ledger
-from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus
+from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus, status_of
 from portal.store.records import (
     AllocationRecord,
     ChangeSet,
@@ -858,37 +857,7 @@ class Allocator:
                 txn.undo.append(partial(self._preempting_amount.update, {key: -sign * a.amount}))
 
     def _eta(self, lv: _Live, ahead: list[_Live], now: datetime) -> float | None:
-        """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor."""
-        models = self._models_for(lv.req)
-        if not models:
-            return None
-        fl = str(lv.req.devices.flavor(models[0]))
-        need = lv.req.devices.amount() * lv.req.gang_size
-        by_quota = lv.rec.reason == quota.QueueReason.QUOTA.value
-        tenant = lv.rec.tenant
-
-        def counts(other: _Live) -> bool:
-            return not by_quota or other.rec.tenant == tenant
-
-        ahead_amounts = [
-            o.req.devices.amount() * o.req.gang_size
-            for o in ahead
-            if counts(o)
-            and any(str(o.req.devices.flavor(m)) == fl for m in self._models_for(o.req))
-        ]
-        ends: list[tuple[float, int]] = []
-        live = self._live
-        for wid, held in self._ledger.holders.get(fl, {}).items():
-            o = live.get(wid)
-            if o is not None and held and (not by_quota or o.rec.tenant == tenant):
-                ends.append((o.end_at, held))
-        if by_quota:
-            q = self._quotas.get((tenant, fl))
-            free = max(0, (q.limit if q else 0) - self._ledger.usage.get((tenant, fl), 0))
-        else:
-            used = sum(v for (_, f), v in self._ledger.usage.items() if f == fl)
-            free = max(0, self._capacity.get(fl, 0) - used)
-        return estimate_wait(ahead_amounts, ends, free, need, now.timestamp())
+        return estimates.eta(self, lv, ahead, now)
 
     def _touch_history(self, txn: _Txn, tenant: str, now: datetime) -> None:
         """Fold the tenant's usage since the last change into its decayed history."""
@@ -904,84 +873,24 @@ class Allocator:
         txn.changes.usage_history[tenant] = new
 
     def _gpu_hours_this_period(self, tenant: str, flavor: str, now: datetime) -> float:
-        """GPU-hours of ``flavor`` the tenant used this calendar month (UTC), running included."""
-        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        if self._period_start != start:
-            self._period_start = start
-            self._period_done = {}
-            owners: dict[str, str] = {}
-            for a in self._store.allocations_between(start, now):
-                if a.released_at is None or a.created_at is None or not a.flavor:
-                    continue
-                if a.workload_id not in owners:
-                    w = self._store.workload(a.workload_id)
-                    owners[a.workload_id] = w.tenant if w is not None else ""
-                tenant_of = owners[a.workload_id]
-                self._add_period(tenant_of, a.flavor, a.gpu_equivalent, a.created_at, a.released_at)
-        total = self._period_done.get((tenant, flavor), 0.0)
-        for lv in self._live.values():
-            if lv.rec.tenant != tenant:
-                continue
-            for a in lv.allocations:
-                if a.flavor == flavor and a.created_at is not None:
-                    total += (
-                        a.gpu_equivalent * (now - max(a.created_at, start)).total_seconds() / 3600
-                    )
-        return total
+        return estimates.gpu_hours_this_period(self, tenant, flavor, now)
 
     def _add_period(
         self, tenant: str, flavor: str, gpu_eq: float, begin: datetime, end: datetime
     ) -> None:
-        if self._period_start is None or end <= self._period_start:
-            return
-        hours = (end - max(begin, self._period_start)).total_seconds() / 3600
-        key = (tenant, flavor)
-        self._period_done[key] = self._period_done.get(key, 0.0) + gpu_eq * hours
+        estimates.add_period(self, tenant, flavor, gpu_eq, begin, end)
 
     def _status(self, live: _Live) -> WorkloadStatus:
-        rec = live.rec
-        pos = tpos = None
-        eta = None
-        if rec.state is WorkloadState.QUEUED:
+        pos = tpos = eta = None
+        if live.rec.state is WorkloadState.QUEUED:
             # Only this workload's entry: building every entry costs an ETA per queued workload.
-            found = scheduling.queue_position(self, rec.id)
+            found = scheduling.queue_position(self, live.rec.id)
             if found is not None:
                 pos, tpos, eta = found
-        flavor = live.allocations[0].flavor if live.allocations else None
-        return WorkloadStatus(
-            id=rec.id,
-            tenant=rec.tenant,
-            owner=rec.owner,
-            name=rec.name,
-            kind=rec.kind,
-            state=rec.state,
-            reason=rec.reason,
-            message=live.message,
-            created_at=rec.created_at,
-            started_at=rec.started_at,
-            ended_at=rec.ended_at,
-            allocations=tuple(live.allocations),
-            position=pos,
-            tenant_position=tpos,
-            eta_s=eta,
-            preempt_deadline=rec.preempt_deadline,
-            flavor=flavor,
-        )
+        return status_of(live.rec, live.message, tuple(live.allocations), pos, tpos, eta)
 
     def _status_of_record(self, rec: WorkloadRecord) -> WorkloadStatus:
-        return WorkloadStatus(
-            id=rec.id,
-            tenant=rec.tenant,
-            owner=rec.owner,
-            name=rec.name,
-            kind=rec.kind,
-            state=rec.state,
-            reason=rec.reason,
-            message=rec.message,
-            created_at=rec.created_at,
-            started_at=rec.started_at,
-            ended_at=rec.ended_at,
-        )
+        return status_of(rec, rec.message)
 
     def grace_for(self, kind: str) -> timedelta:
         notice = self._preemption.notice("", WorkloadKind(kind), 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from portal.store.records import AllocationRecord, WorkloadState
+from portal.store.records import AllocationRecord, WorkloadRecord, WorkloadState
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +60,33 @@ class ReconcileReport:
     adopted: tuple[str, ...] = ()
     flagged: tuple[str, ...] = ()  # running on devices the allocator does not know of
     node_lost: tuple[str, ...] = ()
+
+
+def status_of(
+    rec: WorkloadRecord,
+    message: str,
+    allocations: tuple[AllocationRecord, ...] = (),
+    position: int | None = None,
+    tenant_position: int | None = None,
+    eta_s: float | None = None,
+) -> WorkloadStatus:
+    """A workload's status from its record and what only memory knows."""
+    return WorkloadStatus(
+        id=rec.id,
+        tenant=rec.tenant,
+        owner=rec.owner,
+        name=rec.name,
+        kind=rec.kind,
+        state=rec.state,
+        reason=rec.reason,
+        message=message,
+        created_at=rec.created_at,
+        started_at=rec.started_at,
+        ended_at=rec.ended_at,
+        allocations=allocations,
+        position=position,
+        tenant_position=tenant_position,
+        eta_s=eta_s,
+        preempt_deadline=rec.preempt_deadline,
+        flavor=allocations[0].flavor if allocations else None,
+    )

@@ -86,9 +86,7 @@ def _sqlite_engine(url: str, *, in_memory: bool, echo: bool) -> Engine:
     else:
         # Every transaction ends in an explicit commit or rollback, so the pool need not roll
         # back again on each return (a measurable cost per decision on SQLite).
-        engine = create_engine(
-            url, echo=echo, connect_args=connect_args, pool_reset_on_return=None
-        )
+        engine = create_engine(url, echo=echo, connect_args=connect_args, pool_reset_on_return=None)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, record: ConnectionPoolEntry) -> None:
