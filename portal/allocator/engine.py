@@ -16,13 +16,13 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
-from policies.errors import Conflict, InvalidRequest, NotFound, PortalError
+from policies.errors import Conflict, InvalidRequest, NotFound
 from policies.flavors import Flavor
 from policies.inventory import Node
 from policies.placement.framework import Policy
@@ -30,12 +30,12 @@ from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState, Placement
 from policies.preemption import PreemptionPolicy
 from policies.requests import DeviceRequest, TopologyRequirement, WorkloadKind, WorkloadRequest
-from portal.allocator import codec, estimates, scheduling
+from portal.allocator import codec, estimates, nodes, scheduling
 from portal.allocator.ledger import Ledger
+from portal.allocator.live import InventoryFacts, Live, Txn
 from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus, status_of
 from portal.store.records import (
     AllocationRecord,
-    ChangeSet,
     EventRecord,
     QuotaRecord,
     TenantRecord,
@@ -49,58 +49,6 @@ Clock = Callable[[], datetime]
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(slots=True)
-class _Live:
-    """A non-terminal workload in memory."""
-
-    rec: WorkloadRecord
-    req: WorkloadRequest
-    seq: int
-    allocations: list[AllocationRecord] = field(default_factory=list)
-    # The latest wait message when only its figures changed since the persisted one.
-    note: str | None = None
-    # When the devices are expected back (epoch seconds; inf: unknown), for ETAs.
-    end_at: float = float("inf")
-
-    @property
-    def placements(self) -> list[Placement]:
-        return [codec.placement_of(a) for a in self.allocations]
-
-    @property
-    def message(self) -> str:
-        return self.note if self.note is not None else self.rec.message
-
-
-@dataclass(frozen=True, slots=True)
-class _InventoryFacts:
-    """Aggregates of the inventory that every request check needs; rebuilt only when the
-    inventory changes (scanning every node per decision is O(nodes))."""
-
-    models: frozenset[str]
-    max_gpus: int
-    max_cpu_milli: int
-    max_memory_mib: int
-
-    @staticmethod
-    def of(nodes: Iterable[Node]) -> _InventoryFacts:
-        models: set[str] = set()
-        max_gpus = max_cpu = max_mem = 0
-        for n in nodes:
-            models.update(g.model for g in n.gpus)
-            max_gpus = max(max_gpus, len(n.gpus))
-            max_cpu = max(max_cpu, n.cpu_milli)
-            max_mem = max(max_mem, n.memory_mib)
-        return _InventoryFacts(frozenset(models), max_gpus, max_cpu, max_mem)
-
-
-class _Txn:
-    """Changes of one decision: what to commit, and how to undo it in memory if that fails."""
-
-    def __init__(self) -> None:
-        self.changes = ChangeSet()
-        self.undo: list[Callable[[], object]] = []
 
 
 class Allocator:
@@ -125,12 +73,12 @@ class Allocator:
         self._nodes: dict[str, Node] = {}
         self._tenants: dict[str, TenantRecord] = {}
         self._quotas: dict[tuple[str, str], QuotaRecord] = {}
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self._ledger = Ledger()
         self._history: dict[str, tuple[float, datetime]] = {}
         self._seq = 0
         self._capacity: dict[str, int] = {}
-        self._facts: _InventoryFacts | None = None
+        self._facts: InventoryFacts | None = None
         self._book: quota.QuotaBook | None = None
         self._reserved: frozenset[str] = frozenset()
         self._queued: set[str] = set()
@@ -177,7 +125,7 @@ class Allocator:
                 if live is None:
                     lost.append(rec.id)
             self._refresh_book()
-            txn = _Txn()
+            txn = Txn()
             now = self._clock()
             for wid in lost:
                 self._finish(txn, self._live[wid], WorkloadState.FAILED, "node-lost", now)
@@ -186,13 +134,13 @@ class Allocator:
             self._started = True
             return ReconcileReport(released=tuple(lost), node_lost=tuple(lost))
 
-    def _revive(self, rec: WorkloadRecord, allocs: list[AllocationRecord]) -> _Live | None:
+    def _revive(self, rec: WorkloadRecord, allocs: list[AllocationRecord]) -> Live | None:
         """Re-create a stored workload in memory; None if its devices are on a lost node."""
         self._seq += 1
         req = codec.workload_request_from_record(
             rec.tenant, rec.owner, rec.name, rec.kind, rec.request, rec.gang_size, rec.priority
         )
-        live = _Live(rec, req, self._seq)
+        live = Live(rec, req, self._seq)
         self._live[rec.id] = live
         self._index_state(rec.id, WorkloadState.RELEASED, rec.state)
         if rec.state is WorkloadState.QUEUED:
@@ -203,7 +151,7 @@ class Allocator:
                 self._cluster.apply(self._restored_placement(a))
             self._ledger.add(a, rec)
         live.allocations = allocs
-        self._set_end(_Txn(), live)
+        self._set_end(Txn(), live)
         if rec.state is WorkloadState.PREEMPTING:
             for a in allocs:
                 if a.flavor:
@@ -243,7 +191,7 @@ class Allocator:
                 (old.version + 1) if old else 1,
             )
             quota.TenantQuota(tenant=name, quotas={}, cohort=cohort, weight=rec.weight)
-            txn = _Txn()
+            txn = Txn()
             self._tenants[name] = rec
             txn.undo.append(lambda: self._restore(self._tenants, name, old))
             txn.changes.tenants.append(rec)
@@ -278,7 +226,7 @@ class Allocator:
             rec = QuotaRecord(
                 tenant, fl, guaranteed, limit, budget_gpu_hours, (old.version + 1) if old else 1
             )
-            txn = _Txn()
+            txn = Txn()
             self._quotas[key] = rec
             txn.undo.append(lambda: self._restore(self._quotas, key, old))
             txn.changes.quotas.append(rec)
@@ -349,8 +297,8 @@ class Allocator:
                 idempotency_key=idempotency_key,
                 expected_duration_s=expected_duration_s,
             )
-            live = _Live(rec, req, self._seq)
-            txn = _Txn()
+            live = Live(rec, req, self._seq)
+            txn = Txn()
             self._live[rec.id] = live
             self._queued.add(rec.id)
             txn.undo.append(lambda: self._live.pop(rec.id, None))
@@ -372,7 +320,7 @@ class Allocator:
                 if stored is None:
                     raise NotFound("workload", workload_id)
                 return self._status_of_record(stored)
-            txn = _Txn()
+            txn = Txn()
             state = (
                 WorkloadState.CANCELLED
                 if live.rec.state is WorkloadState.QUEUED
@@ -428,100 +376,32 @@ class Allocator:
     def tick(self) -> None:
         """Advance time: end expired preemption grace periods and schedule the queue."""
         with self._lock:
-            txn = _Txn()
+            txn = Txn()
             self._schedule(txn)
             self._commit(txn)
 
     # ---------------------------------------------------------------- inventory
 
     def node_added(self, node: Node) -> None:
+        """A node appeared (or, if known, changed)."""
         with self._lock:
-            if node.name in self._nodes:
-                self.node_updated(node)
-                return
-            self._add_node(node)
-            self._after_inventory_change()
+            nodes.added(self, node)
 
     def node_updated(self, node: Node) -> None:
         """Replace a node's description, keeping its allocations (cordon, labels, layout)."""
         with self._lock:
-            if node.name not in self._nodes:
-                self.node_added(node)
-                return
-            held = [
-                (lv, a) for lv in self._live.values() for a in lv.allocations if a.node == node.name
-            ]
-            old_state = self._cluster.remove_node(node.name)
-            old_node = self._nodes.pop(node.name)
-            try:
-                self._install(node, old_state.order, [a for _, a in held])
-            except PortalError as err:
-                self._install(old_node, old_state.order, [a for _, a in held])
-                raise Conflict(
-                    f"node {node.name} changed in a way its running allocations no longer fit "
-                    f"({err}); keeping its previous description until they end"
-                ) from err
-            self._after_inventory_change()
-
-    def _install(self, node: Node, order: int, held: list[AllocationRecord]) -> None:
-        """Put ``node`` into the cluster state with ``held`` applied, or leave it out."""
-        self._cluster.add_node(node, order=order)
-        self._nodes[node.name] = node
-        try:
-            for a in held:
-                self._cluster.apply(self._restored_placement(a))
-        except PortalError:
-            self._cluster.remove_node(node.name)
-            del self._nodes[node.name]
-            raise
+            nodes.updated(self, node)
 
     def node_removed(self, name: str) -> list[str]:
         """A node is gone: its workloads fail with reason ``node-lost``. Returns their ids."""
         with self._lock:
-            if name not in self._nodes:
-                return []
-            victims = [
-                lv for lv in self._live.values() if any(a.node == name for a in lv.allocations)
-            ]
-            txn = _Txn()
-            now = self._clock()
-            for lv in victims:
-                self._finish(txn, lv, WorkloadState.FAILED, "node-lost", now)
-            self._cluster.remove_node(name)
-            node = self._nodes.pop(name)
-
-            def undo_removal() -> None:
-                self._cluster.add_node(node)
-                self._nodes[name] = node
-                self._refresh_book()
-
-            txn.undo.append(undo_removal)
-            self._refresh_book()
-            self._schedule(txn)
-            self._commit(txn)
-            return [lv.rec.id for lv in victims]
+            return nodes.removed(self, name)
 
     def reconcile(self, running: set[str]) -> ReconcileReport:
-        """Release allocations of workloads the platform no longer runs.
-
-        ``running`` holds the ids of workloads the cluster backend actually runs. Workloads the
-        allocator holds devices for but that are not running are released.
-        """
+        """Release allocations of workloads the platform no longer runs (``running`` holds the
+        ids it runs); flag running ids the allocator does not know."""
         with self._lock:
-            txn = _Txn()
-            now = self._clock()
-            gone = [
-                lv
-                for lv in self._live.values()
-                if lv.rec.state in (WorkloadState.RUNNING, WorkloadState.PREEMPTING)
-                and lv.rec.id not in running
-            ]
-            for lv in gone:
-                self._finish(txn, lv, WorkloadState.RELEASED, "workload-gone", now)
-            flagged = tuple(sorted(running - set(self._live)))
-            self._schedule(txn)
-            self._commit(txn)
-            return ReconcileReport(released=tuple(lv.rec.id for lv in gone), flagged=flagged)
+            return nodes.reconcile(self, running)
 
     # ---------------------------------------------------------------- introspection
 
@@ -617,14 +497,14 @@ class Allocator:
         self._nodes[node.name] = node
         self._facts = None
 
-    def _inventory_facts(self) -> _InventoryFacts:
+    def _inventory_facts(self) -> InventoryFacts:
         if self._facts is None:
-            self._facts = _InventoryFacts.of(self._nodes.values())
+            self._facts = InventoryFacts.of(self._nodes.values())
         return self._facts
 
     def _after_inventory_change(self) -> None:
         self._refresh_book()
-        txn = _Txn()
+        txn = Txn()
         self._schedule(txn)
         self._commit(txn)
 
@@ -661,7 +541,7 @@ class Allocator:
 
     def _event(
         self,
-        txn: _Txn,
+        txn: Txn,
         kind: str,
         tenant: str | None,
         workload_id: str | None,
@@ -672,7 +552,7 @@ class Allocator:
             EventRecord(self._clock(), kind, tenant, workload_id, message, data or {})
         )
 
-    def _commit(self, txn: _Txn) -> None:
+    def _commit(self, txn: Txn) -> None:
         if txn.changes.empty():
             return
         try:
@@ -684,7 +564,7 @@ class Allocator:
 
     # ---- state changes (each registers its undo) ---------------------------------------
 
-    def _set_record(self, txn: _Txn, live: _Live, rec: WorkloadRecord) -> None:
+    def _set_record(self, txn: Txn, live: Live, rec: WorkloadRecord) -> None:
         """Replace the workload's record; one version step per transaction, however many
         changes the transaction makes to it."""
         old = live.rec
@@ -709,7 +589,7 @@ class Allocator:
                 ids.add(wid)
 
     def _finish(
-        self, txn: _Txn, live: _Live, state: WorkloadState, reason: str, now: datetime
+        self, txn: Txn, live: Live, state: WorkloadState, reason: str, now: datetime
     ) -> None:
         if live.allocations:
             self._touch_history(txn, live.rec.tenant, now)
@@ -741,7 +621,7 @@ class Allocator:
         )
 
     def _start(
-        self, txn: _Txn, live: _Live, placed: list[Placement], borrowed: int, now: datetime
+        self, txn: Txn, live: Live, placed: list[Placement], borrowed: int, now: datetime
     ) -> None:
         self._touch_history(txn, live.rec.tenant, now)
         allocs: list[AllocationRecord] = []
@@ -792,7 +672,7 @@ class Allocator:
     # ---- scheduling ------------------------------------------------------------------
 
     def _schedule(
-        self, txn: _Txn, fresh: str | None = None, freed: frozenset[str] | None = None
+        self, txn: Txn, fresh: str | None = None, freed: frozenset[str] | None = None
     ) -> None:
         scheduling.schedule(self, txn, fresh, freed)
 
@@ -835,7 +715,7 @@ class Allocator:
                     out[tenant] = left
         return out
 
-    def _set_end(self, txn: _Txn, live: _Live) -> None:
+    def _set_end(self, txn: Txn, live: Live) -> None:
         """Cache when ``live``'s devices are expected back: its preemption deadline, else its
         start plus expected duration, else never known."""
         rec = live.rec
@@ -848,7 +728,7 @@ class Allocator:
         txn.undo.append(partial(setattr, live, "end_at", live.end_at))
         live.end_at = end
 
-    def _mark_preempting(self, txn: _Txn, live: _Live, sign: int) -> None:
+    def _mark_preempting(self, txn: Txn, live: Live, sign: int) -> None:
         """Count (sign 1) or stop counting (sign -1) a workload's devices as being preempted."""
         for a in live.allocations:
             if a.flavor:
@@ -856,10 +736,10 @@ class Allocator:
                 self._preempting_amount[key] += sign * a.amount
                 txn.undo.append(partial(self._preempting_amount.update, {key: -sign * a.amount}))
 
-    def _eta(self, lv: _Live, ahead: list[_Live], now: datetime) -> float | None:
+    def _eta(self, lv: Live, ahead: list[Live], now: datetime) -> float | None:
         return estimates.eta(self, lv, ahead, now)
 
-    def _touch_history(self, txn: _Txn, tenant: str, now: datetime) -> None:
+    def _touch_history(self, txn: Txn, tenant: str, now: datetime) -> None:
         """Fold the tenant's usage since the last change into its decayed history."""
         value, last = self._history.get(tenant, (0.0, now))
         current = sum(self._ledger.tenant_gpu_equivalents(tenant).values())
@@ -880,7 +760,7 @@ class Allocator:
     ) -> None:
         estimates.add_period(self, tenant, flavor, gpu_eq, begin, end)
 
-    def _status(self, live: _Live) -> WorkloadStatus:
+    def _status(self, live: Live) -> WorkloadStatus:
         pos = tpos = eta = None
         if live.rec.state is WorkloadState.QUEUED:
             # Only this workload's entry: building every entry costs an ETA per queued workload.

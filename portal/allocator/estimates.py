@@ -12,10 +12,11 @@ from policies import quota
 from policies.eta import estimate_wait
 
 if TYPE_CHECKING:
-    from portal.allocator.engine import Allocator, _Live
+    from portal.allocator.engine import Allocator
+    from portal.allocator.live import Live
 
 
-def eta(self: Allocator, lv: _Live, ahead: list[_Live], now: datetime) -> float | None:
+def eta(self: Allocator, lv: Live, ahead: list[Live], now: datetime) -> float | None:
     """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor."""
     models = self._models_for(lv.req)
     if not models:
@@ -25,7 +26,7 @@ def eta(self: Allocator, lv: _Live, ahead: list[_Live], now: datetime) -> float 
     by_quota = lv.rec.reason == quota.QueueReason.QUOTA.value
     tenant = lv.rec.tenant
 
-    def counts(other: _Live) -> bool:
+    def counts(other: Live) -> bool:
         return not by_quota or other.rec.tenant == tenant
 
     ahead_amounts = [

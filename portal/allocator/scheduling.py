@@ -30,7 +30,8 @@ from portal.allocator.views import QueueEntry
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
-    from portal.allocator.engine import Allocator, _Live, _Txn
+    from portal.allocator.engine import Allocator
+    from portal.allocator.live import Live, Txn
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Blocked:
     capacity_model: str | None = None
 
 
-def order(self: Allocator) -> list[_Live]:
+def order(self: Allocator) -> list[Live]:
     """Queued workloads in scheduling order (step 2)."""
     now = self._clock()
     shares: dict[str, float] = {}
@@ -75,7 +76,7 @@ class _Queued:
 
 
 def schedule(
-    self: Allocator, txn: _Txn, fresh: str | None = None, freed: frozenset[str] | None = None
+    self: Allocator, txn: Txn, fresh: str | None = None, freed: frozenset[str] | None = None
 ) -> None:
     """One scheduling cycle (see the module docstring). ``fresh``: only this new workload
     needs trying (nothing was freed), the rest keep their last verdicts and reservations.
@@ -142,7 +143,7 @@ def schedule(
         _try_fresh(self, txn, self._live[fresh], now)
 
 
-def _try_fresh(self: Allocator, txn: _Txn, lv: _Live, now: datetime) -> None:
+def _try_fresh(self: Allocator, txn: Txn, lv: Live, now: datetime) -> None:
     """Try one new workload against the current reservation."""
     _drop_stale_reservation(self)
     blocked = try_start(self, txn, lv, self._reserved, now)
@@ -162,7 +163,7 @@ PARTIAL_CYCLE_TRIES = 16
 _QUOTA_REASONS = (quota.QueueReason.QUOTA.value, quota.QueueReason.BUDGET.value)
 
 
-def _quota_may_change(self: Allocator, lv: _Live, flavors: frozenset[str]) -> bool:
+def _quota_may_change(self: Allocator, lv: Live, flavors: frozenset[str]) -> bool:
     """Whether the last release can change ``lv``'s quota verdict for one of ``flavors``."""
     for fl in flavors:
         tenants = self._affected.get(fl, None)
@@ -177,7 +178,7 @@ def _drop_stale_reservation(self: Allocator) -> None:
         self._reserved, self._reserved_for = frozenset(), None
 
 
-def reserve_for(self: Allocator, lv: _Live, model: str) -> str | None:
+def reserve_for(self: Allocator, lv: Live, model: str) -> str | None:
     """The node closest to fitting ``lv``: most free capacity of the right kind."""
     dev = lv.req.devices
     best: tuple[int, int] | None = None
@@ -203,7 +204,7 @@ def _budget_ok(self: Allocator, tenant: str, flavor: str, now: datetime) -> bool
 
 
 def try_start(
-    self: Allocator, txn: _Txn, lv: _Live, avoid: frozenset[str], now: datetime
+    self: Allocator, txn: Txn, lv: Live, avoid: frozenset[str], now: datetime
 ) -> Blocked | None:
     """Admit and place ``lv``; start it and return None, or say why it cannot start."""
     req = lv.req
@@ -288,7 +289,7 @@ def _model_of(self: Allocator, placed: list[Placement]) -> str | None:
     return self._nodes[p.node].gpus[p.gpus[0]].model
 
 
-def note_blocked(self: Allocator, txn: _Txn, lv: _Live, blocked: Blocked, now: datetime) -> None:
+def note_blocked(self: Allocator, txn: Txn, lv: Live, blocked: Blocked, now: datetime) -> None:
     """Record why the workload waits. The reason is persisted when it changes; the message's
     figures change with every release, so while the reason stays the same only memory (what
     status and queue show) is updated — a cycle must not rewrite every queued row."""
@@ -300,7 +301,7 @@ def note_blocked(self: Allocator, txn: _Txn, lv: _Live, blocked: Blocked, now: d
 
 
 def preempt(
-    self: Allocator, txn: _Txn, claimant: _Live, flavor: str, need: dict[str, int], now: datetime
+    self: Allocator, txn: Txn, claimant: Live, flavor: str, need: dict[str, int], now: datetime
 ) -> list[str]:
     """Tell a minimal set of borrowing workloads to stop so ``claimant`` gets its share."""
     candidates = [
