@@ -1,0 +1,382 @@
+"""Prices, cost, efficiency and idle spend of allocation intervals. Pure: time is an argument.
+
+Money is exact until the end: every amount is computed as a ``fractions.Fraction`` (a MIG
+3g.40gb on a 7-slice GPU costs 3/7 of the GPU price, which no decimal holds exactly) and turned
+into a ``decimal.Decimal`` of whole cents only when shown (``to_cents``), rounding half to even
+(banker's rounding, ``ROUND_HALF_EVEN``) so that rounding errors do not drift one way over many
+lines. Totals are rounded from exact sums, never summed from rounded lines.
+
+Formulas (``docs/cost.md`` has a worked example):
+- price of a flavor-hour = model price per GPU-hour x share, where the share is 1 for a whole
+  GPU, compute slices / the model's total compute slices for a MIG instance, milli / 1000 for
+  a share (``share_fraction``);
+- cost of an interval = sum over its pieces of price in force x share x amount x seconds / 3600,
+  split exactly at price changes and period boundaries;
+- efficiency = used GPU-equivalent-hours / allocated GPU-equivalent-hours, where used is the
+  allocated GPU-equivalents x measured utilization / 100;
+- idle spend = cost of the allocated seconds whose measured utilization was below the idle
+  threshold. Unmeasured seconds count as allocated, unused and not idle (no evidence either way).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from enum import StrEnum
+from fractions import Fraction
+
+from policies import mig
+from policies.errors import InvalidRequest, NotFound
+from policies.flavors import MILLI_PER_GPU, Flavor, FlavorKind
+
+SECONDS_PER_HOUR = 3600
+CENT = Decimal("0.01")
+DEFAULT_IDLE_THRESHOLD_PCT = 5.0
+
+
+def to_cents(amount: Fraction | Decimal) -> Decimal:
+    """Round an exact amount to whole cents, half to even (0.125 -> 0.12, 0.375 -> 0.38)."""
+    if isinstance(amount, Fraction):
+        # ``round`` of a Fraction is exact and rounds half to even.
+        return (Decimal(round(amount * 100)) / 100).quantize(CENT)
+    return amount.quantize(CENT, rounding=ROUND_HALF_EVEN)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceChange:
+    """A whole-GPU price per hour that applies from ``effective_from`` (epoch s) on."""
+
+    effective_from: int
+    per_gpu_hour: Decimal
+
+    def __post_init__(self) -> None:
+        price = self.per_gpu_hour
+        if not isinstance(price, Decimal) or not price.is_finite() or price < 0:
+            raise InvalidRequest("price per GPU-hour", price, "a finite Decimal >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PriceSchedule:
+    """The prices of one GPU model over time, earliest first."""
+
+    model: str
+    changes: tuple[PriceChange, ...]
+
+    def __post_init__(self) -> None:
+        if not self.changes:
+            raise InvalidRequest("price schedule", self.model, "at least one price change")
+        starts = [c.effective_from for c in self.changes]
+        if any(b <= a for a, b in itertools.pairwise(starts)):
+            raise InvalidRequest(
+                "price schedule", f"{self.model} {starts}", "strictly increasing effective times"
+            )
+
+    def price_at(self, at: int) -> Decimal:
+        """The price in force at ``at``; before the first change there is no price."""
+        current: Decimal | None = None
+        for change in self.changes:
+            if change.effective_from > at:
+                break
+            current = change.per_gpu_hour
+        if current is None:
+            raise InvalidRequest(
+                "time", f"{at} for {self.model}", f">= {self.changes[0].effective_from}"
+            )
+        return current
+
+    def change_times(self, start: int, end: int) -> list[int]:
+        """Effective times strictly inside ``(start, end)``."""
+        return [c.effective_from for c in self.changes if start < c.effective_from < end]
+
+
+@dataclass(frozen=True, slots=True)
+class PriceBook:
+    """Price schedules by GPU model."""
+
+    schedules: Mapping[str, PriceSchedule]
+
+    @classmethod
+    def of(cls, *schedules: PriceSchedule) -> PriceBook:
+        return cls({s.model: s for s in schedules})
+
+    def schedule(self, model: str) -> PriceSchedule:
+        try:
+            return self.schedules[model]
+        except KeyError:
+            raise NotFound("priced GPU model", model, list(self.schedules)) from None
+
+
+def share_fraction(flavor: Flavor) -> Fraction:
+    """The part of a whole GPU one unit of ``flavor`` is priced as, exactly."""
+    if flavor.kind is FlavorKind.GPU:
+        return Fraction(1)
+    if flavor.kind is FlavorKind.MIG:
+        assert flavor.profile is not None
+        geom = mig.geometry(flavor.model)
+        return Fraction(geom.profile(flavor.profile).compute_slices, geom.compute_slices)
+    return Fraction(1, MILLI_PER_GPU)
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """A billing period ``[start, end)`` in epoch seconds."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.end <= self.start:
+            raise InvalidRequest("period", f"[{self.start}, {self.end})", "end > start")
+
+    @property
+    def seconds(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class UsageInterval:
+    """One allocation held ``[start, end)`` (epoch s): ``amount`` units of ``flavor``."""
+
+    allocation_id: str
+    workload_id: str
+    tenant: str
+    owner: str
+    flavor: Flavor
+    amount: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.amount, int) or self.amount <= 0:
+            raise InvalidRequest("amount", self.amount, "a positive integer in the flavor's unit")
+        if self.end < self.start:
+            raise InvalidRequest(
+                "allocation interval", f"[{self.start}, {self.end})", "end >= start"
+            )
+
+    @property
+    def gpu_equivalent(self) -> Fraction:
+        return share_fraction(self.flavor) * self.amount
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationSegment:
+    """Measured utilization (% of the allocated share) of one allocation over ``[start, end)``."""
+
+    allocation_id: str
+    start: int
+    end: int
+    utilization_pct: float
+
+    def __post_init__(self) -> None:
+        u = self.utilization_pct
+        if not isinstance(u, int | float) or math.isnan(u) or not 0 <= u <= 100:
+            raise InvalidRequest("utilization", u, "a percentage in [0, 100]")
+        if self.end <= self.start:
+            raise InvalidRequest(
+                "utilization segment", f"[{self.start}, {self.end})", "end > start"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CostLine:
+    """Exact cost of one tenant, owner and flavor in one period. Hours are GPU-equivalent-hours."""
+
+    period: Period
+    tenant: str
+    owner: str
+    flavor: str
+    allocated_gpu_hours: Fraction
+    used_gpu_hours: Fraction
+    cost: Fraction
+    idle_cost: Fraction
+
+    @property
+    def efficiency(self) -> float | None:
+        """Used over allocated GPU-equivalent-hours; ``None`` when nothing was allocated."""
+        if self.allocated_gpu_hours == 0:
+            return None
+        return float(self.used_gpu_hours / self.allocated_gpu_hours)
+
+
+class GroupBy(StrEnum):
+    TENANT = "tenant"
+    OWNER = "owner"
+    FLAVOR = "flavor"
+    PERIOD = "period"
+
+
+@dataclass(frozen=True, slots=True)
+class CostTotal:
+    allocated_gpu_hours: Fraction
+    used_gpu_hours: Fraction
+    cost: Fraction
+    idle_cost: Fraction
+
+    @property
+    def efficiency(self) -> float | None:
+        if self.allocated_gpu_hours == 0:
+            return None
+        return float(self.used_gpu_hours / self.allocated_gpu_hours)
+
+
+def _segments_by_allocation(
+    segments: Iterable[UtilizationSegment],
+) -> dict[str, list[UtilizationSegment]]:
+    out: dict[str, list[UtilizationSegment]] = defaultdict(list)
+    for seg in segments:
+        out[seg.allocation_id].append(seg)
+    for aid, segs in out.items():
+        segs.sort(key=lambda s: s.start)
+        for a, b in itertools.pairwise(segs):
+            if b.start < a.end:
+                raise InvalidRequest(
+                    "utilization segments",
+                    f"{aid} [{a.start}, {a.end}) and [{b.start}, {b.end})",
+                    "segments of one allocation that do not overlap",
+                )
+    return out
+
+
+def cost_lines(
+    intervals: Iterable[UsageInterval],
+    prices: PriceBook,
+    periods: Sequence[Period],
+    utilization: Iterable[UtilizationSegment] = (),
+    idle_threshold_pct: float = DEFAULT_IDLE_THRESHOLD_PCT,
+) -> list[CostLine]:
+    """Exact cost per (period, tenant, owner, flavor), sorted by those keys.
+
+    Time outside every period is not charged. Periods must not overlap.
+    """
+    ordered = sorted(periods, key=lambda p: p.start)
+    for a, b in itertools.pairwise(ordered):
+        if b.start < a.end:
+            raise InvalidRequest(
+                "periods", f"[{a.start}, {a.end}) and [{b.start}, {b.end})", "non-overlapping"
+            )
+    segs = _segments_by_allocation(utilization)
+    acc: dict[tuple[Period, str, str, str], list[Fraction]] = {}
+    threshold = Fraction(idle_threshold_pct)
+    for iv in intervals:
+        sched = prices.schedule(iv.flavor.model)
+        ge = iv.gpu_equivalent
+        mine = segs.get(iv.allocation_id, [])
+        cuts = {iv.start, iv.end, *sched.change_times(iv.start, iv.end)}
+        for p in ordered:
+            cuts.update(t for t in (p.start, p.end) if iv.start < t < iv.end)
+        for s in mine:
+            cuts.update(t for t in (s.start, s.end) if iv.start < t < iv.end)
+        points = sorted(cuts)
+        for lo, hi in itertools.pairwise(points):
+            period = next((p for p in ordered if p.start <= lo < p.end), None)
+            if period is None:
+                continue
+            hours = Fraction(hi - lo, SECONDS_PER_HOUR)
+            cost = Fraction(sched.price_at(lo)) * ge * hours
+            seg = next((s for s in mine if s.start <= lo < s.end), None)
+            used = Fraction(0)
+            idle = Fraction(0)
+            if seg is not None:
+                util = Fraction(seg.utilization_pct)
+                used = ge * hours * util / 100
+                if util < threshold:
+                    idle = cost
+            key = (period, iv.tenant, iv.owner, str(iv.flavor))
+            row = acc.setdefault(key, [Fraction(0)] * 4)
+            row[0] += ge * hours
+            row[1] += used
+            row[2] += cost
+            row[3] += idle
+    return [
+        CostLine(period, tenant, owner, flavor, *acc[(period, tenant, owner, flavor)])
+        for period, tenant, owner, flavor in sorted(
+            acc, key=lambda k: (k[0].start, k[1], k[2], k[3])
+        )
+    ]
+
+
+def totals(lines: Iterable[CostLine], by: Sequence[GroupBy]) -> dict[tuple[str, ...], CostTotal]:
+    """Exact sums of ``lines`` grouped by the named keys (periods keyed by their start)."""
+    sums: dict[tuple[str, ...], list[Fraction]] = {}
+    for line in lines:
+        values = {
+            GroupBy.TENANT: line.tenant,
+            GroupBy.OWNER: line.owner,
+            GroupBy.FLAVOR: line.flavor,
+            GroupBy.PERIOD: str(line.period.start),
+        }
+        key = tuple(values[g] for g in by)
+        row = sums.setdefault(key, [Fraction(0)] * 4)
+        row[0] += line.allocated_gpu_hours
+        row[1] += line.used_gpu_hours
+        row[2] += line.cost
+        row[3] += line.idle_cost
+    return {k: CostTotal(*v) for k, v in sums.items()}
+
+
+CHARGEBACK_COLUMNS = (
+    "period_start",  # ISO 8601 UTC
+    "period_end",  # ISO 8601 UTC, exclusive
+    "tenant",
+    "owner",
+    "flavor",  # canonical flavor name
+    "allocated_gpu_hours",  # GPU-equivalent-hours, 4 decimals
+    "used_gpu_hours",  # GPU-equivalent-hours, 4 decimals
+    "efficiency",  # used / allocated, 4 decimals; empty when nothing was allocated
+    "cost",  # in ``currency``, cents, half to even
+    "idle_cost",  # in ``currency``, cents, half to even
+    "currency",
+)
+
+
+def _iso(t: int) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _hours(x: Fraction) -> str:
+    return str((Decimal(x.numerator) / Decimal(x.denominator)).quantize(Decimal("0.0001")))
+
+
+def chargeback_csv(lines: Iterable[CostLine], currency: str = "USD") -> str:
+    """The chargeback CSV text (header ``CHARGEBACK_COLUMNS``, one row per line, ``\\n`` ends)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CHARGEBACK_COLUMNS)
+    for line in lines:
+        eff = line.efficiency
+        writer.writerow(
+            (
+                _iso(line.period.start),
+                _iso(line.period.end),
+                line.tenant,
+                line.owner,
+                line.flavor,
+                _hours(line.allocated_gpu_hours),
+                _hours(line.used_gpu_hours),
+                "" if eff is None else f"{eff:.4f}",
+                str(to_cents(line.cost)),
+                str(to_cents(line.idle_cost)),
+                currency,
+            )
+        )
+    return buf.getvalue()
+
+
+def projected_spend(spent: Decimal | Fraction, period: Period, now: int) -> Fraction:
+    """Spend at the end of ``period`` at the burn rate so far: spent / elapsed x period length.
+
+    Raises ``InvalidRequest`` before the period started (no rate yet); after it ended the
+    projection is what was spent.
+    """
+    elapsed = min(now, period.end) - period.start
+    if elapsed <= 0:
+        raise InvalidRequest("time", now, f"> the period start {period.start}")
+    return Fraction(spent) * period.seconds / elapsed
