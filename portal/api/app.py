@@ -1,0 +1,50 @@
+"""The ASGI application: ``create_app(allocator, authenticator)``.
+
+Routes live in one module per noun; every one declares its scope. Endpoints are plain ``def``:
+FastAPI runs them in its threadpool, because allocator calls block (a lock and a database
+commit).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, FastAPI
+
+from portal.allocator import Allocator
+from portal.api import errors, inventory, queue, quotas, tenants, usage, workloads
+from portal.api.auth import Authenticator
+from portal.api.deps import allocator
+
+PREFIX = "/api/v1"
+PUBLIC_PATHS = frozenset({"/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
+"""Paths answered without a token; every other route must declare a scope."""
+
+
+def create_app(alloc: Allocator, authenticator: Authenticator) -> FastAPI:
+    """The portal API over a started ``Allocator``, authenticating with ``authenticator``."""
+    app = FastAPI(
+        title="gpuportal",
+        version="1",
+        summary="Quota-aware, topology-aware GPU allocation for JupyterHub",
+        openapi_url=f"{PREFIX}/openapi.json",
+        docs_url=f"{PREFIX}/docs",
+        redoc_url=None,
+    )
+    app.state.allocator = alloc
+    app.state.authenticator = authenticator
+    errors.install(app)
+    for module in (tenants, quotas, workloads, queue, usage, inventory):
+        app.include_router(module.router, prefix=PREFIX)
+
+    @app.get("/health", tags=["health"], summary="The process answers")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", tags=["health"], summary="The allocator answers")
+    def ready(a: Annotated[Allocator, Depends(allocator)]) -> dict[str, str]:
+        # Takes the allocator's lock: a wedged allocator makes this hang, which probes see.
+        a.tenants()
+        return {"status": "ready"}
+
+    return app

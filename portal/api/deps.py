@@ -1,0 +1,126 @@
+"""What every route depends on: the allocator, the caller with a declared scope, paging.
+
+Each route names exactly one scope through ``requires(scope)``; the auth-coverage test walks
+the route table and fails on a route without one (see ``route_scope``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Query, Request, Security
+from fastapi.security import APIKeyHeader
+
+from policies.errors import Forbidden, InvalidRequest
+from portal.allocator import Allocator
+from portal.api.auth import Authenticator, Caller, Scope, token_from_header
+from portal.api.errors import PreconditionRequired, Unauthorized
+from portal.api.schemas import MAX_PAGE, Page
+
+T = TypeVar("T")
+
+_token_header = APIKeyHeader(
+    scheme_name="JupyterHubToken",
+    name="Authorization",
+    auto_error=False,
+    description="A JupyterHub API token: `token <t>` or `Bearer <t>`.",
+)
+
+
+def allocator(request: Request) -> Allocator:
+    alloc: Allocator = request.app.state.allocator
+    return alloc
+
+
+def _authenticator(request: Request) -> Authenticator:
+    auth: Authenticator = request.app.state.authenticator
+    return auth
+
+
+@dataclass(frozen=True, slots=True)
+class Requires:
+    """Dependency: the caller, who must hold ``scope`` for at least one tenant.
+
+    Routes that act on one tenant check it again with ``caller.require(scope, tenant)``.
+    """
+
+    scope: Scope
+
+    def __call__(
+        self,
+        authorization: Annotated[str | None, Security(_token_header)],
+        authenticator: Annotated[Authenticator, Depends(_authenticator)],
+    ) -> Caller:
+        caller = authenticator(token_from_header(authorization))
+        if caller is None:
+            raise Unauthorized("unknown or expired token: get a new one from the hub")
+        if not caller.holds_any(self.scope):
+            raise Forbidden(f"{caller.kind} {caller.name} lacks scope {self.scope}")
+        return caller
+
+
+def requires(scope: Scope) -> Caller:
+    """``caller: Annotated[Caller, requires(Scope.X)]`` in a route's signature.
+
+    The scope also lands in the route's OpenAPI ``security`` requirement, where clients, the
+    docs and the auth-coverage test read it.
+    """
+    dep: Caller = Security(Requires(scope), scopes=[scope.value])
+    return dep
+
+
+@dataclass(frozen=True, slots=True)
+class Paging:
+    limit: int
+    offset: int
+
+    def page(self, items: Sequence[T]) -> Page[T]:
+        chunk = list(items[self.offset : self.offset + self.limit])
+        end = self.offset + len(chunk)
+        return Page[T](
+            items=chunk,
+            total=len(items),
+            limit=self.limit,
+            offset=self.offset,
+            next_offset=end if end < len(items) else None,
+        )
+
+
+def paging(
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description=f"Page size, 1..{MAX_PAGE}.")] = 100,
+    offset: Annotated[int, Query(ge=0, le=10_000_000, description="Items to skip.")] = 0,
+) -> Paging:
+    return Paging(limit, offset)
+
+
+def visible_tenants(caller: Caller, scope: Scope, tenant: str | None) -> frozenset[str] | None:
+    """Which tenants a list may show: None for all; raises ``Forbidden`` for a named tenant the
+    caller may not see."""
+    if tenant is not None:
+        caller.require(scope, tenant)
+        return frozenset({tenant})
+    if caller.can_everywhere(scope):
+        return None
+    return caller.tenants_for(scope)
+
+
+def etag(version: int) -> str:
+    """The strong ETag of a versioned resource."""
+    return f'"{version}"'
+
+
+def expected_version(if_match: str | None, if_none_match: str | None) -> int:
+    """The version an edit expects, from ``If-Match: "<v>"`` or ``If-None-Match: *`` (create:
+    version 0, the resource must not exist yet). Raises ``PreconditionRequired`` without one."""
+    if if_none_match is not None and if_none_match.strip() == "*":
+        return 0
+    if if_match is None:
+        raise PreconditionRequired(
+            'edits need If-Match: "<version>" (the ETag you read) or If-None-Match: * to create'
+        )
+    raw = if_match.strip().removeprefix("W/").strip('"')
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidRequest("If-Match", repr(if_match), 'an ETag read from a GET, e.g. "3"')
+    return int(raw)

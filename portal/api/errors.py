@@ -1,0 +1,117 @@
+"""One mapping from the portal's errors to HTTP, and one JSON error body.
+
+Every error answer, whether raised by the allocator, by auth, or by FastAPI's request
+validation, has the body ``{"status", "code", "message", "field"?, "valid"?}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound, PortalError
+from portal.api.schemas import ErrorBody
+
+
+class Unauthorized(PortalError):
+    """No token, or a token the hub does not know (unknown, expired, revoked)."""
+
+    code = "unauthorized"
+
+
+class Unavailable(PortalError):
+    """Something the API depends on (the hub) did not answer; retry later."""
+
+    code = "unavailable"
+
+
+class PreconditionFailed(PortalError):
+    """``If-Match`` named a version that is no longer current: re-read and retry."""
+
+    code = "precondition_failed"
+
+
+class PreconditionRequired(PortalError):
+    """An edit came without ``If-Match`` (or ``If-None-Match: *`` to create)."""
+
+    code = "precondition_required"
+
+
+# Checked in order; the first class the error is an instance of decides the status.
+STATUS: tuple[tuple[type[PortalError], int], ...] = (
+    (InvalidRequest, 422),
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (NotFound, 404),
+    (PreconditionFailed, 412),
+    (PreconditionRequired, 428),
+    (Conflict, 409),
+    (Unavailable, 503),
+    (PortalError, 400),
+)
+
+Responses = dict[int | str, dict[str, Any]]
+"""OpenAPI ``responses`` of a route."""
+
+ERROR_RESPONSES: Responses = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (401, "no token, or an unknown or expired one"),
+        (403, "the token lacks the route's scope for this tenant"),
+        (422, "a request value is malformed or out of range"),
+    )
+}
+"""Error answers every route may give; routes add 404/409/412/428 where they apply."""
+
+
+def status_of(exc: PortalError) -> int:
+    return next(status for cls, status in STATUS if isinstance(exc, cls))
+
+
+def body_of(exc: PortalError) -> ErrorBody:
+    return ErrorBody(
+        status=status_of(exc),
+        code=exc.code,
+        message=exc.message,
+        field=getattr(exc, "field", None),
+        valid=getattr(exc, "valid", None),
+    )
+
+
+def error_response(body: ErrorBody) -> JSONResponse:
+    headers = {"WWW-Authenticate": "token"} if body.status == 401 else None
+    return JSONResponse(body.model_dump(exclude_none=True), body.status, headers=headers)
+
+
+async def _portal_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PortalError)
+    return error_response(body_of(exc))
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ())]
+    field = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+    valid = str(first.get("msg", "a valid value"))
+    message = f"invalid {loc[0] + ' ' if loc else ''}{field or 'request'}: {valid}"
+    return error_response(
+        ErrorBody(status=422, code="invalid", message=message, field=field or None, valid=valid)
+    )
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+    return error_response(ErrorBody(status=exc.status_code, code=code, message=str(exc.detail)))
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into the one error body."""
+    app.add_exception_handler(PortalError, _portal_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

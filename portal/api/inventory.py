@@ -1,0 +1,54 @@
+"""``/api/v1/nodes`` and ``/api/v1/capacity``: nodes, GPUs, MIG layouts, topology, capacity."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+
+from policies.errors import NotFound
+from portal.allocator import Allocator
+from portal.api import convert
+from portal.api.auth import Caller, Scope
+from portal.api.deps import Paging, allocator, paging, requires
+from portal.api.errors import ERROR_RESPONSES
+from portal.api.schemas import CapacityOut, ErrorBody, NodeOut, Page
+
+router = APIRouter(tags=["inventory"], responses=ERROR_RESPONSES)
+
+# Inventory is the same for every tenant: the scope counts in any form, filtered or not.
+
+
+@router.get("/nodes", response_model=Page[NodeOut], summary="Nodes with their GPUs")
+def list_nodes(
+    _caller: Annotated[Caller, requires(Scope.INVENTORY_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    page: Annotated[Paging, Depends(paging)],
+) -> Page[NodeOut]:
+    nodes = sorted(alloc.cluster, key=lambda st: st.name)
+    return page.page([convert.node_out(st) for st in nodes])
+
+
+@router.get(
+    "/nodes/{node}",
+    response_model=NodeOut,
+    responses={404: {"model": ErrorBody, "description": "no such node"}},
+    summary="One node: GPUs, MIG layout, topology, free capacity",
+)
+def get_node(
+    node: Annotated[str, Path(max_length=253, description="The node's name.")],
+    _caller: Annotated[Caller, requires(Scope.INVENTORY_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+) -> NodeOut:
+    for st in alloc.cluster:
+        if st.name == node:
+            return convert.node_out(st)
+    raise NotFound("node", node)
+
+
+@router.get("/capacity", response_model=list[CapacityOut], summary="Capacity per flavor")
+def list_capacity(
+    _caller: Annotated[Caller, requires(Scope.INVENTORY_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+) -> list[CapacityOut]:
+    return [CapacityOut(flavor=f, capacity=n) for f, n in sorted(alloc.capacity.items())]

@@ -1,0 +1,102 @@
+"""``/api/v1/quotas`` and ``/api/v1/tenants/{tenant}/quotas/{flavor}``: quotas per flavor."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
+
+from policies.errors import Conflict, NotFound
+from portal.allocator import Allocator
+from portal.api import convert
+from portal.api.auth import Caller, Scope
+from portal.api.deps import (
+    Paging,
+    allocator,
+    etag,
+    expected_version,
+    paging,
+    requires,
+    visible_tenants,
+)
+from portal.api.errors import ERROR_RESPONSES, PreconditionFailed, Responses
+from portal.api.schemas import ErrorBody, Page, QuotaIn, QuotaOut
+
+router = APIRouter(tags=["quotas"], responses=ERROR_RESPONSES)
+
+TenantName = Annotated[str, Path(max_length=63, description="The tenant (JupyterHub group).")]
+FlavorName = Annotated[
+    str, Path(max_length=128, description="A flavor: `H100-80GB`, `H100-80GB/3g.40gb`, …")
+]
+_404: Responses = {404: {"model": ErrorBody, "description": "no such tenant, flavor or quota"}}
+_EDIT: Responses = {
+    **_404,
+    412: {"model": ErrorBody, "description": "changed since the ETag was read"},
+    428: {"model": ErrorBody, "description": "If-Match missing"},
+}
+
+
+@router.get("/quotas", response_model=Page[QuotaOut], summary="List quotas")
+def list_quotas(
+    caller: Annotated[Caller, requires(Scope.QUOTAS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    page: Annotated[Paging, Depends(paging)],
+    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+) -> Page[QuotaOut]:
+    shown = visible_tenants(caller, Scope.QUOTAS_READ, tenant)
+    quotas = [convert.quota_out(q) for q in alloc.quotas() if shown is None or q.tenant in shown]
+    return page.page(quotas)
+
+
+@router.get(
+    "/tenants/{tenant}/quotas/{flavor:path}",
+    response_model=QuotaOut,
+    responses=_404,
+    summary="Read a quota",
+)
+def get_quota(
+    tenant: TenantName,
+    flavor: FlavorName,
+    response: Response,
+    caller: Annotated[Caller, requires(Scope.QUOTAS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+) -> QuotaOut:
+    caller.require(Scope.QUOTAS_READ, tenant)
+    for q in alloc.quotas(tenant):
+        if q.flavor == flavor:
+            response.headers["ETag"] = etag(q.version)
+            return convert.quota_out(q)
+    raise NotFound("quota", f"{tenant}/{flavor}")
+
+
+@router.put(
+    "/tenants/{tenant}/quotas/{flavor:path}",
+    response_model=QuotaOut,
+    responses=_EDIT,
+    summary="Set a quota",
+)
+def put_quota(
+    tenant: TenantName,
+    flavor: FlavorName,
+    body: QuotaIn,
+    response: Response,
+    caller: Annotated[Caller, requires(Scope.QUOTAS_WRITE)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    if_match: Annotated[str | None, Header(description='The ETag read, e.g. "3".')] = None,
+    if_none_match: Annotated[str | None, Header(description="`*`: create only.")] = None,
+) -> QuotaOut:
+    caller.require(Scope.QUOTAS_WRITE, tenant)
+    expected = expected_version(if_match, if_none_match)
+    try:
+        rec = alloc.set_quota(
+            tenant,
+            flavor,
+            guaranteed=body.guaranteed,
+            limit=body.limit,
+            budget_gpu_hours=body.budget_gpu_hours,
+            expected_version=expected,
+        )
+    except Conflict as exc:
+        raise PreconditionFailed(exc.message) from exc
+    response.headers["ETag"] = etag(rec.version)
+    return convert.quota_out(rec)

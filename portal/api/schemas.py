@@ -1,0 +1,284 @@
+"""Request and response bodies of ``/api/v1``. Every field says its bounds and what null means."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.flavors import FlavorKind
+from policies.requests import (
+    MAX_GANG_SIZE,
+    MAX_GPUS_PER_MEMBER,
+    MAX_PRIORITY,
+    TopologyRequirement,
+    WorkloadKind,
+)
+from portal.store.records import WorkloadState
+
+MAX_PAGE = 500
+T = TypeVar("T")
+
+_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ErrorBody(Model):
+    """Every error answer."""
+
+    status: int = Field(description="The HTTP status, repeated.")
+    code: str = Field(
+        description=(
+            "Stable identifier: invalid, unauthorized, forbidden, not_found, conflict, "
+            "precondition_failed, precondition_required, unavailable, method_not_allowed."
+        )
+    )
+    message: str = Field(description="What was wrong, with which value, and what would be valid.")
+    field: str | None = Field(
+        default=None, description="The offending input, when one is to blame; absent otherwise."
+    )
+    valid: str | None = Field(
+        default=None, description="What the offending input may be; absent when not known."
+    )
+
+
+class Page(Model, Generic[T]):
+    """One page of a list, in the list's stable order."""
+
+    items: list[T] = Field(description="At most `limit` items.")
+    total: int = Field(ge=0, description="Items matching the filters, across all pages.")
+    limit: int = Field(ge=1, le=MAX_PAGE, description="The page size asked for.")
+    offset: int = Field(ge=0, description="Index of the first item of this page.")
+    next_offset: int | None = Field(
+        description="The `offset` of the next page; null on the last page."
+    )
+
+
+# ------------------------------------------------------------------ tenants and quotas
+
+
+class TenantOut(Model):
+    name: str = Field(description="The tenant: a JupyterHub group name (a DNS-1123 label).")
+    cohort: str | None = Field(
+        description="Cohort whose members lend each other unused guaranteed quota; null: none."
+    )
+    weight: float = Field(description="Fair-share weight (> 0); 1 is the default.")
+    pools: list[str] = Field(description="Node pools reserved for this tenant, sorted.")
+    version: int = Field(ge=1, description="Bumped on every change; the ETag.")
+
+
+class TenantIn(Model):
+    cohort: str | None = Field(
+        default=None, max_length=63, pattern=_NAME, description="Cohort name; null: no cohort."
+    )
+    weight: float = Field(
+        default=1.0, gt=0, le=1_000_000, description="Fair-share weight, > 0 and <= 1e6."
+    )
+    pools: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Node pools the tenant may use (and that are reserved for such tenants).",
+    )
+
+
+class QuotaOut(Model):
+    tenant: str = Field(description="The tenant.")
+    flavor: str = Field(
+        description="A GPU model (`H100-80GB`), MIG profile (`H100-80GB/3g.40gb`) or share."
+    )
+    guaranteed: int = Field(ge=0, description="Always obtainable, in the flavor's unit.")
+    limit: int = Field(ge=0, description="Never exceeded, in the flavor's unit; >= guaranteed.")
+    budget_gpu_hours: float | None = Field(
+        description="GPU-hours per calendar month; null: no budget."
+    )
+    version: int = Field(ge=1, description="Bumped on every change; the ETag.")
+
+
+class QuotaIn(Model):
+    guaranteed: int = Field(
+        ge=0, le=10_000_000, description="Units (GPUs, instances or milli-GPU) always obtainable."
+    )
+    limit: int = Field(
+        ge=0, le=10_000_000, description="Units never exceeded; must be >= guaranteed."
+    )
+    budget_gpu_hours: float | None = Field(
+        default=None, ge=0, le=1e9, description="GPU-hours per calendar month; null: no budget."
+    )
+
+
+# ------------------------------------------------------------------ workloads
+
+
+class DevicesIn(Model):
+    """The devices one gang member needs; ``kind`` picks the shape."""
+
+    kind: FlavorKind | None = Field(
+        default=None,
+        description=(
+            "gpu: `count` whole GPUs; mig: one `mig_profile` instance; share: `milli` of one "
+            "GPU; null: CPU only."
+        ),
+    )
+    count: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_GPUS_PER_MEMBER,
+        description=f"Whole GPUs (1..{MAX_GPUS_PER_MEMBER}) for kind gpu; 0 or 1 otherwise.",
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Acceptable GPU models; empty: any (required for mig).",
+    )
+    mig_profile: str | None = Field(
+        default=None, max_length=64, description="MIG profile, e.g. `3g.40gb`; null unless mig."
+    )
+    milli: int = Field(default=0, ge=0, le=999, description="Share of one GPU, 1..999 for share.")
+    gpu_memory_mib: int = Field(
+        default=0, ge=0, le=10_000_000, description="GPU memory of a share, MiB; 0: unbounded."
+    )
+    cpu_milli: int = Field(default=0, ge=0, le=10_000_000, description="CPU, milli-cores.")
+    memory_mib: int = Field(default=0, ge=0, le=100_000_000, description="Host memory, MiB.")
+    topology: TopologyRequirement = Field(
+        default=TopologyRequirement.ANY,
+        description="How tightly the devices must be connected; nvlink needs >= 2 GPUs.",
+    )
+
+
+class WorkloadIn(Model):
+    tenant: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=_NAME,
+        description="The tenant charged; the caller must be a member of it.",
+    )
+    name: str = Field(min_length=1, max_length=253, description="A name for people.")
+    kind: WorkloadKind = Field(default=WorkloadKind.NOTEBOOK, description="What it runs.")
+    devices: DevicesIn = Field(description="What each gang member needs.")
+    gang_size: int = Field(
+        default=1, ge=1, le=MAX_GANG_SIZE, description="Members that start all-or-nothing."
+    )
+    priority: int = Field(
+        default=0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Higher is scheduled first; within a tenant's quota only.",
+    )
+    expected_duration_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="How long it expects to run, for queue ETAs; null: unknown.",
+    )
+
+
+class AllocationOut(Model):
+    id: str
+    member: int = Field(ge=0, description="Gang member index.")
+    node: str = Field(description="The node the member runs on.")
+    flavor: str = Field(description="What is counted against quota.")
+    amount: int = Field(ge=0, description="Quota units held, in the flavor's unit.")
+    gpu_equivalent: float = Field(ge=0, description="The amount as whole GPUs.")
+    gpus: list[int] = Field(description="GPU indices on the node.")
+    gpu_uuids: list[str] = Field(description="GPU (or MIG instance) UUIDs; may be empty.")
+    milli: int = Field(ge=0, description="Per GPU: 1000 for whole GPUs, the share otherwise.")
+    gpu_memory_mib: int = Field(ge=0, description="GPU memory of a share; 0 otherwise.")
+    mig_profile: str | None = Field(description="The MIG profile; null unless MIG.")
+    mig_start: int | None = Field(description="The MIG slot's start; null unless MIG.")
+    borrowed: bool = Field(description="Above the tenant's guaranteed quota (preemptible).")
+
+
+class WorkloadOut(Model):
+    id: str
+    tenant: str
+    owner: str = Field(description="The hub user or service that requested it.")
+    name: str
+    kind: str
+    state: WorkloadState
+    reason: str = Field(
+        description="Why it is queued (quota, capacity, topology, budget) or ended; '' if none."
+    )
+    message: str = Field(description="The reason as a sentence.")
+    created_at: datetime
+    started_at: datetime | None = Field(description="null until it runs.")
+    ended_at: datetime | None = Field(description="null until it ends.")
+    allocations: list[AllocationOut] = Field(description="Devices held; empty unless running.")
+    position: int | None = Field(description="1-based queue position; null unless queued.")
+    tenant_position: int | None = Field(description="Position among its tenant's; null likewise.")
+    eta_s: float | None = Field(description="Estimated wait, seconds; null: cannot estimate.")
+    preempt_deadline: datetime | None = Field(description="When it is stopped; null: not told.")
+    flavor: str | None = Field(description="Flavor of its first allocation; null: none.")
+
+
+class QueueEntryOut(Model):
+    workload_id: str
+    tenant: str
+    owner: str
+    name: str
+    priority: int
+    position: int = Field(ge=1, description="1-based, overall.")
+    tenant_position: int = Field(ge=1, description="1-based, within the tenant.")
+    reason: str = Field(description="quota, capacity, topology or budget.")
+    message: str
+    enqueued_at: datetime
+    gpu_equivalent: float = Field(ge=0)
+    eta_s: float | None = Field(description="Estimated wait, seconds; null: cannot estimate.")
+
+
+class UsageOut(Model):
+    tenant: str
+    flavor: str
+    guaranteed: int = Field(ge=0)
+    limit: int = Field(ge=0)
+    used: int = Field(ge=0, description="Units held now.")
+    borrowed: int = Field(ge=0, description="Units held above guaranteed.")
+    lent: int = Field(ge=0, description="Unused guaranteed units cohort members use now.")
+
+
+# ------------------------------------------------------------------ inventory
+
+
+class MigInstanceOut(Model):
+    profile: str
+    start: int = Field(ge=0, description="Memory slice the instance starts at.")
+    uuid: str | None = Field(description="MIG device UUID; null when not known.")
+    free: bool = Field(description="Not allocated to any workload.")
+
+
+class GpuOut(Model):
+    index: int = Field(ge=0)
+    model: str
+    memory_mib: int = Field(ge=0)
+    uuid: str = Field(description="GPU UUID; '' when not known.")
+    mig_enabled: bool
+    shareable: bool = Field(description="May be split into fractional shares.")
+    free_milli: int = Field(ge=0, le=1000, description="Unallocated share; 1000: fully free.")
+    free_memory_mib: int = Field(ge=0)
+    mig_layout: list[MigInstanceOut] = Field(description="MIG instances; empty unless MIG.")
+
+
+class NodeOut(Model):
+    name: str
+    schedulable: bool
+    rack: str = Field(description="Rack; '' when not known.")
+    zone: str
+    clique: str = Field(description="NVLink clique; '' when none.")
+    pool: str = Field(description="Pool reserving the node; '' when open to everyone.")
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    cpu_free_milli: int = Field(ge=0)
+    memory_free_mib: int = Field(ge=0)
+    gpus: list[GpuOut]
+    links: list[list[str]] | None = Field(
+        description="Link class between every GPU pair (row i, column j); null when unknown."
+    )
+    numa: list[int] | None = Field(description="NUMA node of each GPU; null when unknown.")
+
+
+class CapacityOut(Model):
+    flavor: str
+    capacity: int = Field(ge=0, description="Units the inventory holds, in the flavor's unit.")

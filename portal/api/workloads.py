@@ -1,0 +1,132 @@
+"""``/api/v1/workloads``: request GPUs (allocated now or queued), read, release."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
+
+from policies.errors import Forbidden
+from policies.requests import DeviceRequest, WorkloadRequest
+from portal.allocator import Allocator
+from portal.api import convert
+from portal.api.auth import Caller, CallerKind, Scope
+from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
+from portal.api.errors import ERROR_RESPONSES, Responses
+from portal.api.schemas import ErrorBody, Page, WorkloadIn, WorkloadOut
+from portal.store.records import WorkloadState
+
+router = APIRouter(prefix="/workloads", tags=["workloads"], responses=ERROR_RESPONSES)
+
+WorkloadId = Annotated[str, Path(max_length=64, description="The workload's id.")]
+_404: Responses = {404: {"model": ErrorBody, "description": "no such workload or tenant"}}
+
+
+def _charge(caller: Caller, tenant: str) -> None:
+    """May ``caller`` spend ``tenant``'s quota? Users must also be members of it."""
+    caller.require(Scope.WORKLOADS_WRITE, tenant)
+    if (
+        caller.kind is CallerKind.USER
+        and tenant not in caller.groups
+        and not caller.can(Scope.ADMIN, tenant)
+    ):
+        raise Forbidden(
+            f"user {caller.name} is not a member of tenant {tenant}; "
+            f"their tenants: {', '.join(sorted(caller.groups)) or 'none'}"
+        )
+
+
+@router.post(
+    "",
+    response_model=WorkloadOut,
+    status_code=201,
+    responses={
+        **_404,
+        202: {"model": WorkloadOut, "description": "queued: see reason, position and eta_s"},
+    },
+    summary="Request GPUs for a workload",
+)
+def request_workload(
+    body: WorkloadIn,
+    response: Response,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="Retries with the same key (per tenant and owner) allocate once.",
+        ),
+    ] = None,
+) -> WorkloadOut:
+    """201 with allocations when it runs now; 202 with a reason and position when queued."""
+    _charge(caller, body.tenant)
+    d = body.devices
+    req = WorkloadRequest(
+        tenant=body.tenant,
+        owner=caller.name,
+        name=body.name,
+        devices=DeviceRequest(
+            kind=d.kind,
+            count=d.count,
+            models=frozenset(d.models),
+            mig_profile=d.mig_profile,
+            milli=d.milli,
+            gpu_memory_mib=d.gpu_memory_mib,
+            cpu_milli=d.cpu_milli,
+            memory_mib=d.memory_mib,
+            topology=d.topology,
+        ),
+        kind=body.kind,
+        gang_size=body.gang_size,
+        priority=body.priority,
+    )
+    status = alloc.request(
+        req, idempotency_key=idempotency_key, expected_duration_s=body.expected_duration_s
+    )
+    response.status_code = 202 if status.state is WorkloadState.QUEUED else 201
+    return convert.workload_out(status)
+
+
+@router.get("", response_model=Page[WorkloadOut], summary="List live workloads")
+def list_workloads(
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    page: Annotated[Paging, Depends(paging)],
+    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+    state: Annotated[WorkloadState | None, Query(description="Only this state.")] = None,
+) -> Page[WorkloadOut]:
+    """Queued, running and preempting workloads in arrival order; ended ones by id only."""
+    shown = visible_tenants(caller, Scope.WORKLOADS_READ, tenant)
+    items = [
+        convert.workload_out(s)
+        for s in alloc.workloads()
+        if (shown is None or s.tenant in shown) and (state is None or s.state is state)
+    ]
+    return page.page(items)
+
+
+@router.get("/{workload_id}", response_model=WorkloadOut, responses=_404, summary="Read one")
+def get_workload(
+    workload_id: WorkloadId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+) -> WorkloadOut:
+    status = alloc.status(workload_id)
+    caller.require(Scope.WORKLOADS_READ, status.tenant)
+    return convert.workload_out(status)
+
+
+@router.delete(
+    "/{workload_id}",
+    response_model=WorkloadOut,
+    responses=_404,
+    summary="Release its devices, or leave the queue (idempotent)",
+)
+def release_workload(
+    workload_id: WorkloadId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+) -> WorkloadOut:
+    _charge(caller, alloc.status(workload_id).tenant)
+    return convert.workload_out(alloc.release(workload_id))
