@@ -60,7 +60,12 @@ def choose_whole(req: DeviceRequest, st: NodeState) -> tuple[int, ...] | None:
         known = st.node.topology
         if known is None or len(free) == 1:
             return (free[0],)
-        best = min(free, key=lambda g: (_ties(known, g, free), g))
+        # Then the NUMA node with the fewest free GPUs (on NVSwitch boards, where every link
+        # is alike, this keeps the other socket's GPUs together).
+        per_numa: dict[int, int] = {}
+        for g in free:
+            per_numa[known.numa[g]] = per_numa.get(known.numa[g], 0) + 1
+        best = min(free, key=lambda g: (_ties(known, g, free), per_numa[known.numa[g]], g))
         return (best,)
     topo = st.node.link_topology
     chosen = _best_set(topo, free, k)
@@ -84,7 +89,15 @@ def _best_set(topo: Topology, free: list[int], k: int) -> tuple[int, ...]:
     if len(free) == k:
         return tuple(free)
     if topo.uniform_link is not None:
-        return tuple(free[:k])  # every set is as good as any other: lowest indices
+        # Every GPU pair is linked alike (an NVSwitch board): keep the set on one NUMA node
+        # (CPU affinity), in the fullest node that fits it (best fit), lowest indices.
+        by_numa: dict[int, list[int]] = {}
+        for g in free:
+            by_numa.setdefault(topo.numa[g], []).append(g)
+        fitting = [gs for gs in by_numa.values() if len(gs) >= k]
+        if fitting:
+            return tuple(min(fitting, key=lambda gs: (len(gs), gs[0]))[:k])
+        return tuple(free[:k])
     best_key: tuple[int, int, tuple[int, ...]] | None = None
     best: tuple[int, ...] = ()
     links = topo.links
