@@ -1,0 +1,63 @@
+"""``idle``: an allocated GPU, MIG instance or share used below a threshold for a while.
+
+The condition holds for a sample with an allocation whose utilization of its own allocation is
+below ``threshold_pct``. A share's utilization is of its parent GPU, so it is divided by the
+share (a 250-milli share at 4 % of the GPU uses 16 % of its share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.alerts._checks import check_range
+from policies.alerts.engine import Condition, RuleContext, RuleResult
+from policies.alerts.samples import DeviceSample, ShareKind
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSettings:
+    threshold_pct: float = 5.0
+    for_s: float = 30 * 60.0
+
+    def __post_init__(self) -> None:
+        check_range("idle threshold", self.threshold_pct, 0, 100)
+        check_range("idle for", self.for_s, 0)
+
+
+def own_utilization(sample: DeviceSample) -> float:
+    """Utilization of the sample's own allocation, in percent (at most 100)."""
+    alloc = sample.allocation
+    if alloc is not None and alloc.share is ShareKind.MILLI:
+        return min(100.0, sample.utilization_pct / alloc.parent_fraction)
+    return sample.utilization_pct
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRule:
+    settings: IdleSettings = field(default_factory=IdleSettings)
+    name: str = "idle"
+
+    @property
+    def for_s(self) -> float:
+        return self.settings.for_s
+
+    def evaluate(self, ctx: RuleContext) -> RuleResult:
+        out = []
+        for s in ctx.snapshot.devices:
+            alloc = s.allocation
+            if alloc is None:
+                continue
+            used = own_utilization(s)
+            if used < self.settings.threshold_pct:
+                out.append(
+                    Condition(
+                        scope=s.device,
+                        subject=alloc.workload_id,
+                        tenant=alloc.tenant,
+                        owner=alloc.owner,
+                        workloads=(alloc.workload_id,),
+                        summary=f"{alloc.workload_id} uses {used:.1f} % of {s.device}",
+                        value=used,
+                    )
+                )
+        return RuleResult(tuple(out))
