@@ -33,7 +33,7 @@ def _finite(field: str, value: float, lo: float = 0.0, hi: float = math.inf) -> 
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or math.isnan(value)
+        or not math.isfinite(value)
         or not lo <= value <= hi
     ):
         bound = f"<= {hi}" if hi != math.inf else "finite"
