@@ -106,6 +106,17 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:
+        # FastAPI's "error parsing the body" (not JSON, not UTF-8): bad input like any other.
+        return error_response(
+            ErrorBody(
+                status=422,
+                code="invalid",
+                message=f"invalid body: {exc.detail}",
+                field="body",
+                valid="a JSON object",
+            )
+        )
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
     return error_response(ErrorBody(status=exc.status_code, code=code, message=str(exc.detail)))
 
