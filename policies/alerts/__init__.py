@@ -24,7 +24,11 @@ from policies.alerts.engine import (
 from policies.alerts.idle import IdleRule, IdleSettings
 from policies.alerts.long_queue_wait import LongQueueWaitRule, LongQueueWaitSettings
 from policies.alerts.memory_over_share import MemoryOverShareRule, MemoryOverShareSettings
-from policies.alerts.noisy_neighbour import NoisyNeighbourRule, NoisyNeighbourSettings
+from policies.alerts.noisy_neighbour import (
+    NoisyNeighbourRule,
+    NoisyNeighbourSettings,
+    NoisyScope,
+)
 from policies.alerts.quota_pressure import QuotaPressureRule, QuotaPressureSettings
 from policies.alerts.samples import (
     AllocationContext,
@@ -76,6 +80,7 @@ __all__ = [
     "MemoryOverShareSettings",
     "NoisyNeighbourRule",
     "NoisyNeighbourSettings",
+    "NoisyScope",
     "QueueSample",
     "QuotaPressureRule",
     "QuotaPressureSettings",

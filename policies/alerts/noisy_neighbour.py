@@ -1,18 +1,23 @@
-"""``noisy_neighbour``: one workload crowding the others on a GPU it shares.
+"""``noisy_neighbour``: one workload crowding the others where they share hardware.
 
-Scope: the parent GPU of shares (milli) and MIG instances. For each workload there:
-- allocated share ``a`` = milli / 1000, or MIG compute slices / total slices;
-- measured share ``m`` = its activity as a part of the parent GPU (a MIG instance's activity is
-  of the instance, so it is multiplied by slices / total).
+Scopes (``NoisyScope``, all on by default):
+- ``gpu``: the parent GPU of shares (milli) and MIG instances. Allocated share ``a`` = milli /
+  1000 or compute slices / total slices; measured share ``m`` = the workload's activity as a
+  part of the parent GPU (a MIG instance's activity is of the instance, so it is multiplied by
+  slices / total).
+- ``node`` and ``domain``: whole GPUs on one node, or in one NVLink/PCIe domain of a node, held
+  by different workloads. ``a`` = the workload's sampled GPUs / all sampled GPUs there; ``m`` =
+  the workload's summed activity / all summed activity there (0 when all are idle). A workload
+  driving far more of the node than its GPUs while a neighbour slows down is the usual sign of
+  contention for what the GPUs share (PCIe, host memory, CPU).
 
-It is an *offender* when ``m > ratio x a`` and ``m - a > min_excess_pct / 100`` (defaults 1.5x
-and 20 points). A co-located workload is a *victim* when its activity fell below
-``(1 - drop) x`` its baseline; the baseline is an exponential moving average of its activity
-(weight ``alpha`` per step), frozen while it is a victim so crowding does not become the new
-normal, and ignored below ``min_baseline_pct``. The condition holds, keyed by GPU and offender,
-while an offender and at least one victim exist; it names the offender first, then the victims.
-Whole GPUs sharing a node or an NVLink/PCIe domain are not covered: the samples carry no
-measure of the host resources they would contend for.
+A workload is an *offender* when ``m > ratio x a`` and ``m - a > min_excess_pct / 100``
+(defaults 1.5x and 20 points). A co-located workload is a *victim* when the activity of one of
+its devices fell below ``(1 - drop) x`` that device's baseline; the baseline is an exponential
+moving average of the device's activity (weight ``alpha`` per step), frozen while it is a victim
+so crowding does not become the new normal, and ignored below ``min_baseline_pct``. The
+condition holds, keyed by scope and offender, while an offender and at least one victim exist;
+it names the offender first, then the victims, and is scoped to the offender's tenant and owner.
 """
 
 from __future__ import annotations
@@ -20,11 +25,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 
 from policies.alerts._checks import check_range
 from policies.alerts.engine import Condition, RuleContext, RuleResult
-from policies.alerts.samples import DeviceSample, ShareKind
+from policies.alerts.samples import AllocationContext, DeviceSample, ShareKind
+from policies.errors import InvalidRequest
+
+
+class NoisyScope(StrEnum):
+    GPU = "gpu"
+    NODE = "node"
+    DOMAIN = "domain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +48,7 @@ class NoisyNeighbourSettings:
     alpha: float = 0.1
     min_baseline_pct: float = 10.0
     for_s: float = 5 * 60.0
+    scopes: frozenset[NoisyScope] = frozenset(NoisyScope)
 
     def __post_init__(self) -> None:
         check_range("noisy neighbour ratio", self.ratio, 1)
@@ -43,6 +57,10 @@ class NoisyNeighbourSettings:
         check_range("noisy neighbour alpha", self.alpha, 0, 1)
         check_range("noisy neighbour minimum baseline", self.min_baseline_pct, 0, 100)
         check_range("noisy neighbour for", self.for_s, 0)
+        if not self.scopes or not all(isinstance(x, NoisyScope) for x in self.scopes):
+            raise InvalidRequest(
+                "noisy neighbour scopes", sorted(map(str, self.scopes)), "some of gpu, node, domain"
+            )
 
 
 def measured_share(sample: DeviceSample) -> float:
@@ -67,47 +85,37 @@ class NoisyNeighbourRule:
         cfg = self.settings
         memory = ctx.memory
         baseline: dict[str, float] = dict(memory) if isinstance(memory, Mapping) else {}
-        groups: dict[str, list[DeviceSample]] = defaultdict(list)
-        for s in ctx.snapshot.devices:
-            if s.allocation is not None and s.allocation.share is not ShareKind.WHOLE:
-                groups[s.gpu].append(s)
+
+        def dropped(s: DeviceSample) -> bool:
+            base = baseline.get(s.device)
+            return (
+                base is not None
+                and base >= cfg.min_baseline_pct
+                and s.activity_pct < (1 - cfg.drop) * base
+            )
+
         victims_now: set[str] = set()
-        out = []
-        for gpu, members in sorted(groups.items()):
-            victims = []
-            for s in members:
-                base = baseline.get(s.device)
-                if (
-                    base is not None
-                    and base >= cfg.min_baseline_pct
-                    and s.activity_pct < (1 - cfg.drop) * base
-                ):
-                    victims.append(s)
-            for s in members:
-                alloc = s.allocation
-                assert alloc is not None
-                a = alloc.parent_fraction
-                m = measured_share(s)
+        out: list[Condition] = []
+        for scope, members in _groups(ctx.snapshot.devices, cfg.scopes):
+            victims = {w: [d for d in m.devices if dropped(d)] for w, m in members.items()}
+            for w, member in members.items():
+                a, m = member.allocated, member.measured
                 if not (m > cfg.ratio * a and m - a > cfg.min_excess_pct / 100):
                     continue
-                hurt = [
-                    v.allocation.workload_id
-                    for v in victims
-                    if v.allocation is not None and v.allocation.workload_id != alloc.workload_id
-                ]
+                hurt = sorted(v for v, devs in victims.items() if devs and v != w)
                 if not hurt:
                     continue
-                victims_now.update(v.device for v in victims)
+                victims_now.update(d.device for v in hurt for d in victims[v])
                 out.append(
                     Condition(
-                        scope=gpu,
-                        subject=alloc.workload_id,
-                        tenant=alloc.tenant,
-                        owner=alloc.owner,
-                        workloads=(alloc.workload_id, *sorted(set(hurt))),
+                        scope=scope,
+                        subject=w,
+                        tenant=member.alloc.tenant,
+                        owner=member.alloc.owner,
+                        workloads=(w, *hurt),
                         summary=(
-                            f"{alloc.workload_id} uses {m:.0%} of {gpu} with {a:.0%} allocated;"
-                            f" slowed: {', '.join(sorted(set(hurt)))}"
+                            f"{w} uses {m:.0%} of {scope} with {a:.0%} allocated;"
+                            f" slowed: {', '.join(hurt)}"
                         ),
                         value=m,
                     )
@@ -120,3 +128,60 @@ class NoisyNeighbourRule:
                 s.activity_pct if base is None else base + cfg.alpha * (s.activity_pct - base)
             )
         return RuleResult(tuple(out), MappingProxyType(baseline))
+
+
+@dataclass(slots=True)
+class _Member:
+    alloc: AllocationContext
+    allocated: float
+    measured: float
+    devices: list[DeviceSample]
+
+
+def _groups(
+    samples: tuple[DeviceSample, ...], scopes: frozenset[NoisyScope]
+) -> list[tuple[str, dict[str, _Member]]]:
+    """Co-located workloads by scope name, only where at least two workloads meet."""
+    out: list[tuple[str, dict[str, _Member]]] = []
+    if NoisyScope.GPU in scopes:
+        by_gpu: dict[str, dict[str, _Member]] = defaultdict(dict)
+        for s in samples:
+            alloc = s.allocation
+            if alloc is None or alloc.share is ShareKind.WHOLE:
+                continue
+            group = by_gpu[s.gpu]
+            member = group.get(alloc.workload_id)
+            if member is None:
+                group[alloc.workload_id] = _Member(alloc, 0.0, 0.0, [])
+                member = group[alloc.workload_id]
+            member.allocated += alloc.parent_fraction
+            member.measured += measured_share(s)
+            member.devices.append(s)
+        out.extend(sorted(by_gpu.items()))
+    for scope in (NoisyScope.NODE, NoisyScope.DOMAIN):
+        if scope not in scopes:
+            continue
+        hosts: dict[str, list[DeviceSample]] = defaultdict(list)
+        for s in samples:
+            alloc = s.allocation
+            if alloc is None or alloc.share is not ShareKind.WHOLE or not alloc.node:
+                continue
+            if scope is NoisyScope.DOMAIN:
+                if alloc.domain:
+                    hosts[f"domain:{alloc.node}/{alloc.domain}"].append(s)
+            else:
+                hosts[f"node:{alloc.node}"].append(s)
+        for name, devs in sorted(hosts.items()):
+            total_activity = sum(d.activity_pct for d in devs)
+            members: dict[str, _Member] = {}
+            for d in devs:
+                assert d.allocation is not None
+                member = members.setdefault(
+                    d.allocation.workload_id, _Member(d.allocation, 0.0, 0.0, [])
+                )
+                member.allocated += 1 / len(devs)
+                if total_activity > 0:
+                    member.measured += d.activity_pct / total_activity
+                member.devices.append(d)
+            out.append((name, members))
+    return [(name, group) for name, group in out if len(group) >= 2]

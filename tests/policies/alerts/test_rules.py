@@ -5,20 +5,28 @@ from __future__ import annotations
 from decimal import Decimal
 
 from policies.alerts import (
+    AllocationContext,
     BudgetBurnRule,
     BudgetSample,
     DeviceSample,
     EccRule,
+    Engine,
+    EngineState,
     IdleRule,
     LongQueueWaitRule,
     MemoryOverShareRule,
     NoisyNeighbourRule,
+    NoisyNeighbourSettings,
+    NoisyScope,
     QueueSample,
     QuotaPressureRule,
+    ShareKind,
     Snapshot,
     TenantUsageSample,
     ThrottleRule,
+    Transition,
     XidRule,
+    default_rules,
 )
 from policies.alerts.engine import AlertState
 from policies.alerts.throttle import HW_THERMAL
@@ -216,3 +224,82 @@ def test_budget_burn() -> None:
         (240, F, R),
     ]
     assert MIN == 60.0
+
+
+def _node(m: int, x_activity: float, y_activity: float, domain: str = "") -> Snapshot:
+    def alloc(w: str) -> AllocationContext:
+        return AllocationContext(w, "ml", f"{w}-owner", node="n1", domain=domain)
+
+    return Snapshot(
+        devices=(
+            DeviceSample("g0", minute(m), x_activity, activity_pct=x_activity,
+                         allocation=alloc("w-x")),
+            DeviceSample("g1", minute(m), y_activity, activity_pct=y_activity,
+                         allocation=alloc("w-y")),
+        )
+    )  # fmt: skip
+
+
+def test_noisy_neighbour_on_a_node_of_whole_gpus() -> None:
+    # One GPU each (a = 0.5). From 10: w-x drives 95 / (95 + 20) = 0.83 of the node's activity
+    # (> 0.75, 33 points > 20) while w-y fell to 20 < 0.7 x 40 = 28: pending 10, firing 15.
+    def snap(m: int) -> Snapshot:
+        return _node(m, 95.0, 20.0) if m >= 10 else _node(m, 40.0, 40.0)
+
+    seen, _ = run([NoisyNeighbourRule()], range(20), snap)
+    assert seen == [
+        (10, None, P, "node:n1", "w-x", ("w-x", "w-y")),
+        (15, P, F, "node:n1", "w-x", ("w-x", "w-y")),
+    ]
+
+
+def test_noisy_neighbour_in_an_nvlink_domain_only_when_asked() -> None:
+    def snap(m: int) -> Snapshot:
+        return _node(m, 95.0, 20.0, "nvl0") if m >= 10 else _node(m, 40.0, 40.0, "nvl0")
+
+    rule = NoisyNeighbourRule(NoisyNeighbourSettings(scopes=frozenset({NoisyScope.DOMAIN})))
+    seen, _ = run([rule], range(12), snap)
+    assert seen == [(10, None, P, "domain:n1/nvl0", "w-x", ("w-x", "w-y"))]
+
+
+def test_a_mig_instance_using_all_of_itself_is_not_noisy() -> None:
+    # 100 % of a 3g instance is 3/7 of the parent: exactly its share, whatever the 4g does.
+    def snap(m: int) -> Snapshot:
+        def mig(w: str, slices: int, act: float) -> DeviceSample:
+            alloc = AllocationContext(
+                w, "ml", "o", ShareKind.MIG, mig_slices=slices, mig_total_slices=7
+            )
+            return DeviceSample(
+                f"h0/{w}", minute(m), act, activity_pct=act, allocation=alloc, parent="h0"
+            )
+
+        return Snapshot(devices=(mig("w3", 3, 100.0), mig("w4", 4, 50.0 if m < 5 else 5.0)))
+
+    assert run([NoisyNeighbourRule()], range(20), snap)[0] == []
+
+
+def test_replay_in_pieces_equals_one_run() -> None:
+    # The state is a value: stopping, keeping it and going on gives the same alerts.
+    def snap(m: int) -> Snapshot:
+        util = 2.0 if 10 <= m < 50 else 60.0
+        return Snapshot(
+            devices=(
+                DeviceSample("g0", minute(m), util, allocation=whole("w1"), xid_count=m // 20),
+            ),
+            queue=(QueueSample("w9", "ml", "ann", T0, minute(m)),),
+        )
+
+    engine = Engine(default_rules())
+    whole_run: list[Transition] = []
+    state = EngineState()
+    for m in range(60):
+        state, ts = engine.step(state, snap(m), minute(m))
+        whole_run.extend(ts)
+    kept = EngineState()
+    pieces: list[Transition] = []
+    for chunk in (range(0, 25), range(25, 60)):
+        for m in chunk:
+            kept, ts = Engine(default_rules()).step(kept, snap(m), minute(m))
+            pieces.extend(ts)
+    assert pieces == whole_run
+    assert {t.alert.key.rule for t in whole_run} == {"idle", "xid", "long_queue_wait"}
