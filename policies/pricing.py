@@ -41,6 +41,12 @@ CENT = Decimal("0.01")
 DEFAULT_IDLE_THRESHOLD_PCT = 5.0
 
 
+def _epoch(field: str, value: int) -> None:
+    # Whole seconds keep every split exact; a float would bring binary fractions in.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(field, repr(value), "whole epoch seconds (int)")
+
+
 def to_cents(amount: Fraction | Decimal) -> Decimal:
     """Round an exact amount to whole cents, half to even (0.125 -> 0.12, 0.375 -> 0.38)."""
     if isinstance(amount, Fraction):
@@ -57,6 +63,7 @@ class PriceChange:
     per_gpu_hour: Decimal
 
     def __post_init__(self) -> None:
+        _epoch("effective from", self.effective_from)
         price = self.per_gpu_hour
         if not isinstance(price, Decimal) or not price.is_finite() or price < 0:
             raise InvalidRequest("price per GPU-hour", price, "a finite Decimal >= 0")
@@ -132,6 +139,8 @@ class Period:
     end: int
 
     def __post_init__(self) -> None:
+        _epoch("period start", self.start)
+        _epoch("period end", self.end)
         if self.end <= self.start:
             raise InvalidRequest("period", f"[{self.start}, {self.end})", "end > start")
 
@@ -156,6 +165,8 @@ class UsageInterval:
     def __post_init__(self) -> None:
         if not isinstance(self.amount, int) or self.amount <= 0:
             raise InvalidRequest("amount", self.amount, "a positive integer in the flavor's unit")
+        _epoch("allocation start", self.start)
+        _epoch("allocation end", self.end)
         if self.end < self.start:
             raise InvalidRequest(
                 "allocation interval", f"[{self.start}, {self.end})", "end >= start"
@@ -179,6 +190,8 @@ class UtilizationSegment:
         u = self.utilization_pct
         if not isinstance(u, int | float) or math.isnan(u) or not 0 <= u <= 100:
             raise InvalidRequest("utilization", u, "a percentage in [0, 100]")
+        _epoch("utilization start", self.start)
+        _epoch("utilization end", self.end)
         if self.end <= self.start:
             raise InvalidRequest(
                 "utilization segment", f"[{self.start}, {self.end})", "end > start"
@@ -256,6 +269,12 @@ def cost_lines(
 
     Time outside every period is not charged. Periods must not overlap.
     """
+    if (
+        isinstance(idle_threshold_pct, bool)
+        or not isinstance(idle_threshold_pct, int | float)
+        or not 0 <= idle_threshold_pct <= 100
+    ):
+        raise InvalidRequest("idle threshold", idle_threshold_pct, "a percentage in [0, 100]")
     ordered = sorted(periods, key=lambda p: p.start)
     for a, b in itertools.pairwise(ordered):
         if b.start < a.end:

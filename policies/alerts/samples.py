@@ -185,6 +185,9 @@ class BudgetSample:
         for field, value in (("spent", self.spent), ("budget", self.budget)):
             if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
                 raise InvalidRequest(field, value, "a finite Decimal >= 0")
+        for field, t in (("period start", self.period_start), ("period end", self.period_end)):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise InvalidRequest(field, repr(t), "whole epoch seconds (int)")
         if self.period_end <= self.period_start:
             raise InvalidRequest(
                 "budget period", f"[{self.period_start}, {self.period_end})", "end > start"

@@ -177,6 +177,10 @@ def test_bad_input_is_rejected() -> None:
         cost_lines([iv("x", "t", "o", Flavor.parse("A100-40GB"), 1, at(1), at(2))], PRICES, [DAY1])
     with pytest.raises(InvalidRequest, match="time"):
         PRICES.schedule("T4").price_at(at(0, day=-31))
+    with pytest.raises(InvalidRequest, match=r"allocation start 1\.5: expected whole epoch"):
+        UsageInterval("a", "w", "t", "o", H100, 1, 1.5, 3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="idle threshold"):
+        cost_lines([], PRICES, [DAY1], idle_threshold_pct=101.0)
 
 
 @given(st.lists(st.integers(min_value=0, max_value=86400), min_size=1, max_size=6))
