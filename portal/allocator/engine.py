@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import TypeVar
 
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
@@ -45,6 +46,7 @@ from portal.store.records import (
 from portal.store.writer import Store
 
 Clock = Callable[[], datetime]
+T = TypeVar("T")
 
 
 def utcnow() -> datetime:
@@ -411,7 +413,18 @@ class Allocator:
 
     @property
     def cluster(self) -> ClusterState:
+        """The live cluster state; read it through ``inspect`` from other threads."""
         return self._cluster
+
+    def inspect(self, read: Callable[[ClusterState], T]) -> T:
+        """Run ``read`` on the cluster state under the allocator's lock, for a consistent view."""
+        with self._lock:
+            return read(self._cluster)
+
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` finished (memory rebuilt from the database and inventory)."""
+        return self._started
 
     @property
     def capacity(self) -> dict[str, int]:

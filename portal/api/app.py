@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from portal.allocator import Allocator
 from portal.api import errors, inventory, queue, quotas, tenants, usage, workloads
@@ -41,10 +42,17 @@ def create_app(alloc: Allocator, authenticator: Authenticator) -> FastAPI:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready", tags=["health"], summary="The allocator answers")
-    def ready(a: Annotated[Allocator, Depends(allocator)]) -> dict[str, str]:
+    @app.get(
+        "/ready",
+        tags=["health"],
+        summary="The allocator has started and answers",
+        responses={503: {"description": "the allocator has not finished starting"}},
+    )
+    def ready(a: Annotated[Allocator, Depends(allocator)]) -> JSONResponse:
+        if not a.started:
+            return JSONResponse({"status": "starting"}, status_code=503)
         # Takes the allocator's lock: a wedged allocator makes this hang, which probes see.
         a.tenants()
-        return {"status": "ready"}
+        return JSONResponse({"status": "ready"})
 
     return app

@@ -25,8 +25,10 @@ def list_nodes(
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
 ) -> Page[NodeOut]:
-    nodes = sorted(alloc.cluster, key=lambda st: st.name)
-    return page.page([convert.node_out(st) for st in nodes])
+    views = alloc.inspect(
+        lambda cluster: [convert.node_out(st) for st in sorted(cluster, key=lambda st: st.name)]
+    )
+    return page.page(views)
 
 
 @router.get(
@@ -40,10 +42,12 @@ def get_node(
     _caller: Annotated[Caller, requires(Scope.INVENTORY_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
 ) -> NodeOut:
-    for st in alloc.cluster:
-        if st.name == node:
-            return convert.node_out(st)
-    raise NotFound("node", node)
+    found = alloc.inspect(
+        lambda cluster: convert.node_out(cluster.nodes[node]) if node in cluster.nodes else None
+    )
+    if found is None:
+        raise NotFound("node", node)
+    return found
 
 
 @router.get("/capacity", response_model=list[CapacityOut], summary="Capacity per flavor")
