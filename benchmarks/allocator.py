@@ -30,6 +30,7 @@ from typing import Any
 from policies import mig
 from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
+from policies.placement.scorers import policy as named_policy
 from policies.requests import DeviceRequest, TopologyRequirement, WorkloadKind, WorkloadRequest
 from policies.topology import LinkClass, Topology
 from portal.allocator import Allocator
@@ -263,7 +264,14 @@ def _fill(alloc: Allocator) -> float:
     return used / max(1, sum(len(n.gpus) for n in alloc._nodes.values()))
 
 
-def run(gpus: int, decisions: int, seed: int, db_url: str | None, workdir: Path) -> dict[str, Any]:
+def run(
+    gpus: int,
+    decisions: int,
+    seed: int,
+    db_url: str | None,
+    workdir: Path,
+    policy_name: str | None = None,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     url = db_url or f"sqlite:///{workdir / 'allocator-bench.db'}"
     nodes = inventory(gpus)
@@ -271,7 +279,9 @@ def run(gpus: int, decisions: int, seed: int, db_url: str | None, workdir: Path)
     clock = Clock()
     store = TimedStore(url)
     try:
-        alloc = Allocator(store, clock=clock)
+        alloc = Allocator(
+            store, clock=clock, policy=named_policy(policy_name) if policy_name else None
+        )
         t0 = time.perf_counter()
         alloc.start(nodes)
         tenants = setup_tenants(alloc, rng)
@@ -373,6 +383,7 @@ def run(gpus: int, decisions: int, seed: int, db_url: str | None, workdir: Path)
                 "cpus": _cpus(),
             },
             "params": {
+                "policy": alloc._policy.name,
                 "gpus": total_gpus,
                 "nodes": len(nodes),
                 "decisions": decisions,
@@ -449,9 +460,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--db-url", default=None, help="default: SQLite in a temporary directory")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--policy", default=None, help="placement policy (default: the allocator's default)"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="allocator-bench-") as tmp:
-        r = run(args.gpus, args.decisions, args.seed, args.db_url, Path(tmp))
+        r = run(args.gpus, args.decisions, args.seed, args.db_url, Path(tmp), args.policy)
     r["command"] = "python -m benchmarks.allocator " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
