@@ -57,16 +57,18 @@ class GpuPortal:
     ``refresh_every``/``drift``: the distribution is re-derived at most every
     ``refresh_every`` requests (and at 1, 2, 4, … before that), and only adopted when it moved
     by more than ``drift`` in total variation — each adoption invalidates cached scores.
+    Defaults measured on openb (10 seeds): half-life 20 000 and drift 0.02 strand 0.10 points
+    less GPU than 4 000 and 0.08 (the mix is learned more accurately).
     """
 
     name = "gpuportal"
 
     def __init__(
         self,
-        half_life: float = 4000.0,
+        half_life: float = 20000.0,
         coverage: float = 0.95,
         refresh_every: int = 1024,
-        drift: float = 0.08,
+        drift: float = 0.02,
         weight_frag: float = 0.8,
         quantum: float = 200.0,
     ) -> None:
