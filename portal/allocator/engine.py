@@ -609,8 +609,8 @@ class Allocator:
         if live.rec.state is WorkloadState.PREEMPTING:
             self._mark_preempting(txn, live, -1)
         for a in list(live.allocations):
-            p = codec.placement_of(a) if a.node not in self._nodes else self._restored_placement(a)
-            if a.node in self._nodes:
+            if a.node in self._nodes:  # a lost node's devices are gone with it
+                p = self._restored_placement(a)
                 self._cluster.unapply(p)
                 txn.undo.append(partial(self._cluster.apply, p))
             self._ledger.remove(a, live.rec)

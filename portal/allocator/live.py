@@ -7,9 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from policies.inventory import Node
-from policies.placement.state import Placement
 from policies.requests import WorkloadRequest
-from portal.allocator import codec
 from portal.store.records import AllocationRecord, ChangeSet, WorkloadRecord
 
 
@@ -25,10 +23,6 @@ class Live:
     note: str | None = None
     # When the devices are expected back (epoch seconds; inf: unknown), for ETAs.
     end_at: float = float("inf")
-
-    @property
-    def placements(self) -> list[Placement]:
-        return [codec.placement_of(a) for a in self.allocations]
 
     @property
     def message(self) -> str:

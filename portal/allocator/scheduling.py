@@ -16,7 +16,7 @@ A cycle, under the allocator's lock:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from policies import fairness, quota
@@ -388,7 +388,3 @@ def queue_position(self: Allocator, workload_id: str) -> tuple[int, int, float |
             tpos = sum(1 for o in ordered[: i + 1] if o.rec.tenant == tenant)
             return i + 1, tpos, self._eta(lv, ordered[:i], self._clock())
     return None
-
-
-def grace(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)
