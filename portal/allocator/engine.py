@@ -430,6 +430,11 @@ class Allocator:
     def capacity(self) -> dict[str, int]:
         return dict(self._capacity)
 
+    @property
+    def store(self) -> Store:
+        """The store the allocator commits to; readers (accounting) use it from any thread."""
+        return self._store
+
     # ================================================================ internals
 
     def _tenant(self, name: str) -> TenantRecord:
