@@ -7,7 +7,7 @@ Every field has a description; ``load_settings`` turns validation failures into
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +56,73 @@ class Settings(BaseSettings):
             "Shared password of the demo users. Unset means a random one, generated once and "
             "kept in <state_dir>/demo-password."
         ),
+    )
+
+    service_ip: str | None = Field(
+        default=None,
+        description=(
+            "Address `gpuportal serve` listens on. Unset: the host of JUPYTERHUB_SERVICE_URL "
+            "when the hub manages the service, else 127.0.0.1."
+        ),
+    )
+    service_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description=(
+            "TCP port of `gpuportal serve`. Unset: the port of JUPYTERHUB_SERVICE_URL, else 8090."
+        ),
+    )
+    service_prefix: str | None = Field(
+        default=None,
+        description=(
+            "URL path the service answers under, e.g. /services/gpuportal/. Unset: "
+            "JUPYTERHUB_SERVICE_PREFIX, else /."
+        ),
+    )
+    inventory: str = Field(
+        default="demo",
+        description=(
+            "Where the GPUs come from: `demo` (the bundled simulated inventory), "
+            "`preset:NAME=COUNT[,NAME=COUNT]` (generated simulated nodes), `file:PATH` (a "
+            "simulated inventory YAML, re-read when it changes), `kubernetes` (the cluster's "
+            "GPU nodes, watched) or `nvml` (this host's GPUs)."
+        ),
+    )
+    tokens_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML file of static API tokens (token -> name, kind, scopes, groups), for "
+            "operators, Prometheus and tests; used before asking the hub."
+        ),
+    )
+    hub_api_url: str | None = Field(
+        default=None,
+        description=(
+            "The hub's API URL used to check tokens. Unset: JUPYTERHUB_API_URL when "
+            "JUPYTERHUB_API_TOKEN is set too (the hub manages the service)."
+        ),
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="Service logs on stderr: JSON lines, or plain text."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Lowest level of service log records written."
+    )
+    tick_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds between allocator ticks (preemption deadlines, queued work that release "
+            "cycles did not retry, ETAs)."
+        ),
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="On SIGTERM, how long in-flight requests may take before they are cut.",
     )
 
     @model_validator(mode="after")
