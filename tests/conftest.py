@@ -1,3 +1,3 @@
 """Shared pytest wiring. Each service fixture lives in its own module under tests/support."""
 
-pytest_plugins: list[str] = ["tests.support.postgres", "tests.support.k8s"]
+pytest_plugins: list[str] = ["tests.support.postgres", "tests.support.k8s", "tests.support.hub"]
