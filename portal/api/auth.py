@@ -39,6 +39,7 @@ class Scope(StrEnum):
     USAGE_READ = PREFIX + "usage:read"
     COST_READ = PREFIX + "cost:read"
     INVENTORY_READ = PREFIX + "inventory:read"
+    METRICS_READ = PREFIX + "metrics:read"
     ADMIN = PREFIX + "admin"
 
 
@@ -51,6 +52,7 @@ SCOPE_HELP: dict[Scope, str] = {
     Scope.USAGE_READ: "read quota usage, borrowing and lending",
     Scope.COST_READ: "read cost and chargeback (no route yet)",
     Scope.INVENTORY_READ: "read nodes, GPUs, MIG layouts, topology and capacity",
+    Scope.METRICS_READ: "scrape the service's Prometheus metrics",
     Scope.ADMIN: "every portal scope",
 }
 

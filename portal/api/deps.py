@@ -50,10 +50,12 @@ class Requires:
 
     def __call__(
         self,
+        request: Request,
         authorization: Annotated[str | None, Security(_token_header)],
         authenticator: Annotated[Authenticator, Depends(_authenticator)],
     ) -> Caller:
         caller = authenticator(token_from_header(authorization))
+        request.state.caller = caller  # for the request log line
         if caller is None:
             raise Unauthorized("unknown or expired token: get a new one from the hub")
         if not caller.holds_any(self.scope):
