@@ -1,0 +1,303 @@
+"""Cost accounting over the store: summaries, chargeback, budgets with burn rate and forecast.
+
+``Accounting`` joins three sources and prices them with ``policies.pricing``:
+- allocation history (``history.usage_intervals``), the only source of allocated time;
+- prices and money budgets (``prices.PriceConfig``);
+- measured utilization, when a source is given (``UtilizationSource``): efficiency and idle
+  spend need it; without one, used GPU-hours, efficiency and idle spend are reported as unknown
+  rather than as zero.
+
+Periods are UTC calendar days or months, or the whole window asked for. Budgets run per calendar
+month (UTC), like the allocator's GPU-hour budgets (``Quota.budget_gpu_hours``).
+"""
+
+from __future__ import annotations
+
+import calendar
+import itertools
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from fractions import Fraction
+from typing import Protocol
+
+from policies.alerts.samples import BudgetSample
+from policies.errors import InvalidRequest
+from policies.pricing import (
+    DEFAULT_IDLE_THRESHOLD_PCT,
+    CostLine,
+    CostTotal,
+    GroupBy,
+    Period,
+    PriceBook,
+    PriceChange,
+    PriceSchedule,
+    UsageInterval,
+    UtilizationSegment,
+    chargeback_csv,
+    cost_lines,
+    projected_spend,
+    totals,
+)
+from portal.accounting.history import epoch_seconds, usage_intervals
+from portal.accounting.prices import PriceConfig
+from portal.store.records import QuotaRecord
+from portal.store.writer import Store
+
+MAX_PERIODS = 1000
+"""Most periods one question may split into (about three years of days)."""
+
+
+class UtilizationSource(Protocol):
+    """Measured utilization of allocations: segments of ``[start, end)`` (epoch s) per
+    allocation id, non-overlapping per allocation. Seconds without a segment are unmeasured."""
+
+    def __call__(
+        self, allocation_ids: Collection[str], start: int, end: int
+    ) -> Iterable[UtilizationSegment]: ...
+
+
+class Step(StrEnum):
+    """How a window is split into periods."""
+
+    WHOLE = "whole"
+    DAY = "day"
+    MONTH = "month"
+
+
+def month_of(at: datetime) -> Period:
+    """The UTC calendar month holding ``at``."""
+    start = datetime(at.year, at.month, 1, tzinfo=UTC)
+    days = calendar.monthrange(at.year, at.month)[1]
+    return Period(epoch_seconds(start), epoch_seconds(start + timedelta(days=days)))
+
+
+def periods(start: datetime, end: datetime, step: Step) -> list[Period]:
+    """``[start, end)`` split at UTC day or month boundaries (the first and last may be partial)."""
+    lo, hi = epoch_seconds(start), epoch_seconds(end)
+    if hi <= lo:
+        raise InvalidRequest(
+            "window", f"{start.isoformat()} .. {end.isoformat()}", "end after start"
+        )
+    if step is Step.WHOLE:
+        return [Period(lo, hi)]
+    cuts = [lo]
+    at = start.astimezone(UTC)
+    while True:
+        if step is Step.DAY:
+            at = datetime(at.year, at.month, at.day, tzinfo=UTC) + timedelta(days=1)
+        else:
+            at = datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)
+        t = epoch_seconds(at)
+        if t >= hi:
+            break
+        cuts.append(t)
+        if len(cuts) > MAX_PERIODS:
+            raise InvalidRequest(
+                "window",
+                f"{start.isoformat()} .. {end.isoformat()} by {step}",
+                f"at most {MAX_PERIODS} periods",
+            )
+    cuts.append(hi)
+    return [Period(a, b) for a, b in itertools.pairwise(cuts)]
+
+
+@dataclass(frozen=True, slots=True)
+class CostReport:
+    """Exact cost lines of a window and what they rest on."""
+
+    periods: tuple[Period, ...]
+    lines: tuple[CostLine, ...]
+    currency: str
+    measured: bool  # a utilization source was asked; used hours, efficiency, idle are known
+    unpriced_models: tuple[str, ...]  # allocated but without a price: counted at 0
+
+    def grouped(self, by: Sequence[GroupBy]) -> dict[tuple[str, ...], CostTotal]:
+        return totals(self.lines, by)
+
+    def total(self) -> CostTotal:
+        return totals(self.lines, ()).get(
+            (), CostTotal(Fraction(0), Fraction(0), Fraction(0), Fraction(0))
+        )
+
+
+class BudgetKind(StrEnum):
+    MONEY = "money"  # a tenant's monthly amount, from the pricing configuration
+    GPU_HOURS = "gpu_hours"  # a quota's GPU-equivalent-hours per month
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """A budget in the current month: spent so far, burn rate and forecast to the month's end.
+
+    Amounts are in the currency (money) or GPU-equivalent-hours (gpu_hours), exact.
+    """
+
+    tenant: str
+    flavor: str | None  # the quota's flavor for gpu_hours budgets
+    kind: BudgetKind
+    period: Period
+    budget: Fraction
+    spent: Fraction
+    burn_per_hour: Fraction  # spent / elapsed hours
+    projected: Fraction  # spent / elapsed x period length
+    exhausted_at: int | None  # when the budget runs out at this rate (epoch s), if in the period
+
+    @property
+    def over(self) -> bool:
+        return self.projected > self.budget
+
+
+class Accounting:
+    """Prices the allocation history of ``store``. Safe to share between threads (it keeps no
+    state of its own; the store is thread-safe)."""
+
+    def __init__(
+        self,
+        store: Store,
+        prices: PriceConfig | None = None,
+        *,
+        utilization: UtilizationSource | None = None,
+        idle_threshold_pct: float = DEFAULT_IDLE_THRESHOLD_PCT,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.store = store
+        self.prices = prices or PriceConfig()
+        self.utilization = utilization
+        self.idle_threshold_pct = idle_threshold_pct
+        self.clock = clock
+
+    def report(
+        self,
+        start: datetime,
+        end: datetime,
+        step: Step = Step.WHOLE,
+        tenants: Collection[str] | None = None,
+    ) -> CostReport:
+        """Cost lines of ``[start, end)`` split by ``step``, for ``tenants`` (None: all)."""
+        chosen = periods(start, end, step)
+        intervals = usage_intervals(self.store, start, end, self.clock(), tenants)
+        book, unpriced = self._book_for(intervals)
+        segments: list[UtilizationSegment] = []
+        if self.utilization is not None and intervals:
+            ids = {iv.allocation_id for iv in intervals}
+            segments = list(self.utilization(ids, chosen[0].start, chosen[-1].end))
+        lines = cost_lines(intervals, book, chosen, segments, self.idle_threshold_pct)
+        return CostReport(
+            periods=tuple(chosen),
+            lines=tuple(lines),
+            currency=self.prices.currency,
+            measured=self.utilization is not None,
+            unpriced_models=unpriced,
+        )
+
+    def chargeback(
+        self, start: datetime, end: datetime, step: Step, tenants: Collection[str] | None = None
+    ) -> str:
+        """The chargeback CSV of the window (see ``policies.pricing.chargeback_csv``)."""
+        report = self.report(start, end, step, tenants)
+        return chargeback_csv(report.lines, report.currency)
+
+    def budgets(
+        self, quotas: Iterable[QuotaRecord], tenants: Collection[str] | None = None
+    ) -> list[BudgetStatus]:
+        """Every money budget (configured per tenant) and GPU-hour budget (on ``quotas``) of
+        ``tenants`` (None: all) in the current UTC month, tenants in name order."""
+        now = self.clock()
+        month = month_of(now)
+        now_s = min(max(epoch_seconds(now), month.start + 1), month.end)
+        gpu = [
+            q
+            for q in quotas
+            if q.budget_gpu_hours is not None and (tenants is None or q.tenant in tenants)
+        ]
+        money = {t: b for t, b in self.prices.budgets.items() if tenants is None or t in tenants}
+        if not gpu and not money:
+            return []
+        start = datetime.fromtimestamp(month.start, UTC)
+        report = self.report(start, datetime.fromtimestamp(now_s, UTC), Step.WHOLE, tenants)
+        by_tenant = report.grouped((GroupBy.TENANT,))
+        by_flavor = report.grouped((GroupBy.TENANT, GroupBy.FLAVOR))
+        zero = CostTotal(Fraction(0), Fraction(0), Fraction(0), Fraction(0))
+        out = [
+            _status(
+                t, None, BudgetKind.MONEY, month, now_s, Fraction(b), by_tenant.get((t,), zero).cost
+            )
+            for t, b in money.items()
+        ]
+        for q in gpu:
+            assert q.budget_gpu_hours is not None
+            spent = by_flavor.get((q.tenant, q.flavor), zero).allocated_gpu_hours
+            out.append(
+                _status(
+                    q.tenant,
+                    q.flavor,
+                    BudgetKind.GPU_HOURS,
+                    month,
+                    now_s,
+                    Fraction(q.budget_gpu_hours),
+                    spent,
+                )
+            )
+        return sorted(out, key=lambda b: (b.tenant, b.kind, b.flavor or ""))
+
+    def budget_samples(self, tenants: Collection[str] | None = None) -> list[BudgetSample]:
+        """Money budgets as the alert engine's samples (rule ``budget_burn``)."""
+        now = self.clock()
+        return [
+            BudgetSample(
+                tenant=b.tenant,
+                at=now.timestamp(),
+                spent=_decimal(b.spent),
+                budget=_decimal(b.budget),
+                period_start=b.period.start,
+                period_end=b.period.end,
+            )
+            for b in self.budgets((), tenants)
+        ]
+
+    def _book_for(self, intervals: Iterable[UsageInterval]) -> tuple[PriceBook, tuple[str, ...]]:
+        """The configured prices, plus a price of 0 for allocated models without one (so their
+        GPU-hours still count), and those models' names."""
+        book = self.prices.book
+        missing = sorted({iv.flavor.model for iv in intervals} - set(book.schedules))
+        if not missing:
+            return book, ()
+        free = {m: PriceSchedule(m, (PriceChange(0, Decimal(0)),)) for m in missing}
+        return PriceBook({**book.schedules, **free}), tuple(missing)
+
+
+def _status(
+    tenant: str,
+    flavor: str | None,
+    kind: BudgetKind,
+    month: Period,
+    now_s: int,
+    budget: Fraction,
+    spent: Fraction,
+) -> BudgetStatus:
+    elapsed = now_s - month.start
+    rate_per_s = spent / elapsed
+    exhausted: int | None = None
+    if rate_per_s > 0:
+        # At a steady rate the budget runs out after budget / rate seconds of the month.
+        t = month.start + budget / rate_per_s
+        if t < month.end:
+            exhausted = int(t)
+    return BudgetStatus(
+        tenant=tenant,
+        flavor=flavor,
+        kind=kind,
+        period=month,
+        budget=budget,
+        spent=spent,
+        burn_per_hour=rate_per_s * 3600,
+        projected=projected_spend(spent, month, now_s),
+        exhausted_at=exhausted,
+    )
+
+
+def _decimal(x: Fraction) -> Decimal:
+    return Decimal(x.numerator) / Decimal(x.denominator)

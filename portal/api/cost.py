@@ -1,0 +1,243 @@
+"""``/api/v1/cost``: cost by tenant, owner, flavor and period; chargeback CSV; budgets.
+
+Every route needs ``cost:read``; a caller holding it filtered (``!group=team-a``) sees only
+those tenants, unfiltered (leadership, platform admins) sees every tenant, including tenants
+deleted since their allocations ran. Money is a decimal string in whole cents, rounded half to
+even from exact sums (``docs/cost.md``).
+
+The routes price with ``app.state.accounting`` (a ``portal.accounting.Accounting``; set it with
+``use_accounting``); without one they use the allocator's store with no prices, so GPU-hours
+still show and every model is listed as unpriced.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.errors import InvalidRequest
+from policies.pricing import CostTotal, GroupBy, to_cents
+from portal.accounting.service import Accounting, BudgetStatus, Step, month_of
+from portal.allocator import Allocator
+from portal.api.auth import Caller, Scope
+from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
+from portal.api.errors import ERROR_RESPONSES
+from portal.api.schemas import Page
+
+router = APIRouter(prefix="/cost", tags=["cost"], responses=ERROR_RESPONSES)
+
+EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(2999, 1, 1, tzinfo=UTC)
+_MONEY = r"^-?\d+\.\d{2}$"
+
+
+def use_accounting(app: FastAPI, accounting: Accounting) -> None:
+    """Price the app's cost routes with ``accounting`` (prices, budgets, utilization, clock)."""
+    app.state.accounting = accounting
+
+
+def _accounting(request: Request, alloc: Annotated[Allocator, Depends(allocator)]) -> Accounting:
+    acc: Accounting | None = getattr(request.app.state, "accounting", None)
+    return acc if acc is not None else Accounting(alloc.store)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CostGroupOut(_Model):
+    tenant: str | None = Field(description="The tenant; null when not grouped by tenant.")
+    owner: str | None = Field(description="The user; null when not grouped by owner.")
+    flavor: str | None = Field(description="The flavor; null when not grouped by flavor.")
+    period_start: datetime | None = Field(
+        description="Start of the period (UTC); null when not grouped by period."
+    )
+    allocated_gpu_hours: float = Field(ge=0, description="GPU-equivalent-hours held.")
+    used_gpu_hours: float | None = Field(
+        description="Allocated GPU-hours x measured utilization; null without utilization data."
+    )
+    efficiency: float | None = Field(
+        description="Used / allocated; null without utilization data or allocation."
+    )
+    cost: str = Field(pattern=_MONEY, description="In `currency`, whole cents.")
+    idle_cost: str | None = Field(
+        pattern=_MONEY,
+        description="Cost of seconds below the idle threshold; null without utilization data.",
+    )
+
+
+class CostSummaryOut(_Model):
+    start: datetime = Field(description="Start of the window (UTC), inclusive.")
+    end: datetime = Field(description="End of the window (UTC), exclusive.")
+    currency: str
+    group_by: list[GroupBy]
+    measured: bool = Field(description="Utilization data was available.")
+    unpriced_models: list[str] = Field(
+        description="GPU models allocated in the window without a configured price; counted at 0."
+    )
+    groups: list[CostGroupOut] = Field(description="Sorted by their keys.")
+    total: CostGroupOut = Field(description="Every visible tenant together (keys null).")
+
+
+class BudgetOut(_Model):
+    tenant: str
+    flavor: str | None = Field(
+        description="The quota's flavor (gpu_hours budgets); null for money."
+    )
+    kind: str = Field(description="`money` (in `currency`) or `gpu_hours` (GPU-equivalent-hours).")
+    period_start: datetime = Field(description="The budget month's start (UTC).")
+    period_end: datetime = Field(description="The budget month's end (UTC), exclusive.")
+    budget: float = Field(ge=0)
+    spent: float = Field(ge=0, description="Spent this month so far.")
+    burn_per_hour: float = Field(ge=0, description="Spent / hours elapsed this month.")
+    projected: float = Field(ge=0, description="Spent at the month's end at the rate so far.")
+    over: bool = Field(description="Projected above budget.")
+    exhausted_at: datetime | None = Field(
+        description="When the budget runs out at this rate; null when not within the month."
+    )
+
+
+def _window(
+    start: datetime | None, end: datetime | None, now: datetime
+) -> tuple[datetime, datetime]:
+    """The window asked for; naive times are UTC; defaults: this month (UTC) until now."""
+    lo = _utc(start) if start is not None else datetime.fromtimestamp(month_of(now).start, UTC)
+    hi = _utc(end) if end is not None else now
+    for name, value in (("start", lo), ("end", hi)):
+        if not EARLIEST <= value <= LATEST:
+            raise InvalidRequest(
+                name, value.isoformat(), f"between {EARLIEST.date()} and {LATEST.date()}"
+            )
+    if hi <= lo:
+        raise InvalidRequest("end", hi.isoformat(), f"after start {lo.isoformat()}")
+    return lo, hi
+
+
+def _utc(at: datetime) -> datetime:
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def _money(x: Fraction) -> str:
+    return str(to_cents(x))
+
+
+def _group(keys: dict[GroupBy, str], t: CostTotal, measured: bool) -> CostGroupOut:
+    period = keys.get(GroupBy.PERIOD)
+    return CostGroupOut(
+        tenant=keys.get(GroupBy.TENANT),
+        owner=keys.get(GroupBy.OWNER),
+        flavor=keys.get(GroupBy.FLAVOR),
+        period_start=None if period is None else datetime.fromtimestamp(int(period), UTC),
+        allocated_gpu_hours=float(t.allocated_gpu_hours),
+        used_gpu_hours=float(t.used_gpu_hours) if measured else None,
+        efficiency=t.efficiency if measured else None,
+        cost=_money(t.cost),
+        idle_cost=_money(t.idle_cost) if measured else None,
+    )
+
+
+Start = Annotated[
+    datetime | None,
+    Query(description="Window start (ISO 8601; naive is UTC). Default: this month's start."),
+]
+End = Annotated[datetime | None, Query(description="Window end, exclusive. Default: now.")]
+TenantFilter = Annotated[str | None, Query(max_length=63, description="Only this tenant.")]
+
+
+@router.get(
+    "", response_model=CostSummaryOut, summary="Cost grouped by tenant, owner, flavor, period"
+)
+def cost_summary(
+    caller: Annotated[Caller, requires(Scope.COST_READ)],
+    acc: Annotated[Accounting, Depends(_accounting)],
+    start: Start = None,
+    end: End = None,
+    step: Annotated[
+        Step, Query(description="Periods: whole window, UTC days or months.")
+    ] = Step.WHOLE,
+    group_by: Annotated[
+        list[GroupBy] | None,
+        Query(max_length=4, description="Keys to group by (repeat). Default: tenant."),
+    ] = None,
+    tenant: TenantFilter = None,
+) -> CostSummaryOut:
+    shown = visible_tenants(caller, Scope.COST_READ, tenant)
+    lo, hi = _window(start, end, acc.clock())
+    by = list(dict.fromkeys(group_by or [GroupBy.TENANT]))
+    report = acc.report(lo, hi, step, shown)
+    groups = [
+        _group(dict(zip(by, key, strict=True)), t, report.measured)
+        for key, t in sorted(report.grouped(by).items())
+    ]
+    return CostSummaryOut(
+        start=lo,
+        end=hi,
+        currency=report.currency,
+        group_by=by,
+        measured=report.measured,
+        unpriced_models=list(report.unpriced_models),
+        groups=groups,
+        total=_group({}, report.total(), report.measured),
+    )
+
+
+@router.get(
+    "/chargeback",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/csv": {"schema": {"type": "string"}}}, "description": "CSV"}
+    },
+    summary="Chargeback CSV: one row per period, tenant, owner and flavor",
+)
+def chargeback(
+    caller: Annotated[Caller, requires(Scope.COST_READ)],
+    acc: Annotated[Accounting, Depends(_accounting)],
+    start: Start = None,
+    end: End = None,
+    step: Annotated[
+        Step, Query(description="Periods: whole window, UTC days or months.")
+    ] = Step.DAY,
+    tenant: TenantFilter = None,
+) -> Response:
+    shown = visible_tenants(caller, Scope.COST_READ, tenant)
+    lo, hi = _window(start, end, acc.clock())
+    text = acc.chargeback(lo, hi, step, shown)
+    name = f"chargeback-{lo:%Y%m%dT%H%M%SZ}-{hi:%Y%m%dT%H%M%SZ}.csv"
+    return Response(
+        text,
+        media_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
+@router.get("/budgets", response_model=Page[BudgetOut], summary="Budgets: burn rate and forecast")
+def budgets(
+    caller: Annotated[Caller, requires(Scope.COST_READ)],
+    acc: Annotated[Accounting, Depends(_accounting)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    page: Annotated[Paging, Depends(paging)],
+    tenant: TenantFilter = None,
+) -> Page[BudgetOut]:
+    shown = visible_tenants(caller, Scope.COST_READ, tenant)
+    return page.page([_budget(b) for b in acc.budgets(alloc.quotas(), shown)])
+
+
+def _budget(b: BudgetStatus) -> BudgetOut:
+    return BudgetOut(
+        tenant=b.tenant,
+        flavor=b.flavor,
+        kind=b.kind.value,
+        period_start=datetime.fromtimestamp(b.period.start, UTC),
+        period_end=datetime.fromtimestamp(b.period.end, UTC),
+        budget=float(b.budget),
+        spent=float(b.spent),
+        burn_per_hour=float(b.burn_per_hour),
+        projected=float(b.projected),
+        over=b.over,
+        exhausted_at=None
+        if b.exhausted_at is None
+        else datetime.fromtimestamp(b.exhausted_at, UTC),
+    )
