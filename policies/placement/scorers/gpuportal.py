@@ -11,16 +11,21 @@ whole GPUs, each slot for MIG) and keeps the best:
    cluster's fixed order, which packs load onto a stable prefix of nodes and keeps the rest
    whole for large requests (measured on openb: finer steps, down to FGD's ~40 milli, and
    coarser ones, 500, both strand more GPU).
-2. **Topology**: multi-GPU options are weighted by the weakest link of the chosen set
-   (``TopologyFit``); the device chooser already picks the best-connected set on each node.
+2. **Topology**, ahead of fragmentation for multi-GPU options: they rank by the weakest link of
+   the set the device chooser picked on the node (NVSwitch > NVLink > PCIe switch > … > cross
+   socket), then by whether the set sits on one socket (NUMA node); fragmentation only orders
+   options of equal rank. A better link or a one-socket set is never traded for less stranded
+   capacity (measured on the topology benchmark: 100 % of multi-GPU requests on the best free
+   link class, none split across sockets while an as-well-linked one-socket set was free).
 3. **MIG**: an instance goes where the parent's remaining free slots still fit the most of
    the recently seen MIG profiles (weighted by frequency), existing instances before new ones.
 
-Score = ``100 · (0.8 · frag + 0.2 · topology)`` with ``frag = sigmoid(Δ / 1000)`` in (0, 1)
-and topology in (0, 1] (1 for single devices). Example: on a node with free shares
-(1000, 300) against {0.5 GPU: 1}, a 0.2 share on GPU 1 leaves (1000, 100): F goes 300 → 100,
-Δ = 200, score = 100 · (0.8 · sigmoid(0.2) + 0.2) = 63.99; on GPU 0 it leaves (800, 300): F
-stays 300, Δ = 0, score = 100 · (0.8 · 0.5 + 0.2) = 60 — GPU 1 wins.
+Single devices score ``100 · (0.8 · frag + 0.2)`` with ``frag = sigmoid(Δ / 1000)`` in (0, 1);
+multi-GPU options ``100 · (0.95 · rank / 13 + 0.05 · frag)`` with ``rank = 2 · link class +
+one-socket`` (at most 2 · 6 + 1 = 13). Example: on a node with free shares (1000, 300) against
+{0.5 GPU: 1}, a 0.2 share on GPU 1 leaves (1000, 100): F goes 300 → 100, Δ = 200, score =
+100 · (0.8 · sigmoid(0.2) + 0.2) = 63.99; on GPU 0 it leaves (800, 300): F stays 300, Δ = 0,
+score = 100 · (0.8 · 0.5 + 0.2) = 60 — GPU 1 wins.
 """
 
 from __future__ import annotations
@@ -43,6 +48,13 @@ PRIOR: tuple[tuple[Shape, float], ...] = (
     (Shape(0, MILLI_PER_GPU, 4), 0.1),
     (Shape(0, MILLI_PER_GPU, 8), 0.1),
 )
+
+
+# Multi-GPU options rank by 2 · link class + one-socket (at most 2 · NVSWITCH + 1 = 13);
+# fragmentation only orders options of equal rank: its weight is below one rank step,
+# 0.05 < (1 - 0.05) / 13.
+_RANKS = 2 * int(LinkClass.NVSWITCH) + 1
+_FRAG_TIEBREAK = 0.05
 
 
 def _sigmoid(x: float) -> float:
@@ -161,11 +173,16 @@ class GpuPortal:
         if self.quantum > 0:
             delta = self.quantum * round(delta / self.quantum)
         frag = _sigmoid(delta / 1000.0)
-        topo = 1.0
-        if len(option.gpus) > 1:
-            worst = st.node.link_topology.worst_link(option.gpus)
-            topo = int(worst) / int(LinkClass.NVSWITCH)
-        return 100.0 * (self.weight_frag * frag + (1 - self.weight_frag) * topo)
+        if len(option.gpus) == 1:
+            return 100.0 * (self.weight_frag * frag + (1 - self.weight_frag))
+        # Multi-GPU: link class first, then "on one socket", then fragmentation. The rank
+        # steps (1/_RANKS of the range) are wider than the whole fragmentation term, so no
+        # fragmentation gain buys a worse link or a socket split.
+        topo = st.node.link_topology
+        worst = topo.worst_link(option.gpus)
+        one_socket = len({topo.numa[g] for g in option.gpus}) == 1
+        rank = (2 * int(worst) + int(one_socket)) / _RANKS
+        return 100.0 * ((1 - _FRAG_TIEBREAK) * rank + _FRAG_TIEBREAK * frag)
 
     def score_node(
         self,

@@ -213,3 +213,62 @@ def test_random_is_reproducible_with_the_injected_generator() -> None:
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+
+
+def _topo_cluster() -> ClusterState:
+    """``hgx``: 8 GPUs on NVSwitch, NUMA 0 = GPUs 0-3, NUMA 1 = 4-7; ``pair``: two GPUs on one
+    NVLink bridge (one socket)."""
+    from policies.topology import LinkClass, Topology
+
+    hgx = Node(
+        "hgx",
+        tuple(GPU(i, "H100-80GB", 81_920) for i in range(8)),
+        64_000,
+        512_000,
+        topology=Topology.uniform(8, LinkClass.NVSWITCH, numa=[0, 0, 0, 0, 1, 1, 1, 1]),
+    )
+    pair = Node(
+        "pair",
+        tuple(GPU(i, "H100-80GB", 81_920) for i in range(2)),
+        64_000,
+        512_000,
+        topology=Topology.uniform(2, LinkClass.NVLINK, numa=[0, 0]),
+    )
+    return ClusterState([hgx, pair])
+
+
+def test_gpuportal_ranks_link_class_before_fragmentation() -> None:
+    # Filling the NVLink pair strands nothing (Δ > 0 for 2-GPU shapes there), taking two of
+    # the HGX board's eight leaves six: fragmentation alone prefers the pair. Rank: NVSwitch on
+    # one socket = 2·6 + 1 = 13, NVLink on one socket = 2·5 + 1 = 11; 0.95 · 2/13 = 14.6
+    # points of rank outweigh at most 5 points of fragmentation.
+    cl = _topo_cluster()
+    gp = GpuPortal(refresh_every=1)
+    for _ in range(4):
+        gp.observe(whole(2, 0), None)
+    two = whole(2, 0)
+    on_hgx = Placement("hgx", gpus=(0, 1))
+    on_pair = Placement("pair", gpus=(0, 1))
+    s_hgx = gp.score(two, cl.node("hgx"), on_hgx, cl)
+    s_pair = gp.score(two, cl.node("pair"), on_pair, cl)
+    assert s_hgx == pytest.approx(100 * (0.95 * 13 / 13 + 0.05 * 0.5), abs=2.5)
+    assert s_hgx > s_pair
+    got = place(two, cl, Policy("gpuportal", [(gp, 1.0)]))
+    assert not isinstance(got, NoFit)
+    assert (got.node, got.gpus) == ("hgx", (0, 1))
+
+
+def test_gpuportal_keeps_a_multi_gpu_set_on_one_socket_when_a_node_can() -> None:
+    # Board A has one free GPU per socket (a 2-set must split), board B three on socket 1.
+    board = _topo_cluster().node("hgx").node
+    cl2 = ClusterState([board, Node("hgx-b", board.gpus, 64_000, 512_000, board.topology)])
+    cl2.apply(Placement("hgx", gpus=(0, 1, 2, 4, 5, 6), milli=1000))
+    cl2.apply(Placement("hgx-b", gpus=(0, 1, 2, 3, 4), milli=1000))
+    gp = GpuPortal(refresh_every=1)
+    two = whole(2, 0)
+    split = gp.score(two, cl2.node("hgx"), Placement("hgx", gpus=(3, 7)), cl2)
+    kept = gp.score(two, cl2.node("hgx-b"), Placement("hgx-b", gpus=(5, 6)), cl2)
+    assert kept > split
+    got = place(two, cl2, Policy("gpuportal", [(gp, 1.0)]))
+    assert not isinstance(got, NoFit)
+    assert got.node == "hgx-b"
