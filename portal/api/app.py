@@ -14,16 +14,24 @@ from fastapi.responses import JSONResponse
 
 from portal.allocator import Allocator
 from portal.api import errors, inventory, queue, quotas, tenants, usage, workloads
+from portal.api import metrics as service_metrics
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator
+from portal.api.metrics import RequestObserver, ServiceMetrics
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
 """Paths answered without a token; every other route must declare a scope."""
 
 
-def create_app(alloc: Allocator, authenticator: Authenticator) -> FastAPI:
-    """The portal API over a started ``Allocator``, authenticating with ``authenticator``."""
+def create_app(
+    alloc: Allocator, authenticator: Authenticator, *, metrics: ServiceMetrics | None = None
+) -> FastAPI:
+    """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
+
+    ``metrics`` (default: new ones over ``alloc``) are served at ``/metrics``; the service
+    passes its own so the allocator's commits can count decisions into them.
+    """
     app = FastAPI(
         title="gpuportal",
         version="1",
@@ -34,9 +42,12 @@ def create_app(alloc: Allocator, authenticator: Authenticator) -> FastAPI:
     )
     app.state.allocator = alloc
     app.state.authenticator = authenticator
+    app.state.metrics = metrics or ServiceMetrics(alloc)
+    app.add_middleware(RequestObserver, metrics=app.state.metrics)
     errors.install(app)
     for module in (tenants, quotas, workloads, queue, usage, inventory):
         app.include_router(module.router, prefix=PREFIX)
+    app.include_router(service_metrics.router)
 
     @app.get("/health", tags=["health"], summary="The process answers")
     def health() -> dict[str, str]:
