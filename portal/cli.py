@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from policies.errors import PortalError
+from portal.service import command as service_command
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ip", default=None, help="public address (default: GPUPORTAL_DEMO_IP or 127.0.0.1)"
     )
     demo_cmd.set_defaults(handler=_demo)
+    service_command.register(commands)
     return parser
 
 

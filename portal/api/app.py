@@ -17,7 +17,7 @@ from portal.api import cost, errors, inventory, queue, quotas, tenants, usage, w
 from portal.api import metrics as service_metrics
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator
-from portal.api.metrics import RequestObserver, ServiceMetrics
+from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
@@ -43,7 +43,7 @@ def create_app(
     app.state.allocator = alloc
     app.state.authenticator = authenticator
     app.state.metrics = metrics or ServiceMetrics(alloc)
-    app.add_middleware(RequestObserver, metrics=app.state.metrics)
+    app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
     for module in (tenants, quotas, workloads, queue, usage, inventory, cost):
         app.include_router(module.router, prefix=PREFIX)

@@ -17,13 +17,14 @@ scope; Prometheus sends the token as ``Authorization: Bearer <t>``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -133,14 +134,52 @@ class AllocatorCollector(Collector):
         )
 
 
+class RouteTemplates:
+    """Maps a request path to its route's template (``/api/v1/workloads/{workload_id}``),
+    read from the app's OpenAPI document on first use — so every documented route, included
+    routers and all, gets its own label without depending on the router's internals."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._compiled: list[tuple[re.Pattern[str], str]] | None = None
+
+    def match(self, path: str) -> str:
+        if self._compiled is None:
+            self._compiled = self._compile()
+        for pattern, template in self._compiled:
+            if pattern.fullmatch(path):
+                return template
+        return UNMATCHED
+
+    def _compile(self) -> list[tuple[re.Pattern[str], str]]:
+        templates = list(self._app.openapi().get("paths", {}))
+        templates += [u for u in (self._app.openapi_url, self._app.docs_url) if u]
+        # Most literal segments first: /tenants/{t}/quotas/{f} before /tenants/{t}.
+        templates.sort(key=lambda t: (-sum(1 for s in t.split("/") if "{" not in s), t))
+        return [(self._regex(t), t) for t in templates]
+
+    @staticmethod
+    def _regex(template: str) -> re.Pattern[str]:
+        parts = re.split(r"(\{[^}]+\})", template)
+        out = []
+        for i, part in enumerate(parts):
+            if part.startswith("{"):
+                # A trailing parameter may hold slashes (flavors like H100-80GB/3g.40gb).
+                out.append(".+" if i == len(parts) - 2 and not parts[-1] else "[^/]+")
+            else:
+                out.append(re.escape(part))
+        return re.compile("".join(out))
+
+
 class RequestObserver:
     """ASGI middleware: times each HTTP request, records it by route template, counts refused
     allocation requests, and writes one log line with method, route, status, duration_ms and
     caller."""
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, templates: RouteTemplates) -> None:
         self.app = app
         self.metrics = metrics
+        self.templates = templates
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -161,7 +200,9 @@ class RequestObserver:
             self._observe(scope, status, time.perf_counter() - began)
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
-        route = getattr(scope.get("route"), "path", None) or UNMATCHED
+        path = str(scope.get("path", ""))
+        root = str(scope.get("root_path", ""))
+        route = self.templates.match(path[len(root) :] if root and path.startswith(root) else path)
         method = str(scope.get("method", ""))
         self.metrics.request_seconds.labels(method, route, str(status)).observe(seconds)
         if (method, route) == ALLOCATING_ROUTE and 400 <= status < 500 and status != 401:
@@ -170,7 +211,7 @@ class RequestObserver:
         fields = {
             "method": method,
             "route": route,
-            "path": scope.get("path", ""),
+            "path": path,
             "status": status,
             "duration_ms": round(seconds * 1000, 3),
             "caller": caller.name if isinstance(caller, Caller) else None,

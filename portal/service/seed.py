@@ -1,0 +1,178 @@
+"""Seed files: tenants and their quotas per flavor, applied idempotently when the service starts.
+
+::
+
+    tenants:
+      team-a:
+        cohort: research          # optional
+        weight: 1.0               # optional, default 1.0
+        pools: [a100-pool]        # optional
+        quotas:
+          H100-80GB: {guaranteed: 2, limit: 4}
+          H100-80GB/3g.40gb: {guaranteed: 0, limit: 7, budget_gpu_hours: 100}
+
+The whole file is checked before anything is applied. Applying changes only what differs, so
+running it at every start leaves edits made since through the API alone unless the file sets
+the same tenant or quota to other values (the file wins for what it names).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policies.errors import InvalidRequest, PortalError
+from policies.flavors import Flavor
+from portal.allocator import Allocator
+
+log = logging.getLogger(__name__)
+
+_TENANT_KEYS = frozenset({"cohort", "weight", "pools", "quotas"})
+_QUOTA_KEYS = frozenset({"guaranteed", "limit", "budget_gpu_hours"})
+
+
+@dataclass(frozen=True, slots=True)
+class SeedQuota:
+    flavor: str
+    guaranteed: int
+    limit: int
+    budget_gpu_hours: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SeedTenant:
+    name: str
+    cohort: str | None
+    weight: float
+    pools: tuple[str, ...]
+    quotas: tuple[SeedQuota, ...]
+
+
+def load(path: Path) -> list[SeedTenant]:
+    """Read and check a seed file.
+
+    Raises:
+        InvalidRequest: the file is missing, not YAML, or a value is malformed (named by its
+            place in the file).
+    """
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InvalidRequest("seed file", str(path), f"a readable file ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidRequest("seed file", str(path), f"valid YAML ({exc})") from exc
+    return parse(doc, str(path))
+
+
+def parse(doc: object, where: str) -> list[SeedTenant]:
+    if not isinstance(doc, Mapping) or set(doc) != {"tenants"}:
+        raise InvalidRequest(where, _short(doc), "a mapping with one key, tenants")
+    tenants = doc["tenants"]
+    if not isinstance(tenants, Mapping):
+        raise InvalidRequest(f"{where}: tenants", _short(tenants), "a mapping name -> tenant")
+    return [
+        _tenant(str(name), body or {}, f"{where}: tenants.{name}") for name, body in tenants.items()
+    ]
+
+
+def _tenant(name: str, body: object, here: str) -> SeedTenant:
+    if not isinstance(body, Mapping) or not set(body) <= _TENANT_KEYS:
+        raise InvalidRequest(
+            here, _short(body), "a mapping with " + ", ".join(sorted(_TENANT_KEYS))
+        )
+    weight = body.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        raise InvalidRequest(f"{here}.weight", repr(weight), "a number > 0")
+    pools = body.get("pools") or []
+    if not isinstance(pools, list) or not all(isinstance(p, str) for p in pools):
+        raise InvalidRequest(f"{here}.pools", repr(pools), "a list of pool names")
+    cohort = body.get("cohort")
+    if cohort is not None and not isinstance(cohort, str):
+        raise InvalidRequest(f"{here}.cohort", repr(cohort), "a cohort name")
+    quotas = body.get("quotas") or {}
+    if not isinstance(quotas, Mapping):
+        raise InvalidRequest(f"{here}.quotas", _short(quotas), "a mapping flavor -> quota")
+    return SeedTenant(
+        name,
+        cohort,
+        float(weight),
+        tuple(sorted(set(pools))),
+        tuple(_quota(str(fl), q, f"{here}.quotas.{fl}") for fl, q in quotas.items()),
+    )
+
+
+def _quota(flavor: str, body: object, here: str) -> SeedQuota:
+    if not isinstance(body, Mapping) or not {"guaranteed", "limit"} <= set(body) <= _QUOTA_KEYS:
+        raise InvalidRequest(here, _short(body), "{guaranteed: N, limit: M[, budget_gpu_hours: H]}")
+    values: dict[str, Any] = {}
+    for key in ("guaranteed", "limit"):
+        v = body[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidRequest(f"{here}.{key}", repr(v), "an integer")
+        values[key] = v
+    budget = body.get("budget_gpu_hours")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)):
+        raise InvalidRequest(f"{here}.budget_gpu_hours", repr(budget), "a number or null")
+    try:
+        name = str(Flavor.parse(flavor))
+    except PortalError as exc:
+        raise InvalidRequest(here, repr(flavor), f"a flavor name ({exc.message})") from exc
+    return SeedQuota(
+        name, values["guaranteed"], values["limit"], None if budget is None else float(budget)
+    )
+
+
+def apply(allocator: Allocator, tenants: list[SeedTenant]) -> int:
+    """Create or change what differs; returns how many tenants and quotas changed.
+
+    Raises:
+        PortalError: the allocator refused a value (unknown flavor, limit below guaranteed,
+            ...); what was applied before it stays.
+    """
+    changed = 0
+    current = {t.name: t for t in allocator.tenants()}
+    for seed in tenants:
+        old = current.get(seed.name)
+        if old is None or (old.cohort, old.weight, old.pools) != (
+            seed.cohort,
+            seed.weight,
+            seed.pools,
+        ):
+            allocator.set_tenant(
+                seed.name,
+                cohort=seed.cohort,
+                weight=seed.weight,
+                pools=seed.pools,
+                expected_version=old.version if old else 0,
+            )
+            changed += 1
+        quotas = {q.flavor: q for q in allocator.quotas(seed.name)}
+        for q in seed.quotas:
+            have = quotas.get(q.flavor)
+            if have is not None and (have.guaranteed, have.limit, have.budget_gpu_hours) == (
+                q.guaranteed,
+                q.limit,
+                q.budget_gpu_hours,
+            ):
+                continue
+            allocator.set_quota(
+                seed.name,
+                q.flavor,
+                guaranteed=q.guaranteed,
+                limit=q.limit,
+                budget_gpu_hours=q.budget_gpu_hours,
+                expected_version=have.version if have else None,
+            )
+            changed += 1
+    log.info("seed applied: %d change(s)", changed, extra={"fields": {"changes": changed}})
+    return changed
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

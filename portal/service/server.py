@@ -1,0 +1,201 @@
+"""``gpuportal serve``: the portal service process.
+
+Start-up, in order: read where to listen and who may call (fail fast, before touching the
+database); open the store; take the inventory's snapshot; start the allocator on it (memory
+rebuilt from the database); apply the seed file; build the API; start the loops; serve.
+
+Shutdown on SIGTERM or SIGINT: uvicorn stops accepting connections and waits (up to
+``shutdown_timeout_s``) for requests in flight — each ends with its transaction committed or
+rolled back — then the loops stop after their round in progress, the inventory follower
+stops, and the store closes. The process exits 0.
+
+Other parts of the portal add their periodic work in ``register_loops``, one line each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlsplit
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.types import ASGIApp
+
+from policies.errors import InvalidRequest
+from portal.allocator import Allocator
+from portal.api import create_app
+from portal.api.auth import Authenticator
+from portal.api.errors import Unavailable
+from portal.api.metrics import ServiceMetrics
+from portal.service import logs, seed, tokens
+from portal.service.decisions import ReportingStore
+from portal.service.inventory import Follower, source_factory
+from portal.service.loops import Loops
+from portal.settings import Settings
+
+log = logging.getLogger("portal.service")
+
+DEFAULT_IP = "127.0.0.1"
+DEFAULT_PORT = 8090
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Where the service listens and who may call it, from settings and the hub's environment
+    (``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_*``)."""
+
+    ip: str
+    port: int
+    prefix: str
+    authenticator: Authenticator
+
+
+def plan(settings: Settings, environ: Mapping[str, str]) -> Plan:
+    """Resolve the listening address, URL prefix and authenticator; settings win over the
+    hub's environment.
+
+    Raises:
+        InvalidRequest: a malformed service URL or prefix, or no way to authenticate.
+    """
+    ip, port = DEFAULT_IP, DEFAULT_PORT
+    service_url = environ.get("JUPYTERHUB_SERVICE_URL")
+    if service_url:
+        parts = urlsplit(service_url)
+        if not parts.hostname:
+            raise InvalidRequest("JUPYTERHUB_SERVICE_URL", repr(service_url), "http://HOST:PORT")
+        ip, port = parts.hostname, parts.port or 80
+    prefix = settings.service_prefix or environ.get("JUPYTERHUB_SERVICE_PREFIX") or "/"
+    if not prefix.startswith("/") or "//" in prefix:
+        raise InvalidRequest(
+            "setting GPUPORTAL_SERVICE_PREFIX", repr(prefix), "an absolute URL path like /x/y/"
+        )
+    hub = tokens.hub_api_url(settings.hub_api_url, environ)
+    return Plan(
+        ip=settings.service_ip or ip,
+        port=settings.service_port or port,
+        prefix="/" + prefix.strip("/") + "/" if prefix.strip("/") else "/",
+        authenticator=tokens.build(settings.tokens_file, hub),
+    )
+
+
+def under_prefix(app: FastAPI, prefix: str) -> ASGIApp:
+    """``app`` answering under ``prefix``: the hub's proxy forwards full paths
+    (``/services/gpuportal/api/v1/...``) without stripping its prefix. Mounting sets the ASGI
+    ``root_path``, so the OpenAPI document and its docs page name the prefixed URLs."""
+    if prefix == "/":
+        return app
+    return Starlette(routes=[Mount(prefix.rstrip("/"), app=app)])
+
+
+def register_loops(loops: Loops, allocator: Allocator, settings: Settings) -> None:
+    """The service's periodic work. Add yours here: ``loops.add(name, interval_s, work)``."""
+    # Release cycles retry only a few queued workloads (the allocator's partial cycle); the
+    # tick schedules the whole queue, ends preemption grace periods and refreshes ETAs.
+    loops.add("allocator-tick", settings.tick_interval_s, allocator.tick)
+
+
+def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
+    """Run the service until SIGTERM or SIGINT; returns the exit code (0 after a clean stop).
+
+    Raises:
+        PortalError: a setting, the seed file or the inventory is unusable (nothing is served).
+    """
+    logs.configure(settings.log_format, settings.log_level)
+    where = plan(settings, os.environ)
+    seeds = seed.load(seed_file) if seed_file is not None else None
+    make_source = source_factory(settings.inventory)
+    store = open_store(settings.database_url)
+    follower = Follower(make_source)
+    loops = Loops()
+    try:
+        nodes = follower.start()
+        allocator = Allocator(store)
+        report = allocator.start(nodes)
+        log.info(
+            "allocator started on %d node(s); %d workload(s) lost with their nodes",
+            len(nodes),
+            len(report.node_lost),
+            extra={"fields": {"nodes": len(nodes), "database": _safe_url(store)}},
+        )
+        if seeds is not None:
+            seed.apply(allocator, seeds)
+        metrics = ServiceMetrics(allocator)
+        store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
+        app = create_app(allocator, where.authenticator, metrics=metrics)
+        app.state.loops = loops
+        register_loops(loops, allocator, settings)
+        follower.follow(allocator)
+        loops.start()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                under_prefix(app, where.prefix),
+                host=where.ip,
+                port=where.port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+            )
+        )
+        log.info(
+            "serving on http://%s:%d%s",
+            where.ip,
+            where.port,
+            where.prefix,
+            extra={"fields": {"ip": where.ip, "port": where.port, "prefix": where.prefix}},
+        )
+        _keep_signals_after(server)
+        server.run()
+        if not server.started:
+            return 1  # uvicorn logged why (e.g. the port is taken)
+        log.info("stopping: requests finished; stopping loops and closing the store")
+        return 0
+    finally:
+        loops.stop(settings.shutdown_timeout_s)
+        follower.stop()
+        store.close()
+        log.info("stopped")
+
+
+def open_store(url: str) -> ReportingStore:
+    """Connect to the database (creating a SQLite file's directory) and migrate it.
+
+    Raises:
+        Unavailable: the database does not accept connections or cannot be migrated.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return ReportingStore(url)
+    except SQLAlchemyError as exc:
+        shown = parsed.render_as_string(hide_password=True)
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise Unavailable(f"database {shown} (GPUPORTAL_DATABASE_URL) unusable: {reason}") from exc
+
+
+def _keep_signals_after(server: uvicorn.Server) -> None:
+    """uvicorn handles SIGTERM/SIGINT while it serves, then re-raises the signal to the
+    handlers that were there before it; installing ours first makes that re-raise harmless, so
+    the loops and the store still shut down cleanly and the exit code is 0."""
+
+    def again(sig: int, _frame: FrameType | None) -> None:
+        server.should_exit = True
+        log.info("signal %s: shutting down", signal.Signals(sig).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, again)
+
+
+def _safe_url(store: ReportingStore) -> str:
+    return store.engine.url.render_as_string(hide_password=True)
