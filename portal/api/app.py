@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from portal.allocator import Allocator
-from portal.api import cost, errors, inventory, queue, quotas, tenants, usage, workloads
+from portal.api import cost, errors, inventory, offers, queue, quotas, tenants, usage, workloads
 from portal.api import metrics as service_metrics
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator
@@ -45,7 +45,7 @@ def create_app(
     app.state.metrics = metrics or ServiceMetrics(alloc)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
-    for module in (tenants, quotas, workloads, queue, usage, inventory, cost):
+    for module in (tenants, quotas, workloads, queue, usage, inventory, cost, offers):
         app.include_router(module.router, prefix=PREFIX)
     app.include_router(service_metrics.router)
 

@@ -58,13 +58,30 @@ def request_workload(
             description="Retries with the same key (per tenant and owner) allocate once.",
         ),
     ] = None,
+    owner: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=255,
+            description=(
+                "Services only (e.g. the hub's spawner): the user the workload is for, who "
+                "becomes its owner; the service vouches for the user's membership. "
+                "Default: the caller."
+            ),
+        ),
+    ] = None,
 ) -> WorkloadOut:
     """201 with allocations when it runs now; 202 with a reason and position when queued."""
     _charge(caller, body.tenant)
+    if owner is not None and caller.kind is not CallerKind.SERVICE:
+        raise Forbidden(
+            f"{caller.kind} {caller.name} may not request on behalf of {owner}: "
+            "only services (such as the hub's spawner) may set owner"
+        )
     d = body.devices
     req = WorkloadRequest(
         tenant=body.tenant,
-        owner=caller.name,
+        owner=owner or caller.name,
         name=body.name,
         devices=DeviceRequest(
             kind=d.kind,
