@@ -12,7 +12,7 @@ still show and every model is listed as unpriced.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Annotated
 
@@ -104,20 +104,22 @@ def _window(
     start: datetime | None, end: datetime | None, now: datetime
 ) -> tuple[datetime, datetime]:
     """The window asked for; naive times are UTC; defaults: this month (UTC) until now."""
-    lo = _utc(start) if start is not None else datetime.fromtimestamp(month_of(now).start, UTC)
-    hi = _utc(end) if end is not None else now
-    for name, value in (("start", lo), ("end", hi)):
-        if not EARLIEST <= value <= LATEST:
-            raise InvalidRequest(
-                name, value.isoformat(), f"between {EARLIEST.date()} and {LATEST.date()}"
-            )
+    month_start = datetime.fromtimestamp(month_of(now).start, UTC)
+    lo = _utc("start", start) if start is not None else month_start
+    hi = _utc("end", end) if end is not None else now
     if hi <= lo:
         raise InvalidRequest("end", hi.isoformat(), f"after start {lo.isoformat()}")
     return lo, hi
 
 
-def _utc(at: datetime) -> datetime:
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+def _utc(name: str, at: datetime) -> datetime:
+    try:
+        utc = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+00:01 is before year 1 in UTC
+        utc = EARLIEST - timedelta(days=1)
+    if not EARLIEST <= utc <= LATEST:
+        raise InvalidRequest(name, at.isoformat(), f"between {EARLIEST.date()} and {LATEST.date()}")
+    return utc
 
 
 def _money(x: Fraction) -> str:
