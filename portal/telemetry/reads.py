@@ -1,0 +1,263 @@
+"""Reading telemetry back: series for the API and dashboards, windows for the alert service.
+
+A series is per device or per workload at one resolution (``raw``, ``1m``, ``1h``). Raw points
+of a workload aggregate its devices at each sample time; roll-up points are the stored
+roll-ups. Every point has ``samples`` (how many raw samples it summarizes), so an average can
+always be traced back and re-weighted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, func, literal, select
+
+from policies.errors import InvalidRequest
+from portal.telemetry.store import HOUR_S, MINUTE_S, between
+from portal.telemetry.tables import ROLLUPS, SAMPLES, WORKLOAD_ROLLUPS, WORKLOAD_SAMPLES
+
+MAX_POINTS = 10_000
+
+
+class Resolution(StrEnum):
+    RAW = "raw"
+    MINUTE = "1m"
+    HOUR = "1h"
+
+
+STEP_S = {Resolution.MINUTE: MINUTE_S, Resolution.HOUR: HOUR_S}
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One point of a series; ``at`` is the sample time, or the start of the bucket."""
+
+    at: float
+    samples: int
+    utilization_avg: float | None
+    utilization_min: float | None
+    utilization_max: float | None
+    memory_used_avg: float
+    memory_used_max: float
+    activity_avg: float | None = None
+    power_avg: float | None = None
+    power_max: float | None = None
+    temperature_max: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceWindow:
+    """One device over an evaluation window: averages, peaks, the last counters, and the
+    thermal/power throttle bits seen (OR of the bits in ``throttle_mask``)."""
+
+    device: str
+    gpu_uuid: str
+    node: str
+    samples: int
+    last_at: float
+    utilization_avg: float
+    activity_avg: float | None
+    memory_used_max: float
+    memory_total_mib: float
+    power_max: float | None
+    temperature_max: float | None
+    throttle_reasons: int
+    xid_count: int
+    ecc_uncorrectable: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadWindow:
+    """One workload on one device over an evaluation window."""
+
+    workload_id: str
+    device: str
+    samples: int
+    utilization_avg: float | None
+    memory_used_max: float
+
+
+def _check_range(start: float, end: float) -> None:
+    if not end > start:
+        raise InvalidRequest("time range", f"[{start}, {end})", "end > start")
+
+
+def series(
+    engine: Engine,
+    *,
+    resolution: Resolution,
+    start: float,
+    end: float,
+    device: str | None = None,
+    workload_id: str | None = None,
+    limit: int = MAX_POINTS,
+) -> list[Point]:
+    """Points of one device or one workload with ``start <= at < end``, oldest first."""
+    _check_range(start, end)
+    if (device is None) == (workload_id is None):
+        raise InvalidRequest("series", "device and workload", "exactly one of them")
+    lo, hi = round(start * 1000), round(end * 1000)
+    stmt: Any
+    if resolution is Resolution.RAW and device is not None:
+        s = SAMPLES
+        stmt = (
+            select(
+                s.c.at_ms,
+                literal(1),  # (device, at_ms) is the key: one sample per point
+                s.c.utilization_pct,
+                s.c.utilization_pct,
+                s.c.utilization_pct,
+                s.c.memory_used_mib,
+                s.c.memory_used_mib,
+                s.c.activity_pct,
+                s.c.power_w,
+                s.c.power_w,
+                s.c.temperature_c,
+            )
+            .where(s.c.device == device, between(s.c.at_ms, lo, hi))
+            .order_by(s.c.at_ms)
+        )
+    elif resolution is Resolution.RAW:
+        w = WORKLOAD_SAMPLES
+        stmt = (
+            select(
+                w.c.at_ms,
+                func.count(),
+                func.avg(w.c.utilization_pct),
+                func.min(w.c.utilization_pct),
+                func.max(w.c.utilization_pct),
+                func.avg(w.c.memory_used_mib),
+                func.max(w.c.memory_used_mib),
+            )
+            .where(w.c.workload_id == workload_id, between(w.c.at_ms, lo, hi))
+            .group_by(w.c.at_ms)
+            .order_by(w.c.at_ms)
+        )
+    elif device is not None:
+        r = ROLLUPS
+        stmt = (
+            select(
+                r.c.bucket_ms,
+                r.c.samples,
+                r.c.utilization_avg,
+                r.c.utilization_min,
+                r.c.utilization_max,
+                r.c.memory_used_avg,
+                r.c.memory_used_max,
+                r.c.activity_avg,
+                r.c.power_avg,
+                r.c.power_max,
+                r.c.temperature_max,
+            )
+            .where(
+                r.c.step_s == STEP_S[resolution],
+                r.c.device == device,
+                between(r.c.bucket_ms, lo, hi),
+            )
+            .order_by(r.c.bucket_ms)
+        )
+    else:
+        q = WORKLOAD_ROLLUPS
+        stmt = (
+            select(
+                q.c.bucket_ms,
+                q.c.samples,
+                q.c.utilization_avg,
+                q.c.utilization_min,
+                q.c.utilization_max,
+                q.c.memory_used_avg,
+                q.c.memory_used_max,
+            )
+            .where(
+                q.c.step_s == STEP_S[resolution],
+                q.c.workload_id == workload_id,
+                between(q.c.bucket_ms, lo, hi),
+            )
+            .order_by(q.c.bucket_ms)
+        )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt.limit(limit)).all()
+    return [Point(r[0] / 1000, *r[1:]) for r in rows]
+
+
+def device_windows(
+    engine: Engine, start: float, end: float, throttle_mask: int
+) -> list[DeviceWindow]:
+    """Every device sampled in ``[start, end)``, aggregated over that window."""
+    _check_range(start, end)
+    s = SAMPLES
+    lo, hi = round(start * 1000), round(end * 1000)
+    # OR of the mask's bits over the window: the max of each bit is the bit if any sample had it.
+    bits = [1 << i for i in range(throttle_mask.bit_length()) if throttle_mask >> i & 1]
+    throttle: ColumnElement[Any] = literal(0)
+    for b in bits:
+        throttle = throttle + func.max(s.c.throttle_reasons.op("&")(b))
+    stmt = (
+        select(
+            s.c.device,
+            func.max(s.c.gpu_uuid),
+            func.max(s.c.node),
+            func.count(),
+            func.max(s.c.at_ms),
+            func.avg(s.c.utilization_pct),
+            func.avg(s.c.activity_pct),
+            func.max(s.c.memory_used_mib),
+            func.max(s.c.memory_total_mib),
+            func.max(s.c.power_w),
+            func.max(s.c.temperature_c),
+            throttle,
+            func.max(s.c.xid_count),
+            func.max(s.c.ecc_uncorrectable),
+        )
+        .where(between(s.c.at_ms, lo, hi))
+        .group_by(s.c.device)
+        .order_by(s.c.device)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [
+        DeviceWindow(
+            device=r[0],
+            gpu_uuid=r[1],
+            node=r[2],
+            samples=r[3],
+            last_at=r[4] / 1000,
+            utilization_avg=float(r[5]),
+            activity_avg=None if r[6] is None else float(r[6]),
+            memory_used_max=float(r[7]),
+            memory_total_mib=float(r[8]),
+            power_max=r[9],
+            temperature_max=r[10],
+            throttle_reasons=int(r[11] or 0),
+            xid_count=int(r[12]),
+            ecc_uncorrectable=int(r[13]),
+        )
+        for r in rows
+    ]
+
+
+def workload_windows(engine: Engine, start: float, end: float) -> list[WorkloadWindow]:
+    """Every (workload, device) sampled in ``[start, end)``, aggregated over that window."""
+    _check_range(start, end)
+    w = WORKLOAD_SAMPLES
+    lo, hi = round(start * 1000), round(end * 1000)
+    stmt = (
+        select(
+            w.c.workload_id,
+            w.c.device,
+            func.count(),
+            func.avg(w.c.utilization_pct),
+            func.max(w.c.memory_used_mib),
+        )
+        .where(between(w.c.at_ms, lo, hi))
+        .group_by(w.c.workload_id, w.c.device)
+        .order_by(w.c.workload_id, w.c.device)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [
+        WorkloadWindow(r[0], r[1], r[2], None if r[3] is None else float(r[3]), float(r[4]))
+        for r in rows
+    ]
