@@ -1,0 +1,195 @@
+"""Serve the dashboards: one Bokeh/Panel application per view, each session acting as its
+viewer. ``build_view`` makes a view without a server (tests); ``serve`` serves them all;
+``serve_hub_service`` is the production entry point behind JupyterHub OAuth.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import panel as pn
+from panel.viewable import Viewer
+
+from dashboards.auth import HubOAuthIdentity, Identify, Identity
+from dashboards.cluster import ClusterView
+from dashboards.landing import LandingView
+from dashboards.my_work import MyWorkView
+from dashboards.sources import ApiSource, Source
+from dashboards.stores import ClusterStore, MyWorkStore, Store, TenantStore, tenants_for
+from dashboards.tenant import TenantView
+from portal.api.auth import Caller, Scope
+
+TITLE = "gpuportal"
+VIEWS = ("my_work", "tenant", "cluster")
+
+
+@dataclass
+class Page:
+    """A view, the stores to refresh periodically, and the page's title."""
+
+    title: str
+    view: pn.viewable.Viewable | Viewer
+    stores: list[Store] = field(default_factory=list)
+
+    def refresh(self) -> None:
+        for s in self.stores:
+            s.refresh()
+
+
+def _tenant_page(source: Source, viewer: Caller, args: Mapping[str, str]) -> Page:
+    names = (
+        source.tenants()
+        if viewer.can_everywhere(Scope.QUOTAS_READ)
+        else tenants_for(viewer, Scope.QUOTAS_READ)
+    )
+    if not names:
+        return Page("Tenant", pn.pane.Markdown("*No tenant you may see.*"))
+    wanted = args.get("tenant", "")
+    store = TenantStore(source, tenant=wanted if wanted in names else names[0])
+    page = Page("Tenant", pn.Column(sizing_mode="stretch_width"), [store])
+    choose = pn.widgets.Select(name="tenant", options=names, value=store.tenant, width=240)
+
+    def show(tenant: str) -> None:
+        store.tenant = tenant
+        store.message = ""
+        store.refresh()
+        page.view[:] = [choose, TenantView(store, viewer)]  # type: ignore[index]
+
+    choose.param.watch(lambda e: show(e.new), "value")
+    page.view[:] = [choose, TenantView(store, viewer)]  # type: ignore[index]
+    return page
+
+
+def build_view(view: str, source: Source, viewer: Caller, args: Mapping[str, str]) -> Page:
+    """The page of ``view`` for ``viewer``, read once; ``args`` are the page's arguments."""
+    page: Page
+    if view == "cluster":
+        cluster = ClusterStore(source, selected=args.get("node", ""))
+        page = Page("Cluster", ClusterView(cluster), [cluster])
+    elif view == "tenant":
+        page = _tenant_page(source, viewer, args)
+    elif view == "my_work":
+        work = MyWorkStore(source, owner=viewer.name)
+        page = Page("My work", MyWorkView(work), [work])
+    else:
+        query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""
+        page = Page("Home", LandingView(viewer, query))
+    page.refresh()
+    return page
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the app reaches the portal and who the viewers are.
+
+    Args:
+        portal_url: the portal's root URL as this process reaches it.
+        identify: turns a session's request into the viewer (HubOAuth in production).
+        refresh_s: seconds between live updates of an open page.
+    """
+
+    portal_url: str
+    identify: Identify
+    refresh_s: float = 10.0
+
+
+def _session_page(view: str, settings: Settings) -> Any:
+    request: Any = pn.state.curdoc.session_context.request  # type: ignore[union-attr]
+    identity: Identity | None = settings.identify(request)
+    if identity is None:
+        return pn.pane.Markdown("## Not logged in\n\nOpen the dashboards from JupyterHub.")
+    args = {k: v[0].decode("utf-8", "replace") for k, v in request.arguments.items() if v}
+    page = build_view(view, ApiSource(settings.portal_url, identity.token), identity.viewer, args)
+    if page.stores:
+        # Live updates: the stores' parameters change and their views re-render in place.
+        pn.state.add_periodic_callback(page.refresh, period=int(settings.refresh_s * 1000))
+    home = f"./{'?' + urlencode({'token': args['token']}) if 'token' in args else ''}"
+    template = pn.template.BootstrapTemplate(
+        title=f"{TITLE} — {page.title}", header=[pn.pane.HTML(f'<a href="{home}">home</a>')]
+    )
+    template.main.append(page.view)  # type: ignore[union-attr]
+    return template
+
+
+def applications(settings: Settings) -> dict[str, Callable[[], Any]]:
+    """The landing page at ``/`` and one application per view."""
+    apps: dict[str, Callable[[], Any]] = {"/": lambda: _session_page("landing", settings)}
+    for view in VIEWS:
+        apps[f"/{view}"] = functools.partial(_session_page, view, settings)
+    return apps
+
+
+def serve(
+    settings: Settings,
+    *,
+    address: str = "127.0.0.1",
+    port: int = 0,
+    prefix: str = "",
+    threaded: bool = False,
+    **server_kw: Any,
+) -> Any:
+    """Serve every view; blocks unless ``threaded`` (then returns the server's thread, which
+    has ``stop()``)."""
+    return pn.serve(
+        applications(settings),
+        address=address,
+        port=port,
+        prefix=prefix,
+        show=False,
+        threaded=threaded,
+        title=TITLE,
+        **server_kw,
+    )
+
+
+def serve_hub_service(portal_url: str, *, refresh_s: float = 10.0) -> None:
+    """Run as a JupyterHub service behind HubOAuth (the hub sets the ``JUPYTERHUB_*``
+    environment variables); blocks."""
+    from bokeh.server.auth_provider import AuthProvider
+    from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+    from tornado.httputil import url_concat
+
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/dashboards/")
+    hub_auth = HubOAuth.instance(cache_max_age=60)
+    secret = os.environ.get("GPUPORTAL_DASHBOARDS_COOKIE_SECRET") or os.urandom(32).hex()
+
+    class HubOAuthProvider(AuthProvider):
+        """Bokeh's auth hook: people without the service's OAuth cookie go to the hub."""
+
+        @property
+        def get_user(self) -> Callable[[Any], Any]:
+            return lambda handler: hub_auth.get_user(handler)
+
+        @property
+        def get_login_url(self) -> Callable[[Any], str]:
+            def login_url(handler: Any) -> str:
+                params: dict[str, str] = {}
+                verifier = None
+                if hub_auth.pkce_enabled:
+                    verifier, challenge, method = hub_auth.generate_pkce_code_challenge()
+                    params |= {"code_challenge": challenge, "code_challenge_method": method}
+                params["state"] = hub_auth.set_state_cookie(
+                    handler, next_url=handler.request.uri, code_verifier=verifier
+                )
+                url: str = url_concat(hub_auth.login_url, params)
+                return url
+
+            return login_url
+
+    # The hub tells a managed service where to listen; Bokeh prefixes extra routes itself.
+    url = urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10102"))
+    serve(
+        Settings(portal_url, HubOAuthIdentity(hub_auth, secret), refresh_s),
+        address=url.hostname or "127.0.0.1",
+        port=url.port or 10102,
+        prefix=prefix.rstrip("/"),
+        cookie_secret=secret,
+        auth_provider=HubOAuthProvider(),
+        extra_patterns=[("/oauth_callback", HubOAuthCallbackHandler)],
+        websocket_origin="*",
+    )

@@ -1,0 +1,113 @@
+"""Cluster view (operators): node × GPU allocation heatmap, free capacity per flavor,
+fragmentation, MIG layouts, and the selected node's GPU link classes."""
+
+from __future__ import annotations
+
+import holoviews as hv
+import panel as pn
+from panel.viewable import Viewer
+
+from dashboards import components as c
+from dashboards.stores import ClusterStore
+from policies.topology import LinkClass
+
+# Beyond this many nodes the heatmap drops per-node tick labels (they would overlap).
+LABELLED_NODES = 64
+
+
+class ClusterView(Viewer):
+    """Lays out a ``ClusterStore``; each part re-renders when the store's data changes."""
+
+    def __init__(self, store: ClusterStore, **params: object) -> None:
+        super().__init__(**params)
+        self.store = store
+
+    def headline(self, *_: object) -> str:
+        gpus, allocated = self.store.totals()
+        share = allocated / gpus if gpus else 0.0
+        return c.summary(
+            c.number("nodes", f"{len(self.store.nodes):,}"),
+            c.number("GPUs", f"{gpus:,}"),
+            c.number("allocated", f"{allocated:,.1f} GPUs ({share:.0%})"),
+            c.number("fragmentation", f"{self.store.fragmentation():.0%}"),
+        )
+
+    def heatmap(self, *_: object) -> hv.HeatMap:
+        cells = self.store.allocation()
+        many = len(self.store.nodes) > LABELLED_NODES
+        return hv.HeatMap(cells, kdims=["GPU", "node"], vdims=["allocated"]).opts(
+            cmap="Blues",
+            clim=(0, 1),
+            colorbar=True,
+            tools=["hover"],
+            responsive=True,
+            min_height=260,
+            height=min(900, 40 + 14 * len(self.store.nodes)),
+            yaxis=None if many else "left",
+            title="Allocated share per GPU",
+            invert_yaxis=True,
+        )
+
+    def free(self, *_: object) -> pn.viewable.Viewable:
+        rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
+        return c.table(rows, ["flavor", "capacity", "free"], empty="no GPUs")
+
+    def layouts(self, *_: object) -> pn.viewable.Viewable:
+        return c.table(self.store.mig_layout_counts(), ["model", "MIG layout", "GPUs"])
+
+    def topology(self, *_: object) -> pn.viewable.Viewable:
+        links = self.store.link_classes()
+        if not links:
+            return pn.pane.Markdown("*topology unknown*")
+        # Colour by the link's rank (better links darker), label with its class.
+        ranked = [(i, j, int(LinkClass.parse(k)), k) for i, j, k in links]
+        plot = hv.HeatMap(ranked, kdims=["GPU i", "GPU j"], vdims=["rank", "link"]).opts(
+            cmap="Greens",
+            clim=(0, max(LinkClass)),
+            tools=["hover"],
+            width=380,
+            height=340,
+            title=f"Link classes of {self.store.selected}",
+            invert_yaxis=True,
+        )
+        labels = hv.Labels(links, kdims=["GPU i", "GPU j"], vdims=["link"]).opts(
+            text_font_size="7pt"
+        )
+        return pn.pane.HoloViews(plot * labels)
+
+    def node_mig(self, *_: object) -> pn.viewable.Viewable:
+        rows = [(g, p, s, "free" if f else "in use") for g, p, s, f in self.store.mig_layouts()]
+        return c.table(rows, ["GPU", "profile", "start", "state"], empty="no MIG instances")
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        choose = pn.widgets.AutocompleteInput.from_param(
+            self.store.param.selected,
+            options=[n.name for n in self.store.nodes],
+            name="node",
+            case_sensitive=False,
+            search_strategy="includes",
+        )
+
+        def options(*_: object) -> None:
+            choose.options = [n.name for n in self.store.nodes]
+
+        st = self.store.param
+        st.watch(options, ["nodes"])
+        return pn.Column(
+            pn.pane.Markdown(pn.bind(self.headline, st.nodes)),
+            c.status_line(self.store),
+            pn.pane.HoloViews(
+                pn.bind(self.heatmap, st.nodes), sizing_mode="stretch_width", linked_axes=False
+            ),
+            pn.Row(
+                pn.Column("### Free capacity by flavor", pn.bind(self.free, st.nodes, st.capacity)),
+                pn.Column("### MIG layouts", pn.bind(self.layouts, st.nodes)),
+            ),
+            pn.Row(
+                pn.Column(
+                    "### Selected node", choose, pn.bind(self.node_mig, st.nodes, st.selected)
+                ),
+                pn.Column(pn.bind(self.topology, st.nodes, st.selected)),
+            ),
+            sizing_mode="stretch_width",
+        )

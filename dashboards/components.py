@@ -1,0 +1,99 @@
+"""Pieces every view shares: the status line, number cards and plain tables."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import holoviews as hv
+import holoviews.plotting.bokeh  # registers the Bokeh backend that .opts() needs
+import panel as pn
+import param
+
+from dashboards.stores import Store
+
+hv.Store.set_current_backend("bokeh")
+
+MAX_ROWS = 500
+TABLE_CSS = """
+table.gp-table { border-collapse: collapse; font-size: 13px; }
+table.gp-table th, table.gp-table td { padding: 3px 10px; border-bottom: 1px solid #ddd; }
+table.gp-table th { text-align: left; }
+table.gp-table td { font-variant-numeric: tabular-nums; }
+"""
+
+
+def status_line(store: Store) -> pn.pane.Markdown:
+    """When the data was read, or why it could not be; follows the store."""
+
+    def text(updated: object, error: str) -> str:
+        if error:
+            return f"**Could not read from the portal:** {error}"
+        if updated is None:
+            return "Loading…"
+        return f"Updated {updated:%H:%M:%S} UTC"
+
+    return pn.pane.Markdown(
+        pn.bind(text, store.param.updated, store.param.error),
+        css_classes=["gp-status"],
+        sizing_mode="stretch_width",
+    )
+
+
+def number(label: str, value: str) -> str:
+    """One figure of a summary line, as Markdown: the value in bold after its label."""
+    return f"{label} **{value}**"
+
+
+def eta(seconds: float | None) -> str:
+    """A wait for people: '40 s', '12 min', '3.5 h'; 'unknown' when the portal cannot say."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def summary(*figures: str) -> str:
+    return " · ".join(figures)
+
+
+def table(
+    rows: Sequence[Sequence[object]], columns: Sequence[str], *, empty: str = "none"
+) -> pn.viewable.Viewable:
+    """A plain HTML table (cheap to render, and its numbers are text a browser test reads)."""
+    if not rows:
+        return pn.pane.Markdown(f"*{empty}*")
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in r) + "</tr>"
+        for r in rows[:MAX_ROWS]
+    )
+    more = f"<p>… {len(rows) - MAX_ROWS:,} more rows</p>" if len(rows) > MAX_ROWS else ""
+    return pn.pane.HTML(
+        f'<table class="gp-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        + more,
+        stylesheets=[TABLE_CSS],
+        sizing_mode="stretch_width",
+    )
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def message(store: param.Parameterized, name: str = "message") -> pn.viewable.Viewable:
+    """The store's last action result as an alert: red when it starts with 'invalid' or 'not'."""
+
+    def show(text: str) -> pn.pane.Alert:
+        bad = text.startswith(("invalid", "not ", "unknown"))
+        return pn.pane.Alert(text, alert_type="danger" if bad else "success", visible=bool(text))
+
+    shown: pn.viewable.Viewable = pn.panel(pn.bind(show, store.param[name]))  # type: ignore[assignment]
+    return shown

@@ -1,0 +1,369 @@
+"""Where the dashboards get their data: a small typed ``Source`` over the portal API.
+
+Stores depend on the ``Source`` protocol only, so they are tested against the real API and
+a view works as soon as the routes it reads exist. ``ApiSource`` speaks ``/api/v1`` with the
+*viewer's* JupyterHub token: the portal decides what that person may see, the dashboards never
+widen it. Records are frozen and typed; JSON stops at this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+
+from policies.errors import PortalError
+
+PAGE = 500  # the API's largest page: 1,250 nodes take three requests
+
+
+class SourceError(PortalError):
+    """The portal answered an error: ``status``, ``code``, ``field``, ``valid`` from its body."""
+
+    def __init__(
+        self, status: int, code: str, message: str, field: str | None, valid: str | None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.field = field
+        self.valid = valid
+
+
+# ------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlot:
+    profile: str
+    start: int
+    free: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    node: str
+    index: int
+    model: str
+    memory_mib: int
+    mig_enabled: bool
+    shareable: bool
+    free_milli: int
+    mig_layout: tuple[MigSlot, ...]
+
+    @property
+    def allocated_milli(self) -> int:
+        """Share held by workloads: a MIG GPU counts its used slots' memory slices."""
+        if self.mig_enabled and self.mig_layout:
+            used = sum(1 for s in self.mig_layout if not s.free)
+            return round(1000 * used / len(self.mig_layout))
+        return 1000 - self.free_milli
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    schedulable: bool
+    rack: str
+    pool: str
+    gpus: tuple[Gpu, ...]
+    links: tuple[tuple[str, ...], ...] | None
+    numa: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    flavor: str
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    tenant: str
+    flavor: str
+    guaranteed: int
+    limit: int
+    budget_gpu_hours: float | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    tenant: str
+    flavor: str
+    guaranteed: int
+    limit: int
+    used: int
+    borrowed: int
+    lent: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    workload_id: str
+    tenant: str
+    owner: str
+    name: str
+    position: int
+    tenant_position: int
+    reason: str
+    message: str
+    gpu_equivalent: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """What one allocation of a workload holds."""
+
+    node: str
+    gpus: tuple[int, ...]
+    flavor: str
+    amount: int
+    borrowed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    kind: str
+    state: str
+    reason: str
+    message: str
+    position: int | None
+    eta_s: float | None
+    devices: tuple[Device, ...]
+
+
+class Source(Protocol):
+    """What the stores read and change. Every call acts as the viewer; errors are
+    ``SourceError`` (the portal's error body) or ``httpx.HTTPError`` (no answer)."""
+
+    def tenants(self) -> list[str]: ...
+    def nodes(self) -> list[NodeInfo]: ...
+    def capacity(self) -> list[Capacity]: ...
+    def quotas(self, tenant: str | None = None) -> list[Quota]: ...
+    def usage(self, tenant: str | None = None) -> list[Usage]: ...
+    def queue(self, tenant: str | None = None) -> list[QueueEntry]: ...
+    def workloads(self, tenant: str | None = None) -> list[Workload]: ...
+    def set_quota(
+        self,
+        tenant: str,
+        flavor: str,
+        *,
+        guaranteed: int,
+        limit: int,
+        budget_gpu_hours: float | None,
+        version: int,
+    ) -> Quota: ...
+    def release(self, workload_id: str) -> Workload: ...
+
+
+# ------------------------------------------------------------------ over /api/v1
+
+
+def _gpu(node: str, g: Mapping[str, Any]) -> Gpu:
+    return Gpu(
+        node=node,
+        index=int(g["index"]),
+        model=str(g["model"]),
+        memory_mib=int(g["memory_mib"]),
+        mig_enabled=bool(g["mig_enabled"]),
+        shareable=bool(g["shareable"]),
+        free_milli=int(g["free_milli"]),
+        mig_layout=tuple(
+            MigSlot(str(m["profile"]), int(m["start"]), bool(m["free"])) for m in g["mig_layout"]
+        ),
+    )
+
+
+def _node(n: Mapping[str, Any]) -> NodeInfo:
+    links = n.get("links")
+    numa = n.get("numa")
+    return NodeInfo(
+        name=str(n["name"]),
+        schedulable=bool(n["schedulable"]),
+        rack=str(n["rack"]),
+        pool=str(n["pool"]),
+        gpus=tuple(_gpu(str(n["name"]), g) for g in n["gpus"]),
+        links=tuple(tuple(str(c) for c in row) for row in links) if links is not None else None,
+        numa=tuple(int(x) for x in numa) if numa is not None else None,
+    )
+
+
+def _quota(q: Mapping[str, Any]) -> Quota:
+    budget = q.get("budget_gpu_hours")
+    return Quota(
+        tenant=str(q["tenant"]),
+        flavor=str(q["flavor"]),
+        guaranteed=int(q["guaranteed"]),
+        limit=int(q["limit"]),
+        budget_gpu_hours=float(budget) if budget is not None else None,
+        version=int(q["version"]),
+    )
+
+
+def _usage(u: Mapping[str, Any]) -> Usage:
+    return Usage(
+        tenant=str(u["tenant"]),
+        flavor=str(u["flavor"]),
+        guaranteed=int(u["guaranteed"]),
+        limit=int(u["limit"]),
+        used=int(u["used"]),
+        borrowed=int(u["borrowed"]),
+        lent=int(u["lent"]),
+    )
+
+
+def _queue_entry(e: Mapping[str, Any]) -> QueueEntry:
+    eta = e.get("eta_s")
+    return QueueEntry(
+        workload_id=str(e["workload_id"]),
+        tenant=str(e["tenant"]),
+        owner=str(e["owner"]),
+        name=str(e["name"]),
+        position=int(e["position"]),
+        tenant_position=int(e["tenant_position"]),
+        reason=str(e["reason"]),
+        message=str(e["message"]),
+        gpu_equivalent=float(e["gpu_equivalent"]),
+        eta_s=float(eta) if eta is not None else None,
+    )
+
+
+def _workload(w: Mapping[str, Any]) -> Workload:
+    eta = w.get("eta_s")
+    pos = w.get("position")
+    return Workload(
+        id=str(w["id"]),
+        tenant=str(w["tenant"]),
+        owner=str(w["owner"]),
+        name=str(w["name"]),
+        kind=str(w["kind"]),
+        state=str(w["state"]),
+        reason=str(w["reason"]),
+        message=str(w["message"]),
+        position=int(pos) if pos is not None else None,
+        eta_s=float(eta) if eta is not None else None,
+        devices=tuple(
+            Device(
+                node=str(a["node"]),
+                gpus=tuple(int(i) for i in a["gpus"]),
+                flavor=str(a["flavor"]),
+                amount=int(a["amount"]),
+                borrowed=bool(a["borrowed"]),
+            )
+            for a in w["allocations"]
+        ),
+    )
+
+
+class ApiSource:
+    """``Source`` over the portal's REST API, authenticated with the viewer's hub token.
+
+    Args:
+        base_url: the portal's root, e.g. ``http://127.0.0.1:8090`` (``/api/v1`` is appended).
+        token: the viewer's JupyterHub API token (from HubOAuth in the served app).
+        client: an ``httpx.Client`` to use; its event hooks see every request (tests use them
+            to check that a tenant admin's requests never name another tenant).
+    """
+
+    def __init__(self, base_url: str, token: str, *, client: httpx.Client | None = None) -> None:
+        self._api = base_url.rstrip("/") + "/api/v1"
+        self._headers = {"Authorization": f"token {token}"}
+        self._client = client or httpx.Client(timeout=30.0)
+
+    def _send(
+        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, **kw: Any
+    ) -> httpx.Response:
+        reply = self._client.request(
+            method,
+            self._api + path,
+            params={k: v for k, v in (params or {}).items() if v is not None},
+            headers={**self._headers, **kw.pop("headers", {})},
+            **kw,
+        )
+        if reply.status_code >= 400:
+            raise _error(reply)
+        return reply
+
+    def _pages(self, path: str, **params: Any) -> list[Mapping[str, Any]]:
+        items: list[Mapping[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            body = self._send("GET", path, params={**params, "limit": PAGE, "offset": offset})
+            page = body.json()
+            items.extend(page["items"])
+            offset = page["next_offset"]
+        return items
+
+    def _list(self, path: str, parse: Callable[[Mapping[str, Any]], Any], **params: Any) -> Any:
+        return [parse(x) for x in self._pages(path, **params)]
+
+    def tenants(self) -> list[str]:
+        return sorted(str(t["name"]) for t in self._pages("/tenants"))
+
+    def nodes(self) -> list[NodeInfo]:
+        out: list[NodeInfo] = self._list("/nodes", _node)
+        return out
+
+    def capacity(self) -> list[Capacity]:
+        rows = self._send("GET", "/capacity").json()
+        return [Capacity(str(r["flavor"]), int(r["capacity"])) for r in rows]
+
+    def quotas(self, tenant: str | None = None) -> list[Quota]:
+        out: list[Quota] = self._list("/quotas", _quota, tenant=tenant)
+        return out
+
+    def usage(self, tenant: str | None = None) -> list[Usage]:
+        out: list[Usage] = self._list("/usage", _usage, tenant=tenant)
+        return out
+
+    def queue(self, tenant: str | None = None) -> list[QueueEntry]:
+        out: list[QueueEntry] = self._list("/queue", _queue_entry, tenant=tenant)
+        return out
+
+    def workloads(self, tenant: str | None = None) -> list[Workload]:
+        out: list[Workload] = self._list("/workloads", _workload, tenant=tenant)
+        return out
+
+    def set_quota(
+        self,
+        tenant: str,
+        flavor: str,
+        *,
+        guaranteed: int,
+        limit: int,
+        budget_gpu_hours: float | None,
+        version: int,
+    ) -> Quota:
+        body = {"guaranteed": guaranteed, "limit": limit, "budget_gpu_hours": budget_gpu_hours}
+        path = f"/tenants/{quote(tenant, safe='')}/quotas/{quote(flavor, safe='/')}"
+        reply = self._send("PUT", path, json=body, headers={"If-Match": f'"{version}"'})
+        return _quota(reply.json())
+
+    def release(self, workload_id: str) -> Workload:
+        reply = self._send("DELETE", f"/workloads/{quote(workload_id, safe='')}")
+        return _workload(reply.json())
+
+
+def _error(reply: httpx.Response) -> SourceError:
+    try:
+        body = reply.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return SourceError(
+        status=reply.status_code,
+        code=str(body.get("code", "error")),
+        message=str(body.get("message", reply.text[:200] or reply.reason_phrase)),
+        field=body.get("field"),
+        valid=body.get("valid"),
+    )

@@ -1,0 +1,331 @@
+"""Data stores of the dashboards: ``param.Parameterized`` objects that own data, no widgets.
+
+Each store reads one ``Source`` (the portal API as the viewer) in ``refresh()`` and exposes
+the numbers its view draws as plain methods, so tests check the numbers without a browser and
+views only lay them out. ``refresh()`` replaces the data parameters; views that depend on them
+re-render in place (live updates without page reloads).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import param
+
+from dashboards.sources import (
+    Capacity,
+    NodeInfo,
+    QueueEntry,
+    Quota,
+    Source,
+    SourceError,
+    Usage,
+    Workload,
+)
+from policies.flavors import Flavor, FlavorKind
+from portal.api.auth import Caller, Scope
+
+MAX_UNITS = 10_000_000  # the API's bound on guaranteed and limit
+
+
+class Store(param.Parameterized):
+    """Base: the source, when data was last read, and the last read error (a sentence)."""
+
+    updated = param.Date(default=None, allow_None=True, doc="When refresh() last succeeded.")
+    error = param.String(default="", doc="Why the last refresh failed; '' when it did not.")
+
+    def __init__(self, source: Source, **params: object) -> None:
+        super().__init__(**params)
+        self.source = source
+
+    def refresh(self) -> None:
+        """Read the data again; a portal error lands in ``error`` instead of raising."""
+        try:
+            self._read()
+        except SourceError as exc:
+            self.error = exc.message
+            return
+        self.error = ""
+        self.updated = datetime.now(UTC)
+
+    def _read(self) -> None:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------ cluster
+
+
+@dataclass(frozen=True, slots=True)
+class FreeCapacity:
+    flavor: str
+    capacity: int
+    free: int
+
+
+class ClusterStore(Store):
+    """Nodes, GPUs, MIG layouts and topology (``inventory:read``)."""
+
+    nodes = param.List(default=[], item_type=NodeInfo, doc="Every node, by name.")
+    capacity = param.List(default=[], item_type=Capacity, doc="Units per flavor.")
+    selected = param.String(default="", doc="The node whose topology and MIG layout are shown.")
+
+    def _read(self) -> None:
+        nodes = self.source.nodes()
+        capacity = self.source.capacity()
+        with param.parameterized.batch_call_watchers(self):
+            self.nodes = nodes
+            self.capacity = capacity
+            names = {n.name for n in nodes}
+            if self.selected not in names:
+                self.selected = nodes[0].name if nodes else ""
+
+    def allocation(self) -> list[tuple[str, int, float]]:
+        """(node, GPU index, allocated fraction 0..1) for every GPU: the heatmap's cells."""
+        return [(g.node, g.index, g.allocated_milli / 1000) for n in self.nodes for g in n.gpus]
+
+    def totals(self) -> tuple[int, float]:
+        """(GPUs, GPUs' worth allocated)."""
+        cells = self.allocation()
+        return len(cells), sum(c[2] for c in cells)
+
+    def free_by_flavor(self) -> list[FreeCapacity]:
+        """Free units per flavor, counted as ``/capacity`` counts capacity: whole free non-MIG
+        GPUs, free milli of shareable GPUs, free MIG instances per profile."""
+        free: Counter[str] = Counter()
+        for n in self.nodes:
+            if not n.schedulable:
+                continue
+            for g in n.gpus:
+                if g.mig_enabled:
+                    for s in g.mig_layout:
+                        free[str(Flavor(FlavorKind.MIG, g.model, s.profile))] += int(s.free)
+                    continue
+                free[g.model] += int(g.free_milli == 1000)
+                if g.shareable:
+                    free[str(Flavor(FlavorKind.SHARE, g.model))] += g.free_milli
+        return [FreeCapacity(c.flavor, c.capacity, free[c.flavor]) for c in self.capacity]
+
+    def fragmentation(self) -> float:
+        """Share of free whole GPUs stranded on partly used nodes (0: every free GPU is on an
+        empty node, so whole-node requests fit; 1: none is). 0 when nothing is free."""
+        free_total = 0
+        stranded = 0
+        for n in self.nodes:
+            whole = [g for g in n.gpus if not g.mig_enabled]
+            free = sum(1 for g in whole if g.free_milli == 1000)
+            free_total += free
+            if free < len(whole):
+                stranded += free
+        return stranded / free_total if free_total else 0.0
+
+    def node(self) -> NodeInfo | None:
+        """The selected node."""
+        return next((n for n in self.nodes if n.name == self.selected), None)
+
+    def link_classes(self) -> list[tuple[int, int, str]]:
+        """(GPU i, GPU j, link class) of the selected node; empty when its topology is unknown."""
+        node = self.node()
+        if node is None or node.links is None:
+            return []
+        return [(i, j, c) for i, row in enumerate(node.links) for j, c in enumerate(row) if i != j]
+
+    def mig_layouts(self) -> list[tuple[int, str, int, bool]]:
+        """(GPU index, profile, start slice, free) of the selected node's MIG instances."""
+        node = self.node()
+        if node is None:
+            return []
+        return [(g.index, s.profile, s.start, s.free) for g in node.gpus for s in g.mig_layout]
+
+    def mig_layout_counts(self) -> list[tuple[str, str, int]]:
+        """(model, layout as profiles by start, GPUs): which MIG layouts the cluster has."""
+        counts: Counter[tuple[str, str]] = Counter()
+        for n in self.nodes:
+            for g in n.gpus:
+                if g.mig_enabled:
+                    layout = " + ".join(s.profile for s in sorted(g.mig_layout, key=_start))
+                    counts[(g.model, layout or "(empty)")] += 1
+        return [(m, lay, k) for (m, lay), k in sorted(counts.items())]
+
+
+def _start(s: object) -> int:
+    start: int = getattr(s, "start", 0)
+    return start
+
+
+# ------------------------------------------------------------------ tenant
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaDraft:
+    """A quota edit being prepared; numbers as typed, checked by ``TenantStore.check``."""
+
+    flavor: str
+    guaranteed: int
+    limit: int
+    budget_gpu_hours: float | None
+
+
+class TenantStore(Store):
+    """One tenant's quota use, quotas and queue; the quota editor's validation and save."""
+
+    tenant = param.String(default="", doc="The tenant shown.")
+    usage = param.List(default=[], item_type=Usage, doc="Per flavor: guaranteed .. lent.")
+    quotas = param.List(default=[], item_type=Quota, doc="Per flavor, with versions (ETags).")
+    queue = param.List(default=[], item_type=QueueEntry, doc="The tenant's pending workloads.")
+    message = param.String(default="", doc="Result of the last save: what changed or why not.")
+
+    def _read(self) -> None:
+        if not self.tenant:
+            return
+        usage = self.source.usage(self.tenant)
+        quotas = self.source.quotas(self.tenant)
+        queue = self.source.queue(self.tenant)
+        with param.parameterized.batch_call_watchers(self):
+            self.usage, self.quotas, self.queue = usage, quotas, queue
+
+    def bars(self) -> list[tuple[str, str, int]]:
+        """(flavor, measure, units) for guaranteed, limit, in use, borrowed and lent."""
+        out: list[tuple[str, str, int]] = []
+        for u in self.usage:
+            for measure, value in (
+                ("guaranteed", u.guaranteed),
+                ("limit", u.limit),
+                ("in use", u.used),
+                ("borrowed", u.borrowed),
+                ("lent", u.lent),
+            ):
+                out.append((u.flavor, measure, value))
+        return out
+
+    def quota(self, flavor: str) -> Quota | None:
+        return next((q for q in self.quotas if q.flavor == flavor), None)
+
+    def check(self, draft: QuotaDraft) -> str:
+        """'' when ``draft`` may be saved; otherwise what is wrong, with the value and what
+        would be valid. The portal checks again; this only saves a round trip."""
+        if self.quota(draft.flavor) is None:
+            known = ", ".join(q.flavor for q in self.quotas) or "none"
+            return f"unknown flavor {draft.flavor!r} for tenant {self.tenant}; quotas: {known}"
+        for name, value in (("guaranteed", draft.guaranteed), ("limit", draft.limit)):
+            if not 0 <= value <= MAX_UNITS:
+                return f"invalid {name} {value}: expected a whole number 0..{MAX_UNITS:,}"
+        if draft.limit < draft.guaranteed:
+            return f"invalid limit {draft.limit}: expected at least guaranteed ({draft.guaranteed})"
+        budget = draft.budget_gpu_hours
+        if budget is not None and not 0 <= budget <= 1e9:
+            return f"invalid budget_gpu_hours {budget}: expected 0..1e9 GPU-hours, or empty"
+        return ""
+
+    def preview(self, draft: QuotaDraft) -> list[str]:
+        """What the edit would do to what runs and waits now, from the current usage."""
+        use = next((u for u in self.usage if u.flavor == draft.flavor), None)
+        used = use.used if use else 0
+        own = used - (use.borrowed if use else 0)
+        lines: list[str] = []
+        if draft.limit < used:
+            lines.append(
+                f"{used - draft.limit} of {used} units in use are over the new limit "
+                f"{draft.limit}: borrowed ones are reclaimed first, then the lowest priority"
+            )
+        else:
+            lines.append(f"{draft.limit - used} units left under the new limit ({used} in use)")
+        if draft.guaranteed < own:
+            lines.append(
+                f"{own - draft.guaranteed} units now within guaranteed become borrowed "
+                "(preemptible)"
+            )
+        waiting = [e for e in self.queue if e.reason == "quota"]
+        if waiting:
+            lines.append(f"{len(waiting)} workloads wait for quota in this tenant")
+        return lines
+
+    def save(self, draft: QuotaDraft) -> bool:
+        """Check ``draft`` and save it with the quota's ETag; ``message`` says what happened.
+        A refused edit (here or by the portal) changes nothing."""
+        problem = self.check(draft)
+        if problem:
+            self.message = problem
+            return False
+        current = self.quota(draft.flavor)
+        assert current is not None  # check() found it
+        try:
+            saved = self.source.set_quota(
+                self.tenant,
+                draft.flavor,
+                guaranteed=draft.guaranteed,
+                limit=draft.limit,
+                budget_gpu_hours=draft.budget_gpu_hours,
+                version=current.version,
+            )
+        except SourceError as exc:
+            self.message = f"not saved: {exc.message}"
+            return False
+        self.message = (
+            f"saved {saved.flavor}: guaranteed {saved.guaranteed}, limit {saved.limit} "
+            f"(version {saved.version})"
+        )
+        self.refresh()
+        return True
+
+
+# ------------------------------------------------------------------ my work
+
+
+class MyWorkStore(Store):
+    """The viewer's own workloads with their devices, queue positions and reasons."""
+
+    owner = param.String(default="", doc="The viewer: workloads they own are shown.")
+    workloads = param.List(default=[], item_type=Workload, doc="Live workloads of the owner.")
+    message = param.String(default="", doc="Result of the last stop or cancel.")
+
+    def _read(self) -> None:
+        mine = [w for w in self.source.workloads() if w.owner == self.owner]
+        self.workloads = mine
+
+    def stop(self, workload_id: str) -> bool:
+        """Release a running workload's devices or take a queued one out of the queue."""
+        try:
+            w = self.source.release(workload_id)
+        except SourceError as exc:
+            self.message = f"not stopped: {exc.message}"
+            return False
+        self.message = f"{w.name} ({w.id}): {w.state}"
+        self.refresh()
+        return True
+
+
+# ------------------------------------------------------------------ who sees what
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    view: str
+    title: str
+    why: str
+
+
+def views_for(viewer: Caller) -> list[Link]:
+    """The views ``viewer``'s scopes open, in the landing page's order. Only a hint: every
+    request is still checked by the portal with the viewer's token."""
+    out: list[Link] = []
+    if viewer.holds_any(Scope.WORKLOADS_READ) or viewer.holds_any(Scope.WORKLOADS_WRITE):
+        out.append(Link("my_work", "My work", "your servers, jobs and services"))
+    tenants = tenants_for(viewer, Scope.QUOTAS_READ)
+    if tenants or viewer.can_everywhere(Scope.QUOTAS_READ):
+        out.append(Link("tenant", "Tenant", "quota, queue and quota editor per tenant"))
+    if viewer.holds_any(Scope.INVENTORY_READ):
+        out.append(Link("cluster", "Cluster", "nodes, GPUs, MIG layouts, topology"))
+    if viewer.holds_any(Scope.COST_READ):
+        out.append(Link("cost", "Cost", "GPU-hours and money by tenant"))
+    return out
+
+
+def tenants_for(viewer: Caller, scope: Scope) -> list[str]:
+    """Tenants ``viewer`` holds ``scope`` for by a group filter or as a member, sorted.
+    Unfiltered holders see every tenant: read those from the portal instead."""
+    named = set(viewer.tenants_for(scope))
+    if viewer.can_everywhere(scope):
+        named |= set(viewer.groups)
+    return sorted(named)

@@ -1,0 +1,170 @@
+"""Tenant view (tenant admins, members, leadership): quota per flavor as bars, the tenant's
+queue with reasons, and, for holders of ``quotas:write`` on the tenant, the quota editor."""
+
+from __future__ import annotations
+
+import holoviews as hv
+import panel as pn
+from panel.viewable import Viewer
+
+from dashboards import components as c
+from dashboards.stores import QuotaDraft, TenantStore
+from portal.api.auth import Caller, Scope
+
+MEASURES = ["guaranteed", "limit", "in use", "borrowed", "lent"]
+
+
+class QuotaEditor(Viewer):
+    """Flavor, guaranteed, limit and budget inputs; a live check and preview; Save sends the
+    edit with the quota's ETag. Nothing is sent while the check fails."""
+
+    def __init__(self, store: TenantStore, **params: object) -> None:
+        super().__init__(**params)
+        self.store = store
+        self.flavor = pn.widgets.Select(name="flavor", options=self._flavors())
+        self.guaranteed = pn.widgets.IntInput(name="guaranteed")
+        self.limit = pn.widgets.IntInput(name="limit")
+        self.budget = pn.widgets.TextInput(name="budget (GPU-hours / month)", placeholder="none")
+        self.save_button = pn.widgets.Button(name="Save quota", button_type="primary")
+        self.save_button.on_click(self._on_save)
+        self.flavor.param.watch(lambda _e: self._load(), "value")
+        store.param.watch(lambda _e: self._reload(), ["quotas"])
+        self._load()
+
+    def _flavors(self) -> list[str]:
+        return [q.flavor for q in self.store.quotas]
+
+    def _reload(self) -> None:
+        self.flavor.options = self._flavors()
+        if self.flavor.value not in self.flavor.options and self.flavor.options:
+            self.flavor.value = self.flavor.options[0]
+
+    def _load(self) -> None:
+        q = self.store.quota(self.flavor.value or "")
+        if q is None:
+            return
+        self.guaranteed.value = q.guaranteed
+        self.limit.value = q.limit
+        self.budget.value = "" if q.budget_gpu_hours is None else f"{q.budget_gpu_hours:g}"
+
+    def draft(self) -> QuotaDraft | str:
+        """The inputs as a draft, or what is wrong with the budget text."""
+        text = (self.budget.value or "").strip()
+        budget: float | None = None
+        if text:
+            try:
+                budget = float(text)
+            except ValueError:
+                return (
+                    f"invalid budget_gpu_hours {text!r}: expected a number of GPU-hours, or empty"
+                )
+        return QuotaDraft(
+            flavor=self.flavor.value or "",
+            guaranteed=int(self.guaranteed.value or 0),
+            limit=int(self.limit.value or 0),
+            budget_gpu_hours=budget,
+        )
+
+    def preview(self, *_: object) -> str:
+        draft = self.draft()
+        if isinstance(draft, str):
+            return f"**{draft}**"
+        problem = self.store.check(draft)
+        if problem:
+            return f"**{problem}**"
+        return "\n".join(f"- {line}" for line in self.store.preview(draft))
+
+    def _on_save(self, _event: object) -> None:
+        self.save()
+
+    def save(self) -> bool:
+        draft = self.draft()
+        if isinstance(draft, str):
+            self.store.message = draft
+            return False
+        return self.store.save(draft)
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        inputs = (self.flavor, self.guaranteed, self.limit, self.budget)
+        return pn.Column(
+            "### Edit quota",
+            pn.Row(*inputs),
+            pn.pane.Markdown(
+                pn.bind(self.preview, *(w.param.value for w in inputs), self.store.param.usage),
+                css_classes=["gp-preview"],
+            ),
+            self.save_button,
+            c.message(self.store),
+        )
+
+
+class TenantView(Viewer):
+    """One tenant's quota use and queue; the editor only for its quota writers."""
+
+    def __init__(self, store: TenantStore, viewer: Caller, **params: object) -> None:
+        super().__init__(**params)
+        self.store = store
+        self.viewer = viewer
+        self.editor = QuotaEditor(store) if self.may_edit() else None
+
+    def may_edit(self) -> bool:
+        return self.viewer.can(Scope.QUOTAS_WRITE, self.store.tenant)
+
+    def bars(self, *_: object) -> hv.Layout | hv.Text:
+        rows = self.store.bars()
+        if not rows:
+            return hv.Text(0, 0, "no quotas")
+        plots = [
+            hv.Bars(
+                [(m, v) for f, m, v in rows if f == flavor], kdims=["measure"], vdims=["units"]
+            ).opts(
+                title=flavor,
+                color="measure",
+                cmap="Category10",
+                xrotation=30,
+                width=300,
+                height=240,
+                tools=["hover"],
+                toolbar=None,
+            )
+            for flavor in dict.fromkeys(f for f, _, _ in rows)
+        ]
+        return hv.Layout(plots).cols(4)
+
+    def numbers(self, *_: object) -> pn.viewable.Viewable:
+        rows = [
+            (u.flavor, u.guaranteed, u.limit, u.used, u.borrowed, u.lent) for u in self.store.usage
+        ]
+        return c.table(rows, ["flavor", *MEASURES], empty="no quotas")
+
+    def queue(self, *_: object) -> pn.viewable.Viewable:
+        rows = [
+            (e.tenant_position, e.position, e.name, e.owner, e.reason, e.message, c.eta(e.eta_s))
+            for e in self.store.queue
+        ]
+        return c.table(
+            rows,
+            ["#", "overall", "workload", "owner", "reason", "why", "ETA"],
+            empty="nothing waiting",
+        )
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        st = self.store.param
+        editor: pn.viewable.Viewable = (
+            self.editor.__panel__()
+            if self.editor is not None
+            else pn.pane.Markdown(
+                f"*Changing quotas needs {Scope.QUOTAS_WRITE}!group={self.store.tenant}.*",
+                css_classes=["gp-no-editor"],
+            )
+        )
+        return pn.Column(
+            f"## Tenant {self.store.tenant}",
+            c.status_line(self.store),
+            pn.pane.HoloViews(pn.bind(self.bars, st.usage)),
+            pn.bind(self.numbers, st.usage),
+            "### Queue",
+            pn.bind(self.queue, st.queue),
+            editor,
+            sizing_mode="stretch_width",
+        )
