@@ -40,6 +40,7 @@ class Scope(StrEnum):
     COST_READ = PREFIX + "cost:read"
     INVENTORY_READ = PREFIX + "inventory:read"
     METRICS_READ = PREFIX + "metrics:read"
+    TELEMETRY_WRITE = PREFIX + "telemetry:write"
     ADMIN = PREFIX + "admin"
 
 
@@ -53,6 +54,7 @@ SCOPE_HELP: dict[Scope, str] = {
     Scope.COST_READ: "read cost and chargeback (no route yet)",
     Scope.INVENTORY_READ: "read nodes, GPUs, MIG layouts, topology and capacity",
     Scope.METRICS_READ: "scrape the service's Prometheus metrics",
+    Scope.TELEMETRY_WRITE: "send GPU samples (node agents, the Prometheus source)",
     Scope.ADMIN: "every portal scope",
 }
 
