@@ -75,8 +75,8 @@ def test_a_later_price_must_come_after_the_earlier_one() -> None:
         )
 
 
-def t(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def t(year: int, month: int, day: int, hour: int = 0) -> datetime:
+    return datetime(year, month, day, hour, tzinfo=UTC)
 
 
 def test_windows_split_at_utc_days_and_months_with_partial_ends() -> None:
