@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from policies.errors import PortalError
+from portal.agent import command as agent_command
 from portal.service import command as service_command
 
 EXIT_OK = 0
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_cmd.set_defaults(handler=_demo)
     service_command.register(commands)
+    agent_command.register(commands)
     return parser
 
 

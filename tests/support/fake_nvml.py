@@ -1,4 +1,6 @@
 # ruff: noqa: N802  (methods carry the C function names pynvml looks up)
+# mypy: disable-error-code="no-any-return"
+# (the methods return pynvml's return codes, constants of an untyped module)
 """A fake of the NVML C library, for testing NVML discovery without a GPU.
 
 Only the library is faked: ``install()`` makes pynvml's ``CDLL("libnvidia-ml.so.1")`` return a
@@ -9,7 +11,12 @@ ctypes arguments (handles as pointers, ``byref(...)`` out-parameters whose targe
 define fails with ``NVML_ERROR_FUNCTION_NOT_FOUND``, as with an old driver.
 
 Handles are fake addresses, never dereferenced: GPU ``i`` is ``0x10000 + i * 0x100``, its MIG
-device ``k`` is that plus ``0x10 + k``, its GPU instance ``j`` is ``0x20000 + i * 0x100 + j``.
+device ``k`` is that plus ``0x10 + k``, its GPU instance ``j`` is ``0x20000 + i * 0x100 + j``,
+the event set is ``0x30000`` and GPM sample ``n`` is ``0x40000 + n``.
+
+Sampling calls (utilization, power, temperature, throttle reasons, ECC, PCIe and NVLink
+throughput, XID events, running processes and their utilization, GPM per MIG instance) read
+``FakeGpu.usage`` and ``FakeInstance.usage``; tests change those between samples.
 """
 
 from __future__ import annotations
@@ -45,10 +52,41 @@ class FakeProfile:
 
 
 @dataclass(frozen=True)
+class FakeProcess:
+    """A compute process: on the GPU, or on MIG instance ``instance`` (index in ``instances``)."""
+
+    pid: int
+    memory_mib: int
+    sm_pct: int | None = None  # None: no per-process utilization sample for it
+    instance: int | None = None
+
+
+@dataclass
+class FakeUsage:
+    """What the sampling calls report for a GPU (or, where it applies, a MIG instance)."""
+
+    gpu_pct: int = 0
+    memory_pct: int = 0
+    memory_used_mib: int = 0
+    power_mw: int = 0
+    temperature_c: int = 0
+    throttle_reasons: int = 0
+    ecc_uncorrected: int | None = 0  # None: ECC not supported
+    pcie_tx_kib_s: int = 0
+    pcie_rx_kib_s: int = 0
+    nvlink_tx_kib: int = 0  # cumulative counters
+    nvlink_rx_kib: int = 0
+    activity_pct: float = 0.0  # GPM graphics activity (MIG instances on GPM-capable GPUs)
+    processes: tuple[FakeProcess, ...] = ()
+    xids: list[int] = field(default_factory=list)  # pending XID events, consumed by waits
+
+
+@dataclass(frozen=True)
 class FakeInstance:
     profile: FakeProfile
     start: int
     uuid: str
+    usage: FakeUsage = field(default_factory=FakeUsage, compare=False)
 
 
 @dataclass
@@ -63,6 +101,8 @@ class FakeGpu:
     profiles: tuple[FakeProfile, ...] = ()
     instances: tuple[FakeInstance, ...] = ()
     nvlinks: tuple[tuple[str, int], ...] = ()  # (remote bus id, remote device type) per link
+    gpm: bool = False  # GPU Performance Monitoring (Hopper and later)
+    usage: FakeUsage = field(default_factory=FakeUsage)
 
 
 @dataclass
@@ -83,6 +123,9 @@ def _set_handle(ref: Any, addr: int) -> None:
     ctypes.c_void_p.from_buffer(ref._obj).value = addr
 
 
+_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
 def _int(arg: Any) -> int:
     return int(arg.value) if hasattr(arg, "value") else int(arg)
 
@@ -93,6 +136,8 @@ class FakeNvmlLibrary:
     def __init__(self, machine: FakeMachine) -> None:
         self.machine = machine
         self.initialized = False
+        self.event_gpus: set[int] = set()
+        self.gpm_samples: dict[int, tuple[int, int | None]] = {}
 
     def __getattribute__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -164,11 +209,15 @@ class FakeNvmlLibrary:
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, memory_ref: Any) -> int:
         found = self._gpu(handle)
-        if found is None:
+        if found is not None:
+            total, used = found[1].memory_mib, found[1].usage.memory_used_mib
+        elif (mig := self._mig_device(handle)) is not None:
+            total, used = mig[1].profile.memory_mib, mig[1].usage.memory_used_mib
+        else:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        memory_ref._obj.total = found[1].memory_mib * MIB
-        memory_ref._obj.free = found[1].memory_mib * MIB
-        memory_ref._obj.used = 0
+        memory_ref._obj.total = total * MIB
+        memory_ref._obj.free = (total - used) * MIB
+        memory_ref._obj.used = used * MIB
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetPciInfo_v3(self, handle: Any, pci_ref: Any) -> int:
@@ -323,6 +372,214 @@ class FakeNvmlLibrary:
         id_ref._obj.value = gpu.instances.index(inst) + 1
         return pynvml.NVML_SUCCESS
 
+    # -- sampling ------------------------------------------------------------------------------
+    def _usage(self, handle: Any) -> FakeUsage | None:
+        found = self._gpu(handle)
+        return None if found is None else found[1].usage
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, util_ref: Any) -> int:
+        found = self._gpu(handle)
+        if found is None:
+            # MIG devices have no utilization counters; NVML says so.
+            mig = self._mig_device(handle)
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT if mig is None else _NOT_SUPPORTED
+        if found[1].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE:
+            return _NOT_SUPPORTED
+        util_ref._obj.gpu = found[1].usage.gpu_pct
+        util_ref._obj.memory = found[1].usage.memory_pct
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any, power_ref: Any) -> int:
+        usage = self._usage(handle)
+        if usage is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        power_ref._obj.value = usage.power_mw
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temp_ref: Any) -> int:
+        usage = self._usage(handle)
+        if usage is None or _int(sensor) != pynvml.NVML_TEMPERATURE_GPU:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        temp_ref._obj.value = usage.temperature_c
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, reasons_ref: Any) -> int:
+        usage = self._usage(handle)
+        if usage is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        reasons_ref._obj.value = usage.throttle_reasons
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetTotalEccErrors(
+        self, handle: Any, error_type: Any, counter_type: Any, count_ref: Any
+    ) -> int:
+        usage = self._usage(handle)
+        if usage is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if usage.ecc_uncorrected is None:
+            return _NOT_SUPPORTED
+        uncorrected = _int(error_type) == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        count_ref._obj.value = usage.ecc_uncorrected if uncorrected else 0
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, value_ref: Any) -> int:
+        usage = self._usage(handle)
+        if usage is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        tx = _int(counter) == pynvml.NVML_PCIE_UTIL_TX_BYTES
+        value_ref._obj.value = usage.pcie_tx_kib_s if tx else usage.pcie_rx_kib_s
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values_ref: Any) -> int:
+        found = self._gpu(handle)
+        if found is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        gpu = found[1]
+        counters = {
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: gpu.usage.nvlink_tx_kib,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.usage.nvlink_rx_kib,
+        }
+        values = values_ref._obj
+        for k in range(_int(count)):
+            entry = values[k]
+            if entry.fieldId not in counters or not gpu.nvlinks:
+                entry.nvmlReturn = _NOT_SUPPORTED
+                continue
+            entry.nvmlReturn = pynvml.NVML_SUCCESS
+            entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            entry.value.ullVal = counters[entry.fieldId]
+        return pynvml.NVML_SUCCESS
+
+    def _processes(self, handle: Any) -> tuple[FakeProcess, ...] | None:
+        found = self._gpu(handle)
+        if found is not None:
+            return found[1].usage.processes
+        mig = self._mig_device(handle)
+        if mig is None:
+            return None
+        gpu, inst = mig
+        k = gpu.instances.index(inst)
+        return tuple(p for p in gpu.usage.processes if p.instance == k)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(
+        self, handle: Any, count_ref: Any, array: Any
+    ) -> int:
+        procs = self._processes(handle)
+        if procs is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        count = count_ref._obj
+        if array is None or count.value < len(procs):
+            count.value = len(procs)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_SUCCESS
+        for slot, p in enumerate(procs):
+            array[slot].pid = p.pid
+            array[slot].usedGpuMemory = p.memory_mib * MIB
+            array[slot].gpuInstanceId = 0xFFFFFFFF if p.instance is None else p.instance + 1
+            array[slot].computeInstanceId = 0xFFFFFFFF if p.instance is None else 0
+        count.value = len(procs)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Any, array: Any, count_ref: Any, since: Any
+    ) -> int:
+        found = self._gpu(handle)
+        if found is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if found[1].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE:
+            return _NOT_SUPPORTED
+        sampled = [p for p in found[1].usage.processes if p.sm_pct is not None]
+        if not sampled:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        count = count_ref._obj
+        if array is None or count.value < len(sampled):
+            count.value = len(sampled)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for slot, p in enumerate(sampled):
+            array[slot].pid = p.pid
+            array[slot].timeStamp = _int(since) + 1
+            array[slot].smUtil = p.sm_pct or 0
+        count.value = len(sampled)
+        return pynvml.NVML_SUCCESS
+
+    # -- XID events ----------------------------------------------------------------------------
+    def nvmlEventSetCreate(self, set_ref: Any) -> int:
+        _set_handle(set_ref, 0x30000)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> int:
+        found = self._gpu(handle)
+        if found is None or _addr(event_set) != 0x30000:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if _int(types) & ~pynvml.nvmlEventTypeXidCriticalError:
+            return _NOT_SUPPORTED
+        self.event_gpus.add(found[0])
+        return pynvml.NVML_SUCCESS
+
+    def nvmlEventSetWait_v2(self, event_set: Any, data_ref: Any, timeout_ms: Any) -> int:
+        for i in sorted(self.event_gpus):
+            xids = self.machine.gpus[i].usage.xids
+            if xids:
+                data = data_ref._obj
+                data.device = ctypes.cast(
+                    ctypes.c_void_p(0x10000 + i * 0x100), pynvml.c_nvmlDevice_t
+                )
+                data.eventType = pynvml.nvmlEventTypeXidCriticalError
+                data.eventData = xids.pop(0)
+                return pynvml.NVML_SUCCESS
+        return pynvml.NVML_ERROR_TIMEOUT
+
+    def nvmlEventSetFree(self, event_set: Any) -> int:
+        self.event_gpus.clear()
+        return pynvml.NVML_SUCCESS
+
+    # -- GPM (per MIG instance activity) -------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, handle: Any, support_ref: Any) -> int:
+        found = self._gpu(handle)
+        if found is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        support_ref._obj.isSupportedDevice = int(found[1].gpm)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmSampleAlloc(self, sample_ref: Any) -> int:
+        addr = 0x40000 + len(self.gpm_samples)
+        self.gpm_samples[addr] = (-1, None)
+        _set_handle(sample_ref, addr)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        self.gpm_samples.pop(_addr(sample), None)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: Any, sample: Any) -> int:
+        found = self._gpu(handle)
+        if found is None or _addr(sample) not in self.gpm_samples:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if not found[1].gpm:
+            return _NOT_SUPPORTED
+        gi = _int(gpu_instance_id)
+        if not 1 <= gi <= len(found[1].instances):
+            return pynvml.NVML_ERROR_NOT_FOUND
+        self.gpm_samples[_addr(sample)] = (found[0], gi)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmMetricsGet(self, metrics_ref: Any) -> int:
+        request = metrics_ref._obj
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        first = self.gpm_samples.get(_addr(request.sample1))
+        second = self.gpm_samples.get(_addr(request.sample2))
+        if first is None or second is None or first != second or second[1] is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        inst = self.machine.gpus[second[0]].instances[second[1] - 1]
+        for k in range(request.numMetrics):
+            metric = request.metrics[k]
+            if metric.metricId == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+                metric.value = inst.usage.activity_pct
+            else:
+                metric.nvmlReturn = _NOT_SUPPORTED
+        return pynvml.NVML_SUCCESS
+
 
 def install(monkeypatch: pytest.MonkeyPatch, machine: FakeMachine) -> FakeNvmlLibrary:
     """Make pynvml load the fake library for ``machine`` (undone when the test ends)."""
@@ -443,3 +700,28 @@ def t4_two_sockets() -> FakeMachine:
 
 def no_driver(driver: Driver = Driver.MISSING) -> FakeMachine:
     return FakeMachine(gpus=[], driver=driver)
+
+
+def h100_mig() -> FakeMachine:
+    """2x H100 80GB HBM3 with GPU Performance Monitoring; GPU 0 in MIG mode with 3g.40gb@0
+    (GPU instance 1) and 3g.40gb@4 (GPU instance 2), GPU 1 whole."""
+    instances = (
+        FakeInstance(_profile("3g.40gb"), 0, "MIG-h100-0-a"),
+        FakeInstance(_profile("3g.40gb"), 4, "MIG-h100-0-b"),
+    )
+    return FakeMachine(
+        gpus=[
+            FakeGpu(
+                name="NVIDIA H100 80GB HBM3",
+                uuid=f"GPU-h100m-{i}",
+                memory_mib=81559,
+                bus_id=f"00000000:{bus}:00.0",
+                mig_mode=(pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE)[i == 0],
+                profiles=A100_80GB_PROFILES,  # same names and slices as the H100's
+                instances=instances if i == 0 else (),
+                gpm=True,
+            )
+            for i, bus in enumerate(("1B", "43"))
+        ],
+        ancestor=lambda i, j: pynvml.NVML_TOPOLOGY_NODE,
+    )
