@@ -17,15 +17,23 @@ from panel.viewable import Viewer
 
 from dashboards.auth import HubOAuthIdentity, Identify, Identity
 from dashboards.cluster import ClusterView
+from dashboards.cost import CostView
 from dashboards.landing import LandingView
 from dashboards.my_work import MyWorkView
 from dashboards.sources import ApiSource, Source
-from dashboards.stores import ClusterStore, MyWorkStore, Store, TenantStore, tenants_for
+from dashboards.stores import (
+    ClusterStore,
+    CostStore,
+    MyWorkStore,
+    Store,
+    TenantStore,
+    tenants_for,
+)
 from dashboards.tenant import TenantView
 from portal.api.auth import Caller, Scope
 
 TITLE = "gpuportal"
-VIEWS = ("my_work", "tenant", "cluster")
+VIEWS = ("my_work", "tenant", "cluster", "cost")
 
 
 @dataclass
@@ -73,6 +81,9 @@ def build_view(view: str, source: Source, viewer: Caller, args: Mapping[str, str
         page = Page("Cluster", ClusterView(cluster), [cluster])
     elif view == "tenant":
         page = _tenant_page(source, viewer, args)
+    elif view == "cost":
+        cost = CostStore(source)
+        page = Page("Cost", CostView(cost), [cost])
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name)
         page = Page("My work", MyWorkView(work), [work])

@@ -8,8 +8,10 @@ widen it. Records are frozen and typed; JSON stops at this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -141,6 +143,47 @@ class Workload:
     devices: tuple[Device, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class CostGroup:
+    """One group of a cost summary; keys not grouped by are None. Money is in whole cents
+    (the portal rounds); ``used_gpu_hours``, ``efficiency`` and ``idle_cost`` are None when
+    no utilization was measured."""
+
+    tenant: str | None
+    owner: str | None
+    flavor: str | None
+    period_start: datetime | None
+    allocated_gpu_hours: float
+    used_gpu_hours: float | None
+    efficiency: float | None
+    cost: Decimal
+    idle_cost: Decimal | None
+
+
+@dataclass(frozen=True, slots=True)
+class CostReport:
+    start: datetime
+    end: datetime
+    currency: str
+    measured: bool
+    unpriced_models: tuple[str, ...]
+    groups: tuple[CostGroup, ...]
+    total: CostGroup
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    tenant: str
+    flavor: str | None
+    kind: str
+    period_end: datetime
+    budget: float
+    spent: float
+    projected: float
+    over: bool
+    exhausted_at: datetime | None
+
+
 class Source(Protocol):
     """What the stores read and change. Every call acts as the viewer; errors are
     ``SourceError`` (the portal's error body) or ``httpx.HTTPError`` (no answer)."""
@@ -163,6 +206,19 @@ class Source(Protocol):
         version: int,
     ) -> Quota: ...
     def release(self, workload_id: str) -> Workload: ...
+    def cost(
+        self,
+        group_by: Sequence[str],
+        *,
+        step: str = "whole",
+        start: datetime | None = None,
+        end: datetime | None = None,
+        tenant: str | None = None,
+    ) -> CostReport: ...
+    def budgets(self, tenant: str | None = None) -> list[Budget]: ...
+    def chargeback_csv(
+        self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
+    ) -> str: ...
 
 
 # ------------------------------------------------------------------ over /api/v1
@@ -351,6 +407,77 @@ class ApiSource:
     def release(self, workload_id: str) -> Workload:
         reply = self._send("DELETE", f"/workloads/{quote(workload_id, safe='')}")
         return _workload(reply.json())
+
+    def cost(
+        self,
+        group_by: Sequence[str],
+        *,
+        step: str = "whole",
+        start: datetime | None = None,
+        end: datetime | None = None,
+        tenant: str | None = None,
+    ) -> CostReport:
+        params = {"group_by": list(group_by), "step": step, "tenant": tenant}
+        body = self._send("GET", "/cost", params={**params, **_window(start, end)}).json()
+        return CostReport(
+            start=datetime.fromisoformat(body["start"]),
+            end=datetime.fromisoformat(body["end"]),
+            currency=str(body["currency"]),
+            measured=bool(body["measured"]),
+            unpriced_models=tuple(str(m) for m in body["unpriced_models"]),
+            groups=tuple(_cost_group(g) for g in body["groups"]),
+            total=_cost_group(body["total"]),
+        )
+
+    def budgets(self, tenant: str | None = None) -> list[Budget]:
+        out: list[Budget] = self._list("/cost/budgets", _budget, tenant=tenant)
+        return out
+
+    def chargeback_csv(
+        self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
+    ) -> str:
+        params = {"step": step, **_window(start, end)}
+        return self._send("GET", "/cost/chargeback", params=params).text
+
+
+def _when(raw: object) -> datetime | None:
+    return None if raw is None else datetime.fromisoformat(str(raw))
+
+
+def _cost_group(g: Mapping[str, Any]) -> CostGroup:
+    used, eff, idle = g.get("used_gpu_hours"), g.get("efficiency"), g.get("idle_cost")
+    return CostGroup(
+        tenant=g.get("tenant"),
+        owner=g.get("owner"),
+        flavor=g.get("flavor"),
+        period_start=_when(g.get("period_start")),
+        allocated_gpu_hours=float(g["allocated_gpu_hours"]),
+        used_gpu_hours=float(used) if used is not None else None,
+        efficiency=float(eff) if eff is not None else None,
+        cost=Decimal(str(g["cost"])),
+        idle_cost=Decimal(str(idle)) if idle is not None else None,
+    )
+
+
+def _budget(b: Mapping[str, Any]) -> Budget:
+    return Budget(
+        tenant=str(b["tenant"]),
+        flavor=b.get("flavor"),
+        kind=str(b["kind"]),
+        period_end=datetime.fromisoformat(str(b["period_end"])),
+        budget=float(b["budget"]),
+        spent=float(b["spent"]),
+        projected=float(b["projected"]),
+        over=bool(b["over"]),
+        exhausted_at=_when(b.get("exhausted_at")),
+    )
+
+
+def _window(start: datetime | None, end: datetime | None) -> dict[str, str | None]:
+    return {
+        "start": start.isoformat() if start else None,
+        "end": end.isoformat() if end else None,
+    }
 
 
 def _error(reply: httpx.Response) -> SourceError:

@@ -15,11 +15,13 @@ import pytest
 import uvicorn
 
 from dashboards.sources import ApiSource
+from portal.accounting.service import Accounting
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
+from portal.api.cost import use_accounting
 from portal.store.writer import Store
-from tests.dashboards.seed import VIEWERS, seed
+from tests.dashboards.seed import PRICES, VIEWERS, SeedClock, seed
 
 
 def free_port() -> int:
@@ -44,9 +46,11 @@ class Portal:
 @pytest.fixture
 def portal(tmp_path: Path) -> Iterator[Portal]:
     store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
-    alloc = Allocator(store)
-    seed(alloc)
+    clock = SeedClock()
+    alloc = Allocator(store, clock=clock)
+    seed(alloc, clock)
     app = create_app(alloc, StaticAuthenticator(VIEWERS))
+    use_accounting(app, Accounting(store, PRICES, clock=clock))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

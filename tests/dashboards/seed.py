@@ -15,17 +15,52 @@ Workloads, in order:
 | bob | team-b | nb-bob | 2 × H100 | runs |
 | bob | team-b | mig-bob | A100 1g.10gb | runs |
 | bob | team-b | train-b | 8 × H100 | queued: team-b's limit 8 < 2 + 8 (reason quota) |
+
+All start at ``START`` (2026-11-02 09:00 UTC); the clock then stands at ``NOW``, 24 hours later.
+Prices per GPU-hour: H100-80GB 4.00, A100-80GB 2.00, T4 0.40 USD; money budgets team-a 500,
+team-b 300. Cost from Nov 1 to ``NOW``:
+
+- team-a: nb-alice 1 × 24 h × 4.00 = 96.00; train-a 4 × 24 × 4.00 = 384.00; infer-a
+  0.25 × 24 × 0.40 = 2.40: **482.40** (15 h on Nov 2: 301.50, 9 h on Nov 3: 180.90)
+- team-b: nb-bob 2 × 24 × 4.00 = 192.00; mig-bob 1/7 × 24 × 2.00 = 6.857…: **198.86**
+  (Nov 2: 120 + 30/7 = 124.29; Nov 3: 72 + 18/7 = 74.57)
+- per flavor: H100-80GB 672.00, A100-80GB/1g.10gb 6.86, T4/share 2.40; total 681.26
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
 from policies.flavors import FlavorKind
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
+from portal.accounting.prices import PriceConfig, price_config
 from portal.allocator import Allocator
 from portal.api.auth import Caller, CallerKind, Scope
 from portal.inventory.simulated import load_demo
 
 S = Scope
+START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+NOW = START + timedelta(hours=24)
+PRICES: PriceConfig = price_config(
+    {
+        "currency": "USD",
+        "prices": {"H100-80GB": "4.00", "A100-80GB": "2.00", "T4": "0.40"},
+        "budgets": {"team-a": "500", "team-b": "300"},
+    }
+)
+
+
+@dataclass
+class SeedClock:
+    """The allocator's and accounting's clock: ``START`` while seeding, then ``NOW``."""
+
+    now: datetime = field(default=START)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
 READ_ALL = (S.QUOTAS_READ, S.USAGE_READ, S.QUEUE_READ, S.WORKLOADS_READ, S.COST_READ)
 
 
@@ -63,8 +98,10 @@ def _gpus(n: int, model: str = "H100-80GB") -> DeviceRequest:
     return DeviceRequest(FlavorKind.GPU, count=n, models=frozenset({model}))
 
 
-def seed(alloc: Allocator) -> None:
-    """Start ``alloc`` on the demo inventory with the tenants, quotas and workloads above."""
+def seed(alloc: Allocator, clock: SeedClock) -> None:
+    """Start ``alloc`` (running on ``clock``) on the demo inventory with the tenants, quotas
+    and workloads above; leaves the clock at ``NOW``."""
+    clock.now = START
     alloc.start(load_demo())
     for t in ("team-a", "team-b"):
         alloc.set_tenant(t, cohort="research")
@@ -82,3 +119,4 @@ def seed(alloc: Allocator) -> None:
         ("team-b", "bob", "train-b", _gpus(8), WorkloadKind.JOB),
     ):
         alloc.request(WorkloadRequest(tenant, owner, name, devices, kind=kind))
+    clock.now = NOW
