@@ -19,6 +19,7 @@ BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},
     ("PUT", "/api/v1/tenants/{tenant}/quotas/{flavor}"): {"guaranteed": 1, "limit": 2},
     ("POST", "/api/v1/workloads"): gpu_request(),
+    ("POST", "/api/v1/telemetry/samples"): {"node": "n1", "source": "nvml", "samples": []},
 }
 PORTAL_SCOPES = {s.value for s in Scope}
 

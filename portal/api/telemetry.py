@@ -1,0 +1,187 @@
+"""``/api/v1/telemetry``: node agents send GPU samples; dashboards read series.
+
+``POST /telemetry/samples`` needs ``telemetry:write`` unfiltered (an agent reports every
+workload on its node). ``GET /telemetry/series`` needs ``usage:read``: unfiltered it shows any
+device or workload; filtered to tenants it shows their workloads and the devices those hold now.
+
+The routes use ``app.state.telemetry`` (a ``portal.telemetry.service.Telemetry``; set it with
+``use_telemetry``); without one they build one over the allocator's database on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.errors import Forbidden, InvalidRequest
+from portal.allocator import Allocator
+from portal.api.auth import Caller, Scope
+from portal.api.deps import allocator, requires
+from portal.api.errors import ERROR_RESPONSES
+from portal.telemetry.reads import MAX_POINTS, Point, Resolution, series
+from portal.telemetry.service import Telemetry
+from portal.telemetry.wire import IngestResult, SampleBatch
+
+router = APIRouter(prefix="/telemetry", tags=["telemetry"], responses=ERROR_RESPONSES)
+
+MAX_RANGE_S = 400 * 86_400
+MAX_WORKLOADS = 200
+_lock = threading.Lock()
+
+
+def use_telemetry(app: FastAPI, telemetry: Telemetry) -> None:
+    """Serve the telemetry routes from ``telemetry`` (its clock, retention, attribution)."""
+    app.state.telemetry = telemetry
+
+
+def telemetry_of(request: Request, alloc: Annotated[Allocator, Depends(allocator)]) -> Telemetry:
+    with _lock:
+        t: Telemetry | None = getattr(request.app.state, "telemetry", None)
+        if t is None:
+            t = Telemetry(alloc)
+            request.app.state.telemetry = t
+        return t
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PointOut(_Model):
+    at: float = Field(description="Sample time, or the start of the bucket (epoch s).")
+    samples: int = Field(ge=0, description="Raw samples this point summarizes.")
+    utilization_avg: float | None = Field(
+        description="GPU utilization %, of the device (a workload: of the GPUs it uses; a "
+        "share: its own processes' part of the GPU); null: not measured."
+    )
+    utilization_min: float | None
+    utilization_max: float | None
+    memory_used_avg: float = Field(description="MiB, per device.")
+    memory_used_max: float
+    activity_avg: float | None = Field(
+        default=None, description="SM/engine activity %; null: not measured or a workload."
+    )
+    power_avg: float | None = None
+    power_max: float | None = None
+    temperature_max: float | None = None
+
+
+class SeriesOut(_Model):
+    device: str | None = Field(description="The device, for a device series; else null.")
+    workload_id: str | None = Field(description="The workload, for a workload series.")
+    points: list[PointOut] = Field(description="Oldest first.")
+
+
+class SeriesPage(_Model):
+    resolution: Resolution
+    start: float = Field(description="Epoch s, inclusive.")
+    end: float = Field(description="Epoch s, exclusive.")
+    series: list[SeriesOut]
+
+
+@router.post(
+    "/samples",
+    response_model=IngestResult,
+    summary="Send GPU samples of one node (agents, the Prometheus source)",
+)
+def post_samples(
+    body: SampleBatch,
+    caller: Annotated[Caller, requires(Scope.TELEMETRY_WRITE)],
+    telemetry: Annotated[Telemetry, Depends(telemetry_of)],
+) -> IngestResult:
+    """A malformed batch is refused whole (422); unusable samples are rejected one by one
+    (unknown GPU, wrong node, clock skew, past retention), listed with their reasons."""
+    if not caller.can_everywhere(Scope.TELEMETRY_WRITE):
+        raise Forbidden(
+            f"{caller.kind} {caller.name} holds {Scope.TELEMETRY_WRITE} only for some tenants; "
+            "an agent reports every workload on its node and needs it unfiltered"
+        )
+    return telemetry.ingest(body)
+
+
+def _point(p: Point) -> PointOut:
+    return PointOut(
+        at=p.at,
+        samples=p.samples,
+        utilization_avg=p.utilization_avg,
+        utilization_min=p.utilization_min,
+        utilization_max=p.utilization_max,
+        memory_used_avg=p.memory_used_avg,
+        memory_used_max=p.memory_used_max,
+        activity_avg=p.activity_avg,
+        power_avg=p.power_avg,
+        power_max=p.power_max,
+        temperature_max=p.temperature_max,
+    )
+
+
+@router.get("/series", response_model=SeriesPage, summary="Utilization series")
+def get_series(
+    caller: Annotated[Caller, requires(Scope.USAGE_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    telemetry: Annotated[Telemetry, Depends(telemetry_of)],
+    device: Annotated[
+        str | None,
+        Query(max_length=128, description="A GPU UUID, or <GPU UUID>/gi<id> for MIG."),
+    ] = None,
+    workload_id: Annotated[str | None, Query(max_length=64, description="A workload.")] = None,
+    resolution: Annotated[Resolution, Query(description="raw, 1m or 1h.")] = Resolution.MINUTE,
+    start: Annotated[
+        float | None, Query(ge=0, description="Epoch s; default: an hour before end.")
+    ] = None,
+    end: Annotated[float | None, Query(gt=0, description="Epoch s; default: now.")] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_POINTS, description="Most points per series.")
+    ] = MAX_POINTS,
+) -> SeriesPage:
+    """One device, one workload, or (neither given) every live workload the caller may see."""
+    hi = end if end is not None else time.time()
+    lo = start if start is not None else hi - 3600
+    if not 0 < hi - lo <= MAX_RANGE_S:
+        raise InvalidRequest("time range", f"[{lo}, {hi})", f"end > start, at most {MAX_RANGE_S} s")
+    everywhere = caller.can_everywhere(Scope.USAGE_READ)
+    tenants = caller.tenants_for(Scope.USAGE_READ)
+    engine = telemetry.store.engine
+    targets: list[tuple[str | None, str | None]]
+    if device is not None and workload_id is not None:
+        raise InvalidRequest("series", "device and workload_id", "one of them, or neither")
+    if device is not None:
+        if not everywhere:
+            holders = telemetry.index().holders.get(device.split("/", 1)[0], ())
+            if not any(h.tenant in tenants for h in holders):
+                raise Forbidden(
+                    f"device {device} is not held by a workload of your tenants "
+                    f"({', '.join(sorted(tenants))})"
+                )
+        targets = [(device, None)]
+    elif workload_id is not None:
+        caller.require(Scope.USAGE_READ, alloc.status(workload_id).tenant)
+        targets = [(None, workload_id)]
+    else:
+        live = [w for w in alloc.workloads() if w.allocations]
+        shown = [w.id for w in live if everywhere or w.tenant in tenants]
+        targets = [(None, wid) for wid in shown[:MAX_WORKLOADS]]
+    out = [
+        SeriesOut(
+            device=d,
+            workload_id=w,
+            points=[
+                _point(p)
+                for p in series(
+                    engine,
+                    resolution=resolution,
+                    start=lo,
+                    end=hi,
+                    device=d,
+                    workload_id=w,
+                    limit=limit,
+                )
+            ],
+        )
+        for d, w in targets
+    ]
+    return SeriesPage(resolution=resolution, start=lo, end=hi, series=out)
