@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU, Flavor, FlavorKind
@@ -51,6 +52,23 @@ def _label_value(what: str, value: object) -> str:
     if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise InvalidRequest(what, repr(value), _ID_VALID)
     return value
+
+
+class AllocationLike(Protocol):
+    """An allocation's fields a pod needs (``AllocationRecord``, the API's ``AllocationOut``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def flavor(self) -> str: ...
+    @property
+    def gpus(self) -> Sequence[int]: ...
+    @property
+    def gpu_uuids(self) -> Sequence[str]: ...
+    @property
+    def milli(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +133,22 @@ class PodPlacement:
         object.__setattr__(self, "gpu_uuids", uuids)
         object.__setattr__(self, "kind", parsed.kind)
         object.__setattr__(self, "mig_profile", parsed.profile)
+
+    @staticmethod
+    def of(tenant: str, workload_id: str, allocation: AllocationLike) -> PodPlacement:
+        """From an allocation as the allocator or the portal API gives it. UUIDs count only
+        when every GPU has one (inventories built from node labels know none)."""
+        uuids = tuple(allocation.gpu_uuids)
+        return PodPlacement(
+            tenant=tenant,
+            workload_id=workload_id,
+            allocation_id=allocation.id,
+            node=allocation.node,
+            flavor=allocation.flavor,
+            gpus=tuple(allocation.gpus),
+            gpu_uuids=uuids if uuids and all(uuids) else (),
+            milli=allocation.milli,
+        )
 
 
 @dataclass(frozen=True, slots=True)

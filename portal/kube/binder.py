@@ -1,0 +1,349 @@
+"""The portal as the scheduler of record for GPU pods (architecture decision 1).
+
+The allocator decides where a GPU workload runs; the binder makes Kubernetes follow that
+decision. Pods with ``schedulerName: gpuportal`` are left alone by the default scheduler; the
+binder binds each one to its allocation's node through the Binding API (``pods/binding``).
+
+One pass (``Binder.bind_pending``), in steps:
+
+1. list the unbound pods with our scheduler name (a field selector: the apiserver filters), and
+   every pod carrying the portal's labels, for the allocations already in use;
+2. decide each pending pod on that snapshot and the allocator's answer (``decide``): bind to the
+   allocation's node, or hold with a reason — no allocation annotation, an unknown allocation,
+   an allocation that is queued or has ended, a pod outside its tenant's namespace, or an
+   allocation another pod already uses. Nothing is guessed: a held pod stays Pending;
+3. act: create the Binding (with the pod's uid as precondition, so a pod re-created under the
+   same name is never bound on a stale decision), or post a Warning Event on the pod that says
+   why it waits (named after pod, uid and reason, so repeating a pass posts it once).
+
+A pass is idempotent and keeps no state: a pod already bound is not listed again, and a Binding
+refused because the pod is bound meanwhile (409) counts as done. A restarted binder simply runs
+the next pass.
+
+The reverse direction, pods deleted behind the hub's back, is ``portal.kube.sweep``; ``run``
+drives both in the portal service.
+
+Kubernetes objects become typed views (``PodView``) at the boundary; decisions use only views.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from policies.errors import NotFound
+from policies.isolation import IsolationSettings
+from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME, PodKeys
+from portal.kube.sweep import Sweeper
+from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
+from portal.store.records import WorkloadState
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# ---- deciding --------------------------------------------------------------------------------
+
+
+class HoldReason(StrEnum):
+    """Why a pod is not bound (the ``reason`` of the Event posted on it)."""
+
+    NO_ALLOCATION = "NoGPUAllocation"
+    UNKNOWN_ALLOCATION = "UnknownGPUAllocation"
+    ALLOCATION_QUEUED = "GPUAllocationQueued"
+    ALLOCATION_ENDED = "GPUAllocationEnded"
+    WRONG_NAMESPACE = "GPUAllocationOfAnotherTenant"
+    ALLOCATION_IN_USE = "GPUAllocationInUse"
+
+    @property
+    def event_type(self) -> str:
+        # Waiting in the queue is normal; everything else needs someone to act.
+        return "Normal" if self is HoldReason.ALLOCATION_QUEUED else "Warning"
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Bind ``pod`` to ``node``."""
+
+    pod: PodView
+    node: str
+    workload_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Leave ``pod`` Pending; ``message`` says why and what would unblock it."""
+
+    pod: PodView
+    reason: HoldReason
+    message: str
+
+
+Decision = Bind | Hold
+
+
+def in_use(pods: Iterable[PodView], keys: PodKeys) -> dict[str, PodView]:
+    """Allocation id -> the pod holding it: bound to a node and neither finished nor deleted."""
+    held: dict[str, PodView] = {}
+    for p in pods:
+        allocation = p.annotations.get(keys.allocation)
+        if allocation and p.node_name and p.phase not in FINISHED_PHASES and not p.deleting:
+            held[allocation] = p
+    return held
+
+
+def decide(
+    pod: PodView,
+    source: AllocationSource,
+    settings: IsolationSettings,
+    holders: Mapping[str, PodView],
+) -> Decision:
+    """Where ``pod`` goes, from its annotations and the allocator's answer (see module doc)."""
+    keys = PodKeys.of(settings)
+    workload_id = pod.annotations.get(keys.workload)
+    allocation_id = pod.annotations.get(keys.allocation)
+    if not workload_id or not allocation_id:
+        return Hold(
+            pod,
+            HoldReason.NO_ALLOCATION,
+            f"pod {pod} uses scheduler {SCHEDULER_NAME} but lacks the annotations "
+            f"{keys.workload} and {keys.allocation}; the portal binds only pods it allocated "
+            "devices for: start it through JupyterHub or the portal API",
+        )
+    try:
+        status = source.status(workload_id)
+    except NotFound:
+        return Hold(
+            pod,
+            HoldReason.UNKNOWN_ALLOCATION,
+            f"the portal has no workload {workload_id} (pod {pod}); it will not be bound",
+        )
+    if status.state is WorkloadState.QUEUED:
+        where = f" ({status.message})" if status.message else ""
+        return Hold(
+            pod,
+            HoldReason.ALLOCATION_QUEUED,
+            f"workload {workload_id} is queued{where}; the pod is bound once it is allocated",
+        )
+    if status.state is not WorkloadState.RUNNING:
+        why = f": {status.reason}" if status.reason else ""
+        return Hold(
+            pod,
+            HoldReason.ALLOCATION_ENDED,
+            f"workload {workload_id} is {status.state.value}{why}; its devices are no longer "
+            f"held, so pod {pod} will not be bound: delete it",
+        )
+    allocation = next((a for a in status.allocations if a.id == allocation_id), None)
+    if allocation is None:
+        known = ", ".join(a.id for a in status.allocations) or "none"
+        return Hold(
+            pod,
+            HoldReason.UNKNOWN_ALLOCATION,
+            f"workload {workload_id} has no allocation {allocation_id} (it holds: {known}); "
+            f"pod {pod} will not be bound",
+        )
+    expected = settings.namespace(status.tenant)
+    if pod.namespace != expected:
+        return Hold(
+            pod,
+            HoldReason.WRONG_NAMESPACE,
+            f"allocation {allocation_id} belongs to tenant {status.tenant}, whose pods run in "
+            f"namespace {expected}; pod {pod} will not be bound",
+        )
+    holder = holders.get(allocation_id)
+    if holder is not None and holder.uid != pod.uid:
+        return Hold(
+            pod,
+            HoldReason.ALLOCATION_IN_USE,
+            f"allocation {allocation_id} is already used by pod {holder} on node "
+            f"{holder.node_name}; pod {pod} will not be bound",
+        )
+    return Bind(pod, allocation.node, workload_id)
+
+
+# ---- acting ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BindReport:
+    """What one pass did: pods bound (pod, node), held (pod, reason), failed (pod, error)."""
+
+    bound: tuple[tuple[str, str], ...] = ()
+    held: tuple[tuple[str, HoldReason], ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+
+
+def _status_message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.body or error.reason)
+
+
+class Binder:
+    """Binds the portal's pending pods (see the module doc). Thread-safe: one pass at a time.
+
+    Needs, cluster-wide: pods get/list/watch, pods/binding create, events create.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        source: AllocationSource,
+        settings: IsolationSettings,
+        *,
+        clock: Clock = utcnow,
+        instance: str = "gpuportal",
+    ) -> None:
+        self._core = client.CoreV1Api(api_client)
+        self._source = source
+        self._settings = settings
+        self._keys = PodKeys.of(settings)
+        self._clock = clock
+        self._instance = instance
+        self._lock = threading.Lock()
+
+    def pending(self) -> list[PodView]:
+        """Our scheduler's pods that no node holds yet (and that are not being deleted)."""
+        pods = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName="
+        ).items
+        return [v for v in map(pod_view, pods) if not v.deleting]
+
+    def portal_pods(self) -> list[PodView]:
+        """Every pod carrying the portal's workload and allocation labels."""
+        pods = self._core.list_pod_for_all_namespaces(label_selector=self._keys.selector()).items
+        return [pod_view(p) for p in pods]
+
+    def decide_all(self) -> list[Decision]:
+        """Steps 1 and 2: the decisions for every pending pod, on one snapshot."""
+        pending = self.pending()
+        if not pending:
+            return []
+        holders = in_use(self.portal_pods(), self._keys)
+        decisions: list[Decision] = []
+        for pod in sorted(pending, key=lambda p: (p.namespace, p.name)):
+            decision = decide(pod, self._source, self._settings, holders)
+            if isinstance(decision, Bind):
+                # Two pending pods naming one allocation: the first (by name) gets it.
+                holders = {**holders, pod.annotations[self._keys.allocation]: pod}
+            decisions.append(decision)
+        return decisions
+
+    def bind_pending(self) -> BindReport:
+        """One pass: decide on a snapshot, then act on every decision."""
+        with self._lock:
+            bound: list[tuple[str, str]] = []
+            held: list[tuple[str, HoldReason]] = []
+            failed: list[tuple[str, str]] = []
+            for decision in self.decide_all():
+                try:
+                    self.act(decision)
+                except ApiException as e:
+                    log.warning("binder: %s failed: %s", decision.pod, _status_message(e))
+                    failed.append((str(decision.pod), _status_message(e)))
+                    continue
+                if isinstance(decision, Bind):
+                    bound.append((str(decision.pod), decision.node))
+                else:
+                    held.append((str(decision.pod), decision.reason))
+            return BindReport(tuple(bound), tuple(held), tuple(failed))
+
+    def act(self, decision: Decision) -> None:
+        """Carry out one decision. A pod bound or deleted meanwhile is not an error."""
+        if isinstance(decision, Bind):
+            self._bind(decision)
+        else:
+            self._post_event(decision)
+
+    def _bind(self, decision: Bind) -> None:
+        pod = decision.pod
+        # Plain-dict bodies: the client sends them as they are, its hints name models.
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            # The uid is a precondition: a pod re-created under this name is not bound.
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": decision.node},
+        }
+        try:
+            # The generated client cannot read the Status this call answers with: skip parsing.
+            self._core.create_namespaced_pod_binding(
+                pod.name, pod.namespace, body, _preload_content=False
+            )
+        except ApiException as e:
+            if e.status in (404, 409):
+                log.info("binder: %s is gone or bound meanwhile: %s", pod, _status_message(e))
+                return
+            raise
+        log.info("binder: bound %s to %s (workload %s)", pod, decision.node, decision.workload_id)
+
+    def _post_event(self, decision: Hold) -> None:
+        pod = decision.pod
+        now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        name = f"{pod.name}.{pod.uid[:8]}.{decision.reason.lower()}"
+        event: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name[:253], "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            },
+            "reason": str(decision.reason),
+            "message": decision.message,
+            "type": decision.reason.event_type,
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._core.create_namespaced_event(pod.namespace, event, _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                return  # posted by an earlier pass: the pod is still held for the same reason
+            raise
+        log.info("binder: holding %s: %s", pod, decision.message)
+
+
+def run(
+    binder: Binder,
+    sweeper: Sweeper,
+    stop: threading.Event,
+    *,
+    bind_interval_s: float = 1.0,
+    sweep_interval_s: float = 10.0,
+) -> None:
+    """Bind every ``bind_interval_s`` and sweep every ``sweep_interval_s`` until ``stop`` is
+    set. Errors are logged and the loop goes on: the next pass retries."""
+    next_sweep = time.monotonic()
+    while not stop.is_set():
+        try:
+            binder.bind_pending()
+            if time.monotonic() >= next_sweep:
+                sweeper.sweep()
+                next_sweep = time.monotonic() + sweep_interval_s
+        except Exception:  # one bad pass must not end the portal's scheduling
+            log.exception("binder pass failed; retrying in %.1f s", bind_interval_s)
+        stop.wait(bind_interval_s)
