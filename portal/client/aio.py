@@ -1,0 +1,186 @@
+"""``AsyncPortal``: the same client for asyncio code (the spawners, the dashboards).
+
+Every method builds its requests and reads its answers through ``portal.client.core``, like
+``Portal``; see ``Portal`` for what each returns and raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import TypeVar, cast
+
+import httpx
+
+from policies.requests import WorkloadKind
+from portal.api.schemas import (
+    MAX_PAGE,
+    CapacityOut,
+    DevicesIn,
+    NodeOut,
+    QueueEntryOut,
+    QuotaOut,
+    TenantOut,
+    UsageOut,
+    WorkloadOut,
+)
+from portal.client import core
+from portal.client.config import resolve_token, resolve_url
+from portal.client.core import Call, Op, WithETag
+from portal.client.sync import http_options
+from portal.store.records import WorkloadState
+
+T = TypeVar("T")
+
+
+class AsyncPortal:
+    """``Portal`` with ``async`` methods over ``httpx.AsyncClient``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 2,
+        page_size: int = MAX_PAGE,
+    ) -> None:
+        self.url = resolve_url(url)
+        self._retries = retries
+        self._page_size = core.check_page_size(page_size)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, **http_options(resolve_token(token), timeout)
+        )
+
+    def __repr__(self) -> str:
+        return f"AsyncPortal({self.url!r})"
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncPortal:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _send(self, call: Call) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                return await self._http.request(
+                    call.method,
+                    call.path,
+                    params=dict(call.params),
+                    json=call.body,
+                    headers=dict(call.headers),
+                )
+            except httpx.TransportError as exc:
+                await asyncio.sleep(core.retry_delay(self.url, call, exc, attempt, self._retries))
+                attempt += 1
+
+    async def _run(self, op: Op[T]) -> T:
+        try:
+            call = next(op)
+            while True:
+                call = op.send(await self._send(call))
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    async def tenants(self) -> list[TenantOut]:
+        return await self._run(core.tenants(self._page_size))
+
+    async def tenant(self, name: str) -> WithETag[TenantOut]:
+        return await self._run(core.tenant(name))
+
+    async def quotas(self, tenant: str | None = None) -> list[QuotaOut]:
+        return await self._run(core.quotas(self._page_size, tenant))
+
+    async def quota(self, tenant: str, flavor: str) -> WithETag[QuotaOut]:
+        return await self._run(core.quota(tenant, flavor))
+
+    async def set_quota(
+        self,
+        tenant: str,
+        flavor: str,
+        *,
+        guaranteed: int,
+        limit: int,
+        budget_gpu_hours: float | None = None,
+        if_match: str | None = None,
+        create: bool = False,
+    ) -> WithETag[QuotaOut]:
+        return await self._run(
+            core.set_quota(
+                tenant,
+                flavor,
+                guaranteed=guaranteed,
+                limit=limit,
+                budget_gpu_hours=budget_gpu_hours,
+                if_match=if_match,
+                create=create,
+            )
+        )
+
+    async def request(
+        self,
+        tenant: str,
+        flavor: str | None = None,
+        *,
+        count: int = 1,
+        milli: int = 0,
+        gpu_memory_mib: int = 0,
+        devices: DevicesIn | None = None,
+        name: str | None = None,
+        kind: WorkloadKind = WorkloadKind.NOTEBOOK,
+        priority: int = 0,
+        gang_size: int = 1,
+        expected_duration_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkloadOut:
+        want = core.devices_for(
+            flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
+        )
+        return await self._run(
+            core.request(
+                tenant,
+                want,
+                name=name or str(kind),
+                kind=kind,
+                priority=priority,
+                gang_size=gang_size,
+                expected_duration_s=expected_duration_s,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def status(self, workload_id: str) -> WorkloadOut:
+        return await self._run(core.status(workload_id))
+
+    async def release(self, workload_id: str) -> WorkloadOut:
+        return await self._run(core.release(workload_id))
+
+    async def cancel(self, workload_id: str) -> WorkloadOut:
+        return await self._run(core.release(workload_id))
+
+    async def workloads(
+        self, tenant: str | None = None, state: WorkloadState | str | None = None
+    ) -> list[WorkloadOut]:
+        return await self._run(core.workloads(self._page_size, tenant, state))
+
+    async def queue(self, tenant: str | None = None) -> list[QueueEntryOut]:
+        return await self._run(core.queue(self._page_size, tenant))
+
+    async def usage(self, tenant: str | None = None) -> list[UsageOut]:
+        return await self._run(core.usage(self._page_size, tenant))
+
+    async def nodes(self) -> list[NodeOut]:
+        return await self._run(core.nodes(self._page_size))
+
+    async def node(self, name: str) -> NodeOut:
+        return await self._run(core.node(name))
+
+    async def capacity(self) -> list[CapacityOut]:
+        return await self._run(core.capacity())

@@ -1,0 +1,289 @@
+"""What the sync and async clients share: every request built and every answer read once.
+
+Each operation is a generator that yields ``Call``s and receives the ``httpx.Response`` to each,
+then returns its typed result; ``Portal`` and ``AsyncPortal`` only send (``drive``). Listing all
+pages of a list is therefore written once too. The answers are the API's own schemas
+(``portal.api.schemas``), so there is one definition of every field.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from policies.errors import InvalidRequest
+from policies.flavors import Flavor, FlavorKind
+from policies.requests import WorkloadKind
+from portal.api.schemas import (
+    MAX_PAGE,
+    CapacityOut,
+    DevicesIn,
+    NodeOut,
+    Page,
+    QueueEntryOut,
+    QuotaOut,
+    TenantOut,
+    UsageOut,
+    WorkloadOut,
+)
+from portal.client.errors import ApiError, PortalUnreachable, error_from_response
+from portal.store.records import WorkloadState
+
+API = "api/v1"
+"""Path of the API under the portal's URL (relative: the portal may run under a prefix)."""
+
+RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+"""Pause before each retry after a transport failure; the last repeats."""
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP request, relative to the portal's URL."""
+
+    method: str
+    path: str
+    params: Mapping[str, str | int] = field(default_factory=dict)
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    idempotent: bool = False
+    """Safe to send again when an answer was lost (GET, DELETE, POST with an idempotency key)."""
+
+
+Op = Generator[Call, httpx.Response, T]
+"""An operation: yields calls, receives their responses, returns the result."""
+
+
+@dataclass(frozen=True, slots=True)
+class WithETag(Generic[T]):
+    """A resource and its ``ETag``; pass ``etag`` back as ``if_match`` to change it."""
+
+    value: T
+    etag: str
+
+
+def retry_delay(
+    url: str, call: Call, exc: httpx.TransportError, attempt: int, retries: int
+) -> float:
+    """Seconds to wait before sending ``call`` again after ``exc`` on attempt ``attempt``
+    (0-based); raises ``PortalUnreachable`` when it must not or may no more.
+
+    A failed connection never reached the server, so any call may go again; after that only
+    idempotent calls may, since the server may have acted on the first.
+    """
+    retryable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or call.idempotent
+    if not retryable or attempt >= retries:
+        raise PortalUnreachable(url, exc) from exc
+    return RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+
+
+def checked(response: httpx.Response) -> Any:
+    """The JSON of a successful answer; raises the portal's exception for an error answer."""
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ApiError(
+            response.status_code,
+            "error",
+            f"{response.request.method} {response.request.url} answered {response.status_code} "
+            "without JSON (is the portal URL right?)",
+            url=str(response.request.url),
+        ) from exc
+
+
+def _seg(value: str) -> str:
+    """One path segment, escaped (``/`` too)."""
+    return quote(value, safe="")
+
+
+def _filters(**values: str | None) -> dict[str, str | int]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+# ------------------------------------------------------------------ building blocks
+
+
+def one(call: Call, model: type[M]) -> Op[M]:
+    response = yield call
+    return model.model_validate(checked(response))
+
+
+def tagged(call: Call, model: type[M]) -> Op[WithETag[M]]:
+    response = yield call
+    value = model.model_validate(checked(response))
+    return WithETag(value, response.headers.get("ETag", ""))
+
+
+def every_page(
+    path: str, model: type[M], page_size: int, params: Mapping[str, str | int] | None = None
+) -> Op[list[M]]:
+    """All items of a paged list, following ``next_offset`` to the last page."""
+    items: list[M] = []
+    offset = 0
+    while True:
+        query = {**(params or {}), "limit": page_size, "offset": offset}
+        response = yield Call("GET", path, query, idempotent=True)
+        page = Page[dict[str, Any]].model_validate(checked(response))
+        items.extend(model.model_validate(item) for item in page.items)
+        if page.next_offset is None:
+            return items
+        if page.next_offset <= offset:
+            raise ApiError(
+                500, "error", f"GET {path} paged backwards: next_offset {page.next_offset}"
+            )
+        offset = page.next_offset
+
+
+# ------------------------------------------------------------------ the operations
+
+
+def tenants(page_size: int) -> Op[list[TenantOut]]:
+    return (yield from every_page(f"{API}/tenants", TenantOut, page_size))
+
+
+def tenant(name: str) -> Op[WithETag[TenantOut]]:
+    call = Call("GET", f"{API}/tenants/{_seg(name)}", idempotent=True)
+    return (yield from tagged(call, TenantOut))
+
+
+def quotas(page_size: int, tenant: str | None) -> Op[list[QuotaOut]]:
+    return (yield from every_page(f"{API}/quotas", QuotaOut, page_size, _filters(tenant=tenant)))
+
+
+def _quota_path(tenant: str, flavor: str) -> str:
+    # The route's flavor is a path parameter that may hold '/': H100-80GB/3g.40gb.
+    return f"{API}/tenants/{_seg(tenant)}/quotas/{quote(flavor, safe='/')}"
+
+
+def quota(tenant: str, flavor: str) -> Op[WithETag[QuotaOut]]:
+    call = Call("GET", _quota_path(tenant, flavor), idempotent=True)
+    return (yield from tagged(call, QuotaOut))
+
+
+def set_quota(
+    tenant: str,
+    flavor: str,
+    *,
+    guaranteed: int,
+    limit: int,
+    budget_gpu_hours: float | None,
+    if_match: str | None,
+    create: bool,
+) -> Op[WithETag[QuotaOut]]:
+    if create and if_match is not None:
+        raise InvalidRequest("if_match", if_match, "None when create=True (If-None-Match: *)")
+    headers = {"If-None-Match": "*"} if create else {}
+    if if_match is not None:
+        headers["If-Match"] = if_match
+    body = {"guaranteed": guaranteed, "limit": limit, "budget_gpu_hours": budget_gpu_hours}
+    call = Call("PUT", _quota_path(tenant, flavor), body=body, headers=headers)
+    return (yield from tagged(call, QuotaOut))
+
+
+def devices_for(
+    flavor: str | None, *, count: int, milli: int, gpu_memory_mib: int, devices: DevicesIn | None
+) -> DevicesIn:
+    """The ``devices`` of a request for ``flavor`` (``H100-80GB``, ``H100-80GB/3g.40gb``,
+    ``T4/share``), or ``devices`` as given; neither: CPU only."""
+    if devices is not None:
+        if flavor is not None:
+            raise InvalidRequest("flavor", flavor, "None when devices is given (one or the other)")
+        return devices
+    if flavor is None:
+        return DevicesIn()
+    parsed = Flavor.parse(flavor)  # the portal's own parser: same names, same errors
+    # Not validated here: the server judges the numbers and names the field that is wrong.
+    if parsed.kind is FlavorKind.GPU:
+        return DevicesIn.model_construct(kind=parsed.kind, count=count, models=[parsed.model])
+    if parsed.kind is FlavorKind.MIG:
+        return DevicesIn.model_construct(
+            kind=parsed.kind, count=1, models=[parsed.model], mig_profile=parsed.profile
+        )
+    return DevicesIn.model_construct(
+        kind=parsed.kind, models=[parsed.model], milli=milli, gpu_memory_mib=gpu_memory_mib
+    )
+
+
+def request(
+    tenant: str,
+    devices: DevicesIn,
+    *,
+    name: str,
+    kind: WorkloadKind,
+    priority: int,
+    gang_size: int,
+    expected_duration_s: float | None,
+    idempotency_key: str | None,
+) -> Op[WorkloadOut]:
+    body = {
+        "tenant": tenant,
+        "name": name,
+        "kind": str(kind),
+        "devices": devices.model_dump(mode="json"),
+        "gang_size": gang_size,
+        "priority": priority,
+        "expected_duration_s": expected_duration_s,
+    }
+    # One key per logical request, made before the first attempt, so a retry after a lost
+    # answer gets the first attempt's workload instead of a second allocation.
+    key = idempotency_key or str(uuid.uuid4())
+    call = Call(
+        "POST", f"{API}/workloads", body=body, headers={"Idempotency-Key": key}, idempotent=True
+    )
+    return (yield from one(call, WorkloadOut))
+
+
+def status(workload_id: str) -> Op[WorkloadOut]:
+    call = Call("GET", f"{API}/workloads/{_seg(workload_id)}", idempotent=True)
+    return (yield from one(call, WorkloadOut))
+
+
+def release(workload_id: str) -> Op[WorkloadOut]:
+    # DELETE releases a running workload and cancels a queued one; it is idempotent.
+    call = Call("DELETE", f"{API}/workloads/{_seg(workload_id)}", idempotent=True)
+    return (yield from one(call, WorkloadOut))
+
+
+def workloads(
+    page_size: int, tenant: str | None, state: WorkloadState | str | None
+) -> Op[list[WorkloadOut]]:
+    params = _filters(tenant=tenant, state=None if state is None else str(state))
+    return (yield from every_page(f"{API}/workloads", WorkloadOut, page_size, params))
+
+
+def queue(page_size: int, tenant: str | None) -> Op[list[QueueEntryOut]]:
+    params = _filters(tenant=tenant)
+    return (yield from every_page(f"{API}/queue", QueueEntryOut, page_size, params))
+
+
+def usage(page_size: int, tenant: str | None) -> Op[list[UsageOut]]:
+    return (yield from every_page(f"{API}/usage", UsageOut, page_size, _filters(tenant=tenant)))
+
+
+def nodes(page_size: int) -> Op[list[NodeOut]]:
+    return (yield from every_page(f"{API}/nodes", NodeOut, page_size))
+
+
+def node(name: str) -> Op[NodeOut]:
+    return (yield from one(Call("GET", f"{API}/nodes/{_seg(name)}", idempotent=True), NodeOut))
+
+
+def capacity() -> Op[list[CapacityOut]]:
+    response = yield Call("GET", f"{API}/capacity", idempotent=True)
+    return [CapacityOut.model_validate(item) for item in checked(response)]
+
+
+def check_page_size(page_size: int) -> int:
+    if not 1 <= page_size <= MAX_PAGE:
+        raise InvalidRequest("page_size", page_size, f"1..{MAX_PAGE}")
+    return page_size

@@ -1,0 +1,225 @@
+"""``Portal``: the blocking client, for notebooks, scripts and the CLI."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import httpx
+
+from policies.requests import WorkloadKind
+from portal.api.schemas import (
+    MAX_PAGE,
+    CapacityOut,
+    DevicesIn,
+    NodeOut,
+    QueueEntryOut,
+    QuotaOut,
+    TenantOut,
+    UsageOut,
+    WorkloadOut,
+)
+from portal.client import core
+from portal.client.config import resolve_token, resolve_url
+from portal.client.core import Call, Op, WithETag
+from portal.store.records import WorkloadState
+
+T = TypeVar("T")
+
+
+def http_options(token: str, timeout: float) -> dict[str, Any]:
+    """Settings both clients give httpx."""
+    return {
+        "headers": {"Authorization": f"token {token}", "User-Agent": "gpuportal-client"},
+        "timeout": timeout,
+    }
+
+
+class Portal:
+    """The portal's REST API as Python calls with typed answers.
+
+    ``Portal()`` inside a JupyterHub notebook finds the portal and the token itself (see
+    ``portal.client.config``); elsewhere pass ``url`` and ``token`` or set ``GPUPORTAL_URL`` and
+    ``JUPYTERHUB_API_TOKEN``. Errors raise the ``policies.errors`` class the server named
+    (``Forbidden``, ``NotFound``, ``InvalidRequest``, ``Conflict``, ...) mixed with
+    ``ApiError``; no answer at all raises ``PortalUnreachable``. Lists return every page.
+    Calls that are safe to repeat are retried ``retries`` times after a transport failure.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 2,
+        page_size: int = MAX_PAGE,
+    ) -> None:
+        self.url = resolve_url(url)
+        self._retries = retries
+        self._page_size = core.check_page_size(page_size)
+        self._http = httpx.Client(base_url=self.url, **http_options(resolve_token(token), timeout))
+
+    def __repr__(self) -> str:
+        return f"Portal({self.url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Portal:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, call: Call) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                return self._http.request(
+                    call.method,
+                    call.path,
+                    params=dict(call.params),
+                    json=call.body,
+                    headers=dict(call.headers),
+                )
+            except httpx.TransportError as exc:
+                time.sleep(core.retry_delay(self.url, call, exc, attempt, self._retries))
+                attempt += 1
+
+    def _run(self, op: Op[T]) -> T:
+        try:
+            call = next(op)
+            while True:
+                call = op.send(self._send(call))
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    # ------------------------------------------------------------------ tenants and quotas
+
+    def tenants(self) -> list[TenantOut]:
+        """Tenants the token may see, by name."""
+        return self._run(core.tenants(self._page_size))
+
+    def tenant(self, name: str) -> WithETag[TenantOut]:
+        """One tenant and its ETag."""
+        return self._run(core.tenant(name))
+
+    def quotas(self, tenant: str | None = None) -> list[QuotaOut]:
+        """Quotas per tenant and flavor; all the token may see, or one tenant's."""
+        return self._run(core.quotas(self._page_size, tenant))
+
+    def quota(self, tenant: str, flavor: str) -> WithETag[QuotaOut]:
+        """One quota and its ETag (pass it to ``set_quota(if_match=...)``)."""
+        return self._run(core.quota(tenant, flavor))
+
+    def set_quota(
+        self,
+        tenant: str,
+        flavor: str,
+        *,
+        guaranteed: int,
+        limit: int,
+        budget_gpu_hours: float | None = None,
+        if_match: str | None = None,
+        create: bool = False,
+    ) -> WithETag[QuotaOut]:
+        """Set a quota. ``if_match``: the ETag read with ``quota()``; raises
+        ``PreconditionFailed`` (a ``Conflict``) when it changed meanwhile. ``create=True``
+        creates one that must not exist yet. Without either the server answers 428."""
+        return self._run(
+            core.set_quota(
+                tenant,
+                flavor,
+                guaranteed=guaranteed,
+                limit=limit,
+                budget_gpu_hours=budget_gpu_hours,
+                if_match=if_match,
+                create=create,
+            )
+        )
+
+    # ------------------------------------------------------------------ workloads
+
+    def request(
+        self,
+        tenant: str,
+        flavor: str | None = None,
+        *,
+        count: int = 1,
+        milli: int = 0,
+        gpu_memory_mib: int = 0,
+        devices: DevicesIn | None = None,
+        name: str | None = None,
+        kind: WorkloadKind = WorkloadKind.NOTEBOOK,
+        priority: int = 0,
+        gang_size: int = 1,
+        expected_duration_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkloadOut:
+        """Ask for devices charged to ``tenant``: ``count`` GPUs of a whole-GPU ``flavor``
+        (``H100-80GB``), one MIG instance (``H100-80GB/3g.40gb``), ``milli`` of a shared GPU
+        (``T4/share``), or any ``devices``. The answer is ``running`` with ``allocations``, or
+        ``queued`` with ``reason``, ``message``, ``position`` and ``eta_s``. A retry with the
+        same ``idempotency_key`` (made up when not given) allocates once."""
+        want = core.devices_for(
+            flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
+        )
+        return self._run(
+            core.request(
+                tenant,
+                want,
+                name=name or str(kind),
+                kind=kind,
+                priority=priority,
+                gang_size=gang_size,
+                expected_duration_s=expected_duration_s,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    def status(self, workload_id: str) -> WorkloadOut:
+        """One workload, ended ones included."""
+        return self._run(core.status(workload_id))
+
+    def release(self, workload_id: str) -> WorkloadOut:
+        """Give back a workload's devices (a queued one leaves the queue). Idempotent."""
+        return self._run(core.release(workload_id))
+
+    def cancel(self, workload_id: str) -> WorkloadOut:
+        """Take a queued workload out of the queue; the same call as ``release``, named for
+        what it does to a queued workload (the server decides: ``cancelled`` or
+        ``released``)."""
+        return self._run(core.release(workload_id))
+
+    def workloads(
+        self, tenant: str | None = None, state: WorkloadState | str | None = None
+    ) -> list[WorkloadOut]:
+        """Live workloads (queued, running, preempting) in arrival order."""
+        return self._run(core.workloads(self._page_size, tenant, state))
+
+    def queue(self, tenant: str | None = None) -> list[QueueEntryOut]:
+        """Pending workloads in scheduling order, each with its reason and ETA."""
+        return self._run(core.queue(self._page_size, tenant))
+
+    def usage(self, tenant: str | None = None) -> list[UsageOut]:
+        """Guaranteed, limit, used, borrowed and lent per tenant and flavor."""
+        return self._run(core.usage(self._page_size, tenant))
+
+    # ------------------------------------------------------------------ inventory
+
+    def nodes(self) -> list[NodeOut]:
+        """Nodes with their GPUs, MIG layouts, free shares and topology, by name."""
+        return self._run(core.nodes(self._page_size))
+
+    def node(self, name: str) -> NodeOut:
+        return self._run(core.node(name))
+
+    def capacity(self) -> list[CapacityOut]:
+        """Units per flavor in the inventory."""
+        return self._run(core.capacity())
