@@ -1,0 +1,252 @@
+"""The spawn page's GPU options: the form, reading it back, checking any ``user_options``, and the
+queue's progress sentences. Pure functions over the portal's offers; no I/O.
+
+``user_options`` of a gpuportal spawner are exactly ``{"tenant": <group>, "option": <key>}``
+(keys as in ``/api/v1/tenants/{tenant}/offers``: ``gpu:H100-80GB:1``, ``mig:A100-80GB:3g.40gb``,
+``share:T4:250``, ``cpu``). The form writes them; ``choose`` checks them the same way whether they
+came from the form or straight from the hub's REST API, so the form cannot be bypassed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+
+from policies.errors import Forbidden, InvalidRequest
+from portal.api.offers import OfferOut, OfferStateOut
+
+USER_OPTION_KEYS = ("tenant", "option")
+TENANT_FIELD = "tenant"
+OPTION_FIELD_PREFIX = "option-"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantOffers:
+    """The offers the form shows for one of the user's tenants."""
+
+    tenant: str
+    offers: tuple[OfferOut, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Checked ``user_options``: the tenant to charge and the offer picked in it."""
+
+    tenant: str
+    offer: OfferOut
+
+
+def filter_offers(offers: Sequence[OfferOut], allowed: Sequence[str]) -> tuple[OfferOut, ...]:
+    """The offers whose key is in ``allowed`` (in ``allowed``'s order); all when it is empty."""
+    if not allowed:
+        return tuple(offers)
+    by_key = {o.key: o for o in offers}
+    return tuple(by_key[k] for k in allowed if k in by_key)
+
+
+def ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``22nd``..."""
+    if 10 <= n % 100 <= 20:
+        return f"{n}th"
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
+
+
+def duration(seconds: float | None) -> str:
+    """A wait in words: ``under a minute``, ``12 min``, ``2 h 5 min``; ``unknown`` for None."""
+    if seconds is None or math.isinf(seconds):
+        return "unknown"
+    minutes = math.ceil(seconds / 60)
+    if seconds < 60:
+        return "under a minute"
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
+def status_line(offer: OfferOut) -> str:
+    """What the form says next to an option."""
+    if offer.state is OfferStateOut.AVAILABLE:
+        return "available now"
+    if offer.state is OfferStateOut.QUEUED:
+        return (
+            f"will queue: position {offer.tenant_position} in the tenant "
+            f"({offer.position} overall), estimated wait {duration(offer.eta_s)}: {offer.message}"
+        )
+    return f"not allowed: {offer.message}"
+
+
+def queued_message(
+    tenant: str,
+    label: str,
+    tenant_position: int | None,
+    position: int | None,
+    message: str,
+    eta_s: float | None,
+) -> str:
+    """The spawn page's sentence for a queued request, e.g. ``Queued 3rd in team-a for 1 ×
+    H100-80GB: team-a quota for H100-80GB: 4/4 gpus in use, 1 requested (limit 4); estimated
+    wait 12 min``."""
+    where = f"{ordinal(tenant_position)} in {tenant}" if tenant_position else f"in {tenant}"
+    overall = f" ({ordinal(position)} overall)" if position and position != tenant_position else ""
+    why = f": {message}" if message else ""
+    return f"Queued {where}{overall} for {label}{why}; estimated wait {duration(eta_s)}"
+
+
+_BADGE = {
+    OfferStateOut.AVAILABLE: "text-bg-success",
+    OfferStateOut.QUEUED: "text-bg-warning",
+    OfferStateOut.NOT_ALLOWED: "text-bg-secondary",
+}
+
+
+def render_form(tenants: Sequence[TenantOffers], selected: Choice | None = None) -> str:
+    """The options form: a tenant selector when there are several, then each tenant's options
+    as radio buttons with their state. Not-allowed options are disabled. The first available
+    option is preselected (else the first queued one), unless ``selected`` says otherwise."""
+    if not tenants:
+        return (
+            '<div class="alert alert-warning gpuportal-options">You are in no tenant (JupyterHub '
+            "group) with GPU access; ask an administrator to add you to one.</div>"
+        )
+    parts = ['<div class="gpuportal-options">']
+    names = [t.tenant for t in tenants]
+    chosen_tenant = selected.tenant if selected else names[0]
+    if len(tenants) > 1:
+        opts = "".join(
+            f'<option value="{escape(n)}"{" selected" if n == chosen_tenant else ""}>'
+            f"{escape(n)}</option>"
+            for n in names
+        )
+        parts.append(
+            '<div class="mb-3"><label class="form-label" for="gpuportal-tenant">Charge to tenant'
+            f'</label><select class="form-select" id="gpuportal-tenant" name="{TENANT_FIELD}">'
+            f"{opts}</select></div>"
+        )
+    else:
+        parts.append(f'<input type="hidden" name="{TENANT_FIELD}" value="{escape(names[0])}">')
+    for t in tenants:
+        parts.append(_tenant_fieldset(t, selected, several=len(tenants) > 1))
+    parts.append("</div>")
+    if len(tenants) > 1:
+        parts.append(_SWITCH_SCRIPT)
+    return "".join(parts)
+
+
+def _tenant_fieldset(t: TenantOffers, selected: Choice | None, *, several: bool) -> str:
+    field = OPTION_FIELD_PREFIX + t.tenant
+    pick = _preselected(t, selected)
+    rows = []
+    for i, offer in enumerate(t.offers):
+        ident = escape(f"gpuportal-{t.tenant}-{i}")
+        disabled = offer.state is OfferStateOut.NOT_ALLOWED
+        checked = offer.key == pick
+        rows.append(
+            f'<div class="form-check gpuportal-offer" data-state="{offer.state.value}">'
+            f'<input class="form-check-input" type="radio" name="{escape(field)}" '
+            f'id="{ident}" value="{escape(offer.key)}"'
+            f"{' checked' if checked else ''}{' disabled' if disabled else ''}>"
+            f'<label class="form-check-label" for="{ident}">{escape(offer.label)} '
+            f'<span class="badge {_BADGE[offer.state]}">{escape(status_line(offer))}</span>'
+            "</label></div>"
+        )
+    legend = f"<legend>{escape(t.tenant)}</legend>" if several else ""
+    return (
+        f'<fieldset class="mb-3 gpuportal-tenant" data-tenant="{escape(t.tenant)}">'
+        f"{legend}{''.join(rows)}</fieldset>"
+    )
+
+
+def _preselected(t: TenantOffers, selected: Choice | None) -> str | None:
+    if selected is not None and selected.tenant == t.tenant:
+        return selected.offer.key
+    for state in (OfferStateOut.AVAILABLE, OfferStateOut.QUEUED):
+        for offer in t.offers:
+            if offer.state is state:
+                return offer.key
+    return None
+
+
+# Shows only the selected tenant's options; without scripts every tenant's list shows and the
+# option of the selected tenant is the one used.
+_SWITCH_SCRIPT = """<script>
+(function () {
+  var select = document.getElementById("gpuportal-tenant");
+  function show() {
+    document.querySelectorAll(".gpuportal-tenant").forEach(function (fs) {
+      fs.style.display = fs.dataset.tenant === select.value ? "" : "none";
+    });
+  }
+  select.addEventListener("change", show);
+  show();
+})();
+</script>"""
+
+
+def options_from_form(form: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """``user_options`` from the posted form (values are lists of strings). Only reads the
+    form; ``choose`` checks the result."""
+    tenant = _single(form, TENANT_FIELD)
+    out = {"tenant": tenant} if tenant else {}
+    option = _single(form, OPTION_FIELD_PREFIX + tenant) if tenant else ""
+    if option:
+        out["option"] = option
+    return out
+
+
+def _single(form: Mapping[str, Sequence[str]], name: str) -> str:
+    values = form.get(name) or []
+    return values[0].strip() if values else ""
+
+
+def choose(
+    user_options: Mapping[str, object],
+    tenants: Sequence[str],
+    offers_of: Mapping[str, Sequence[OfferOut]],
+    *,
+    user: str,
+) -> Choice:
+    """Check ``user_options`` (from the form or the REST API) and return what they pick.
+
+    ``tenants`` are the user's tenants (hub groups the portal knows), ``offers_of`` the offers
+    of each (already restricted to what the operator offers).
+
+    Raises:
+        InvalidRequest: an unknown key, a value of the wrong type, a missing choice, or an
+            option the tenant is not offered (the message lists what is valid).
+        Forbidden: a tenant the user is not a member of, or an option the tenant may not use
+            (the message says why: no quota, over its limit, not in its node pools).
+    """
+    unknown = sorted(set(user_options) - set(USER_OPTION_KEYS))
+    if unknown:
+        raise InvalidRequest(
+            "user option", ", ".join(map(repr, unknown)), "only " + ", ".join(USER_OPTION_KEYS)
+        )
+    for key in USER_OPTION_KEYS:
+        value = user_options.get(key)
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest(f"user option {key!r}", repr(value), "a string")
+    tenant = str(user_options.get("tenant") or "")
+    if not tenants:
+        raise Forbidden(f"user {user} is in no tenant (JupyterHub group) the portal knows")
+    if not tenant:
+        if len(tenants) > 1:
+            raise InvalidRequest("tenant", "none", "one of your tenants: " + ", ".join(tenants))
+        tenant = tenants[0]
+    if tenant not in tenants:
+        raise Forbidden(
+            f"user {user} may not charge tenant {tenant!r}; their tenants: {', '.join(tenants)}"
+        )
+    offers = offers_of.get(tenant, ())
+    key = str(user_options.get("option") or "")
+    valid = ", ".join(o.key for o in offers if o.state is not OfferStateOut.NOT_ALLOWED)
+    if not key:
+        raise InvalidRequest("option", "none", f"one of {valid or 'none'} (tenant {tenant})")
+    offer = next((o for o in offers if o.key == key), None)
+    if offer is None:
+        raise InvalidRequest("option", repr(key), f"one of {valid or 'none'} (tenant {tenant})")
+    if offer.state is OfferStateOut.NOT_ALLOWED:
+        raise Forbidden(f"{offer.label} is not allowed for {tenant}: {offer.message}")
+    return Choice(tenant, offer)
