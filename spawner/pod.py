@@ -271,34 +271,23 @@ def _pin_to_node(spec: dict[str, Any], node: str) -> None:
     ]
 
 
-def place_pod(pod: Manifest, placement: PodPlacement, settings: PodSettings) -> Manifest:
-    """The pod ``pod`` becomes under ``placement`` (see the module doc); ``pod`` is unchanged.
-
-    Raises ``InvalidRequest`` when the pod has no container named ``settings.container``, or
-    another container asks for GPU resources (the allocation covers one container).
-    """
-    out = copy.deepcopy(pod)
+def _isolate(
+    out: Manifest,
+    tenant: str,
+    labels: dict[str, str],
+    settings: PodSettings,
+    gpu_container: str | None,
+) -> dict[str, Any]:
+    """Namespace, labels, identity and restricted security of ``out`` (edited in place); GPU
+    resources refused in every container but ``gpu_container``. Returns the spec."""
     iso = settings.isolation
     meta = out.setdefault("metadata", {})
-    meta["namespace"] = iso.namespace(placement.tenant)
-    meta["labels"] = {**(meta.get("labels") or {}), **pod_labels(placement, settings)}
-    meta["annotations"] = {
-        **(meta.get("annotations") or {}),
-        **pod_annotations(placement, settings),
-    }
-
-    spec = out.setdefault("spec", {})
-    containers = spec.get("containers") or []
-    names = [c.get("name") for c in containers]
-    if settings.container not in names:
-        raise InvalidRequest(
-            "GPU container",
-            repr(settings.container),
-            "the name of one of the pod's containers: " + (", ".join(map(str, names)) or "none"),
-        )
-    for container in [*containers, *(spec.get("initContainers") or [])]:
+    meta["namespace"] = iso.namespace(tenant)
+    meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    spec: dict[str, Any] = out.setdefault("spec", {})
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}
-        if container.get("name") != settings.container:
+        if container.get("name") != gpu_container:
             asked = sorted(
                 r
                 for part in ("limits", "requests")
@@ -306,39 +295,16 @@ def place_pod(pod: Manifest, placement: PodPlacement, settings: PodSettings) -> 
                 if _is_gpu_resource(r, settings)
             )
             if asked:
+                valid = (
+                    f"no GPU resources outside container {gpu_container!r}, the one the "
+                    "allocation is for"
+                    if gpu_container is not None
+                    else "no GPU resources in a pod without a GPU allocation"
+                )
                 raise InvalidRequest(
-                    f"resources of container {container.get('name')!r}",
-                    ", ".join(asked),
-                    f"no GPU resources outside container {settings.container!r}, the one the "
-                    "allocation is for",
+                    f"resources of container {container.get('name')!r}", ", ".join(asked), valid
                 )
         _restricted_container(container)
-
-    gpu_container = containers[names.index(settings.container)]
-    resources = dict(gpu_container.get("resources") or {})
-    for part in ("limits", "requests"):
-        current = resources.get(part) or {}
-        kept = {k: v for k, v in current.items() if not _is_gpu_resource(k, settings)}
-        if not settings.uses_dra(placement):
-            # Extended resources cannot be overcommitted: requests must equal limits.
-            kept.update(gpu_resources(placement, settings))
-        resources[part] = kept
-    if settings.uses_dra(placement):
-        claims = [c for c in resources.get("claims") or [] if c.get("name") != CLAIM_REFERENCE]
-        resources["claims"] = [*claims, {"name": CLAIM_REFERENCE}]
-        pod_claims = [c for c in spec.get("resourceClaims") or [] if c["name"] != CLAIM_REFERENCE]
-        spec["resourceClaims"] = [
-            *pod_claims,
-            {"name": CLAIM_REFERENCE, "resourceClaimName": claim_name(placement)},
-        ]
-        spec.pop("schedulerName", None)
-        spec.pop("nodeName", None)
-        _pin_to_node(spec, placement.node)
-    else:
-        spec["schedulerName"] = SCHEDULER_NAME
-        spec.pop("nodeName", None)
-    gpu_container["resources"] = resources
-
     context = dict(spec.get("securityContext") or {})
     if not context.get("runAsUser"):
         context["runAsUser"] = settings.run_as_user
@@ -350,6 +316,68 @@ def place_pod(pod: Manifest, placement: PodPlacement, settings: PodSettings) -> 
     spec["serviceAccountName"] = iso.jobs_service_account
     spec.pop("serviceAccount", None)  # the deprecated alias would contradict the name above
     spec["automountServiceAccountToken"] = False
+    return spec
+
+
+def tenant_pod(pod: Manifest, tenant: str, settings: PodSettings) -> Manifest:
+    """A pod without GPUs (a CPU-only server) of ``tenant``: its namespace, ServiceAccount and
+    the restricted security context, placed by the default scheduler. ``pod`` is unchanged.
+
+    Raises ``InvalidRequest`` when a container asks for GPU resources.
+    """
+    out = copy.deepcopy(pod)
+    labels = {PodKeys.of(settings.isolation).tenant: validate_tenant_name(tenant)}
+    _isolate(out, tenant, labels, settings, gpu_container=None)
+    return out
+
+
+def place_pod(pod: Manifest, placement: PodPlacement, settings: PodSettings) -> Manifest:
+    """The pod ``pod`` becomes under ``placement`` (see the module doc); ``pod`` is unchanged.
+
+    Raises ``InvalidRequest`` when the pod has no container named ``settings.container``, or
+    another container asks for GPU resources (the allocation covers one container).
+    """
+    out = copy.deepcopy(pod)
+    containers = (out.get("spec") or {}).get("containers") or []
+    names = [c.get("name") for c in containers]
+    if settings.container not in names:
+        raise InvalidRequest(
+            "GPU container",
+            repr(settings.container),
+            "the name of one of the pod's containers: " + (", ".join(map(str, names)) or "none"),
+        )
+    spec = _isolate(
+        out, placement.tenant, pod_labels(placement, settings), settings, settings.container
+    )
+    meta = out["metadata"]
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        **pod_annotations(placement, settings),
+    }
+
+    gpu_container = containers[names.index(settings.container)]
+    resources = dict(gpu_container.get("resources") or {})
+    for part in ("limits", "requests"):
+        current = resources.get(part) or {}
+        kept = {k: v for k, v in current.items() if not _is_gpu_resource(k, settings)}
+        if not settings.uses_dra(placement):
+            # Extended resources cannot be overcommitted: requests must equal limits.
+            kept.update(gpu_resources(placement, settings))
+        resources[part] = kept
+    spec.pop("nodeName", None)  # the binder (or, with DRA, the kube-scheduler) picks the node
+    if settings.uses_dra(placement):
+        claims = [c for c in resources.get("claims") or [] if c.get("name") != CLAIM_REFERENCE]
+        resources["claims"] = [*claims, {"name": CLAIM_REFERENCE}]
+        pod_claims = [c for c in spec.get("resourceClaims") or [] if c["name"] != CLAIM_REFERENCE]
+        spec["resourceClaims"] = [
+            *pod_claims,
+            {"name": CLAIM_REFERENCE, "resourceClaimName": claim_name(placement)},
+        ]
+        spec.pop("schedulerName", None)
+        _pin_to_node(spec, placement.node)
+    else:
+        spec["schedulerName"] = SCHEDULER_NAME
+    gpu_container["resources"] = resources
     return out
 
 

@@ -18,6 +18,7 @@ from spawner.pod import (
     gpu_resources,
     place_pod,
     resource_claim,
+    tenant_pod,
 )
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -233,3 +234,32 @@ def test_bad_pod_settings_are_refused(change: dict[str, Any], message: str) -> N
     with pytest.raises(InvalidRequest) as refused:
         PodSettings(**change)
     assert message in refused.value.message
+
+
+def test_a_cpu_only_pod_is_isolated_but_not_placed_by_the_portal() -> None:
+    pod = kubespawner_pod()
+    del pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    out = tenant_pod(pod, "audit", SETTINGS)
+    spec = out["spec"]
+    assert out["metadata"]["namespace"] == "gp-audit"
+    assert out["metadata"]["labels"]["gpuportal.io/tenant"] == "audit"
+    assert "gpuportal.io/workload" not in out["metadata"]["labels"]
+    assert "schedulerName" not in spec  # the default scheduler places CPU-only pods
+    assert spec["serviceAccountName"] == "tenant-jobs"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_a_cpu_only_pod_asking_for_a_gpu_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        tenant_pod(kubespawner_pod(), "audit", SETTINGS)
+    assert refused.value.message == (
+        "invalid resources of container 'notebook' nvidia.com/gpu: expected no GPU resources "
+        "in a pod without a GPU allocation"
+    )
