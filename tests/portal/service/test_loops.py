@@ -1,0 +1,81 @@
+"""The loop registry: work runs periodically, a failing round is counted and logged and the
+loop carries on, stop waits for a round in progress."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from policies.errors import Conflict, InvalidRequest
+from portal.service.loops import Loops
+
+
+def wait_for(check: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(check) and check():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_a_failing_round_is_counted_and_logged_and_the_loop_keeps_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) % 2:
+            raise RuntimeError("boom")
+
+    loops = Loops()
+    loop = loops.add("flaky", 0.01, flaky)
+    with caplog.at_level(logging.ERROR, logger="portal.service.loops"):
+        loops.start()
+        wait_for(lambda: loop.runs >= 6)
+        loops.stop()
+    assert loop.errors >= 3
+    assert loop.runs - loop.errors >= 3  # the rounds after a failure still ran
+    assert loop.last_error == "RuntimeError: boom"
+    assert any("loop flaky failed" in r.getMessage() for r in caplog.records)
+
+
+def test_stop_waits_for_the_round_in_progress() -> None:
+    entered = threading.Event()
+    finished: list[bool] = []
+
+    def slow() -> None:
+        entered.set()
+        time.sleep(0.3)
+        finished.append(True)
+
+    loops = Loops()
+    loops.add("slow", 0.01, slow)
+    loops.start()
+    assert entered.wait(5)
+    loops.stop()
+    assert finished == [True]
+    assert not any(lp.thread is not None and lp.thread.is_alive() for lp in loops)
+
+
+@pytest.mark.parametrize("interval", [0, -1.0, float("nan")])
+def test_a_loop_needs_a_positive_interval(interval: float) -> None:
+    with pytest.raises(InvalidRequest, match="interval of loop x"):
+        Loops().add("x", interval, lambda: None)
+
+
+def test_names_are_unique_and_loops_are_added_before_start() -> None:
+    loops = Loops()
+    loops.add("x", 1.0, lambda: None)
+    with pytest.raises(Conflict, match="registered already"):
+        loops.add("x", 1.0, lambda: None)
+    loops.start()
+    try:
+        with pytest.raises(Conflict, match="after the loops started"):
+            loops.add("y", 1.0, lambda: None)
+    finally:
+        loops.stop()

@@ -1,0 +1,105 @@
+"""Seed files: checked whole before anything applies; applying twice changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from policies.errors import InvalidRequest
+from portal.allocator import Allocator
+from portal.service import seed
+from portal.store.writer import Store
+from tests.portal.allocator.conftest import ManualClock, hgx
+
+GOOD = """
+tenants:
+  team-a:
+    cohort: research
+    weight: 2
+    quotas:
+      H100-80GB: {guaranteed: 2, limit: 4}
+      H100-80GB/3g.40gb: {guaranteed: 0, limit: 7, budget_gpu_hours: 100}
+  team-b: {}
+"""
+
+
+@pytest.fixture
+def allocator(tmp_path: Path) -> Iterator[Allocator]:
+    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+    alloc = Allocator(store, clock=ManualClock())
+    alloc.start([hgx("n1")])
+    yield alloc
+    store.close()
+
+
+def test_applying_a_seed_twice_changes_nothing_the_second_time(
+    allocator: Allocator, tmp_path: Path
+) -> None:
+    path = tmp_path / "seed.yaml"
+    path.write_text(GOOD)
+    tenants = seed.load(path)
+    assert seed.apply(allocator, tenants) == 4  # two tenants, two quotas
+    versions = [(t.name, t.version) for t in allocator.tenants()]
+    quotas = allocator.quotas()
+    assert seed.apply(allocator, seed.load(path)) == 0
+    assert [(t.name, t.version) for t in allocator.tenants()] == versions
+    assert allocator.quotas() == quotas
+    a = next(t for t in allocator.tenants() if t.name == "team-a")
+    assert (a.cohort, a.weight) == ("research", 2.0)
+    assert {(q.flavor, q.guaranteed, q.limit, q.budget_gpu_hours) for q in quotas} == {
+        ("H100-80GB", 2, 4, None),
+        ("H100-80GB/3g.40gb", 0, 7, 100.0),
+    }
+
+
+def test_a_changed_value_is_applied_on_top_of_the_current_version(allocator: Allocator) -> None:
+    seed.apply(
+        allocator,
+        seed.parse(
+            {"tenants": {"t": {"quotas": {"H100-80GB": {"guaranteed": 1, "limit": 2}}}}}, "s"
+        ),
+    )
+    allocator.set_quota("t", "H100-80GB", guaranteed=1, limit=3)  # an edit through the API
+    changed = seed.apply(
+        allocator,
+        seed.parse(
+            {"tenants": {"t": {"quotas": {"H100-80GB": {"guaranteed": 1, "limit": 5}}}}}, "s"
+        ),
+    )
+    assert changed == 1
+    (q,) = allocator.quotas("t")
+    assert (q.limit, q.version) == (5, 3)
+
+
+@pytest.mark.parametrize(
+    ("doc", "names"),
+    [
+        ({"tenant": {}}, "a mapping with one key, tenants"),
+        ({"tenants": {"t": {"quota": {}}}}, "s: tenants.t"),
+        ({"tenants": {"t": {"weight": 0}}}, "s: tenants.t.weight"),
+        ({"tenants": {"t": {"pools": "p"}}}, "s: tenants.t.pools"),
+        ({"tenants": {"t": {"quotas": {"H100-80GB": {"limit": 2}}}}}, "tenants.t.quotas.H100-80GB"),
+        (
+            {"tenants": {"t": {"quotas": {"H100-80GB": {"guaranteed": "1", "limit": 2}}}}},
+            "tenants.t.quotas.H100-80GB.guaranteed",
+        ),
+        ({"tenants": {"t": {"quotas": {"": {"guaranteed": 1, "limit": 2}}}}}, "a flavor name"),
+    ],
+)
+def test_a_malformed_seed_names_the_place_and_applies_nothing(
+    allocator: Allocator, doc: object, names: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=names.replace(".", r"\.")):
+        seed.parse(doc, "s")
+    assert allocator.tenants() == []
+
+
+def test_a_missing_or_unparsable_file_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="seed file"):
+        seed.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenants: [")
+    with pytest.raises(InvalidRequest, match="valid YAML"):
+        seed.load(bad)
