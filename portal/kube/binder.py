@@ -20,8 +20,8 @@ A pass is idempotent and keeps no state: a pod already bound is not listed again
 refused because the pod is bound meanwhile (409) counts as done. A restarted binder simply runs
 the next pass.
 
-The reverse direction, pods deleted behind the hub's back, is ``portal.kube.sweep``; ``run``
-drives both in the portal service.
+The reverse direction, pods deleted behind the hub's back, is ``portal.kube.sweep``;
+``portal.kube.service`` runs both as loops of ``gpuportal serve``.
 
 Kubernetes objects become typed views (``PodView``) at the boundary; decisions use only views.
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,7 +43,6 @@ from kubernetes.client.exceptions import ApiException
 from policies.errors import NotFound
 from policies.isolation import IsolationSettings
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME, PodKeys
-from portal.kube.sweep import Sweeper
 from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
 from portal.store.records import WorkloadState
 
@@ -325,25 +323,3 @@ class Binder:
                 return  # posted by an earlier pass: the pod is still held for the same reason
             raise
         log.info("binder: holding %s: %s", pod, decision.message)
-
-
-def run(
-    binder: Binder,
-    sweeper: Sweeper,
-    stop: threading.Event,
-    *,
-    bind_interval_s: float = 1.0,
-    sweep_interval_s: float = 10.0,
-) -> None:
-    """Bind every ``bind_interval_s`` and sweep every ``sweep_interval_s`` until ``stop`` is
-    set. Errors are logged and the loop goes on: the next pass retries."""
-    next_sweep = time.monotonic()
-    while not stop.is_set():
-        try:
-            binder.bind_pending()
-            if time.monotonic() >= next_sweep:
-                sweeper.sweep()
-                next_sweep = time.monotonic() + sweep_interval_s
-        except Exception:  # one bad pass must not end the portal's scheduling
-            log.exception("binder pass failed; retrying in %.1f s", bind_interval_s)
-        stop.wait(bind_interval_s)
