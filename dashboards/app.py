@@ -60,7 +60,7 @@ def _tenant_page(source: Source, viewer: Caller, args: Mapping[str, str]) -> Pag
     wanted = args.get("tenant", "")
     store = TenantStore(source, tenant=wanted if wanted in names else names[0])
     page = Page("Tenant", pn.Column(sizing_mode="stretch_width"), [store])
-    choose = pn.widgets.Select(name="tenant", options=names, value=store.tenant, width=240)
+    choose = pn.widgets.Select(label="tenant", options=names, value=store.tenant, width=240)
 
     def show(tenant: str) -> None:
         store.tenant = tenant

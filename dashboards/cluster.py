@@ -83,7 +83,7 @@ class ClusterView(Viewer):
         choose = pn.widgets.AutocompleteInput.from_param(
             self.store.param.selected,
             options=[n.name for n in self.store.nodes],
-            name="node",
+            label="node",
             case_sensitive=False,
             search_strategy="includes",
         )

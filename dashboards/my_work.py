@@ -64,7 +64,7 @@ class MyWorkView(Viewer):
         out: list[pn.viewable.Viewable] = [header]
         for w in self.store.workloads:
             label = "Cancel" if w.state == "queued" else "Stop"
-            button = pn.widgets.Button(name=label, button_type="danger", width=80)
+            button = pn.widgets.Button(label=label, color="danger", width=80)
             button.on_click(self._stopper(w.id))
             text = f"**{w.name}** · {w.tenant} · {w.kind} · {w.state} · " + (
                 waiting(w) or devices(w)

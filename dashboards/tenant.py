@@ -21,11 +21,11 @@ class QuotaEditor(Viewer):
     def __init__(self, store: TenantStore, **params: object) -> None:
         super().__init__(**params)
         self.store = store
-        self.flavor = pn.widgets.Select(name="flavor", options=self._flavors())
-        self.guaranteed = pn.widgets.IntInput(name="guaranteed")
-        self.limit = pn.widgets.IntInput(name="limit")
-        self.budget = pn.widgets.TextInput(name="budget (GPU-hours / month)", placeholder="none")
-        self.save_button = pn.widgets.Button(name="Save quota", button_type="primary")
+        self.flavor = pn.widgets.Select(label="flavor", options=self._flavors())
+        self.guaranteed = pn.widgets.IntInput(label="guaranteed")
+        self.limit = pn.widgets.IntInput(label="limit")
+        self.budget = pn.widgets.TextInput(label="budget (GPU-hours / month)", placeholder="none")
+        self.save_button = pn.widgets.Button(label="Save quota", color="primary")
         self.save_button.on_click(self._on_save)
         self.flavor.param.watch(lambda _e: self._load(), "value")
         store.param.watch(lambda _e: self._reload(), ["quotas"])

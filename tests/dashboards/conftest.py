@@ -7,12 +7,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboards.sources import ApiSource
 from portal.accounting.service import Accounting
@@ -31,16 +31,62 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One request the portal received and the body it answered."""
+
+    method: str
+    path: str
+    query: str
+    token: str
+    body: bytes
+
+
+class Recorder:
+    """ASGI wrapper around the portal API: records every exchange as the server saw it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.seen: list[Exchange] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                body.extend(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, receive, capture)
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+        self.seen.append(
+            Exchange(
+                scope["method"],
+                scope["path"],
+                scope["query_string"].decode(),
+                auth.partition(" ")[2],
+                bytes(body),
+            )
+        )
+
+
 @dataclass
 class Portal:
     url: str
     allocator: Allocator
-    seen: list[httpx.Request] = field(default_factory=list)
+    clock: SeedClock
+    recorder: Recorder
 
     def source(self, token: str) -> ApiSource:
-        """A source acting as the viewer of ``token``; its requests land in ``seen``."""
-        client = httpx.Client(timeout=30.0, event_hooks={"request": [self.seen.append]})
-        return ApiSource(self.url, token, client=client)
+        """A source acting as the viewer of ``token``."""
+        return ApiSource(self.url, token)
+
+    def seen(self, token: str) -> list[Exchange]:
+        """What the portal received with ``token``, in order."""
+        return [e for e in self.recorder.seen if e.token == token]
 
 
 @pytest.fixture
@@ -51,8 +97,10 @@ def portal(tmp_path: Path) -> Iterator[Portal]:
     seed(alloc, clock)
     app = create_app(alloc, StaticAuthenticator(VIEWERS))
     use_accounting(app, Accounting(store, PRICES, clock=clock))
+    recorder = Recorder(app)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(recorder, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -60,7 +108,7 @@ def portal(tmp_path: Path) -> Iterator[Portal]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the portal API did not start")
         time.sleep(0.02)
-    yield Portal(f"http://127.0.0.1:{port}", alloc)
+    yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder)
     server.should_exit = True
     thread.join(timeout=10)
     store.close()

@@ -79,7 +79,7 @@ def member_of(tenant: str) -> tuple[str, ...]:
 
 
 def admin_of(tenant: str) -> tuple[str, ...]:
-    return (*member_of(tenant), f"{S.QUOTAS_WRITE}!group={tenant}")
+    return (*member_of(tenant), f"{S.QUOTAS_WRITE}!group={tenant}", f"{S.COST_READ}!group={tenant}")
 
 
 VIEWERS: dict[str, Caller] = {
