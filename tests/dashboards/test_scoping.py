@@ -14,7 +14,7 @@ from tests.dashboards.seed import VIEWERS
 
 def rendered(view: object) -> str:
     """Every property value of the Bokeh models a view renders to: texts, options, plot data."""
-    root = pn.panel(view).get_root()
+    root = pn.panel(view).get_root()  # type: ignore[attr-defined]
     parts: list[str] = []
     for model in root.references():
         for value in model.properties_with_values(include_defaults=False).values():
