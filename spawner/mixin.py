@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -123,13 +124,21 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
         "",
         config=True,
         help="""Token the spawner sends to the portal; it needs the portal scopes
-        workloads:write, workloads:read and queue:read for every tenant.
+        workloads:write, workloads:read and queue:read for every tenant
+        (`spawner.hubconfig.spawner_role`).
 
-        Default: the `api_token` of the service named `portal_service_name`, else
-        $GPUPORTAL_API_TOKEN.""",
+        Default: the `api_token` of the hub service named `spawner_service_name` in
+        `c.JupyterHub.services`, else $GPUPORTAL_API_TOKEN.""",
     )
     portal_service_name = Unicode(
-        "gpuportal", config=True, help="Name of the portal's hub service, for the defaults above."
+        "gpuportal",
+        config=True,
+        help="Name of the portal's hub-managed service, for the default `portal_url`.",
+    )
+    spawner_service_name = Unicode(
+        "gpuportal-spawner",
+        config=True,
+        help="Name of the hub service whose token the spawner uses, for the default token.",
     )
     offered_options = List(
         Unicode(),
@@ -174,15 +183,17 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
     def portal(self) -> SpawnerPortal:
         """A client for one conversation with the portal (close it after use)."""
         url, token = self.portal_url, self.portal_api_token
-        service = self._portal_service()
+        service = self._hub_service(self.portal_service_name)
         if not url and service.get("url"):
             url = f"{str(service['url']).rstrip('/')}/services/{self.portal_service_name}/"
-        token = token or str(service.get("api_token") or "")
+        token = token or str(self._hub_service(self.spawner_service_name).get("api_token") or "")
+        token = token or os.environ.get("GPUPORTAL_API_TOKEN", "")
         return SpawnerPortal(url or None, token or None, timeout=self.portal_timeout, retries=2)
 
-    def _portal_service(self) -> dict[str, Any]:
+    def _hub_service(self, name: str) -> dict[str, Any]:
+        """The entry of ``c.JupyterHub.services`` called ``name`` ({} if none)."""
         for svc in self.config.JupyterHub.get("services", []) or []:
-            if isinstance(svc, dict) and svc.get("name") == self.portal_service_name:
+            if isinstance(svc, dict) and svc.get("name") == name:
                 return svc
         return {}
 
@@ -321,6 +332,16 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
                 f"({workload.state.value}: {workload.reason or workload.message})",
             )
         return workload
+
+    async def stop(self, now: bool = False) -> Any:
+        """The backend's stop; the allocation is released after it, in the post-stop hook."""
+        return await super().stop(now=now)
+
+    async def poll(self) -> int | None:
+        """The backend's poll, unchanged (no side effects: a dead server is released when the
+        hub stops it, in the post-stop hook)."""
+        status: int | None = await super().poll()
+        return status
 
     async def run_post_stop_hook(self) -> None:
         # The hub runs this after every stop: a normal stop, a failed start, a server a poll
