@@ -3,9 +3,11 @@
 ``POST /api/v1/telemetry/samples`` with ``Authorization: token <token>``. Batches wait in a
 bounded buffer, oldest sent first; when the buffer is full the oldest batch is dropped (the
 newest samples are worth more than old ones), counted in ``dropped``. A portal outage never
-raises: transport errors, 5xx, 429 and 401/403 (a token being rotated) keep the batch and wait
-with exponential backoff (1 s doubling to 60 s) before the next attempt; a 4xx that says the
-batch itself is malformed drops that batch, since resending it cannot help.
+raises: transport errors and every answer but success keep the batch and wait with
+exponential backoff (1 s doubling to 60 s) before the next attempt (a 401/403 or 404 is a
+token or URL being fixed); only 400, 413 and 422, which say the batch itself is unacceptable,
+drop that batch, since resending it cannot help. Samples the portal takes the batch but
+rejects (an unknown GPU, a time out of range) are logged from its ``IngestResult``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
+from pydantic import ValidationError
 
 from portal.telemetry.wire import IngestResult, SampleBatch
 
 log = logging.getLogger(__name__)
 
 INGEST_PATH = "/api/v1/telemetry/samples"
-_RETRY_STATUS = frozenset({401, 403, 408, 425, 429})
+_REFUSED = frozenset({400, 413, 422})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,11 @@ class Reporter:
     def pending(self) -> int:
         return len(self._buffer)
 
+    @property
+    def queued(self) -> tuple[SampleBatch, ...]:
+        """The batches waiting, oldest first."""
+        return tuple(self._buffer)
+
     def submit(self, batch: SampleBatch) -> None:
         """Queue a batch; drops the oldest when the buffer is full."""
         if len(self._buffer) >= self._max:
@@ -109,20 +117,27 @@ class Reporter:
         except httpx.HTTPError as e:
             return self._failed(f"portal unreachable: {type(e).__name__}: {e}")
         if response.is_success:
+            try:
+                result = IngestResult.model_validate_json(response.content)
+            except ValidationError:
+                return self._failed(
+                    f"{response.url} answered {response.status_code} but not "
+                    "with an ingest result; is the portal URL right?"
+                )
             self.stats.sent += 1
             self.stats.failures = 0
             self.stats.last_error = ""
-            self.stats.last_result = IngestResult.model_validate_json(response.content)
-            if self.stats.last_result.rejected:
+            self.stats.last_result = result
+            if result.rejected:
                 log.warning(
                     "portal rejected %d of %d samples: %s",
-                    self.stats.last_result.rejected,
+                    result.rejected,
                     len(batch.samples),
-                    "; ".join(r.reason for r in self.stats.last_result.rejections[:3]),
+                    "; ".join(r.reason for r in result.rejections[:3]),
                 )
             return True
         detail = f"portal answered {response.status_code}: {response.text[:300]}"
-        if response.status_code >= 500 or response.status_code in _RETRY_STATUS:
+        if response.status_code not in _REFUSED:
             return self._failed(detail)
         log.error("dropping a batch the portal refused as malformed (%s)", detail)
         self.stats.dropped += 1

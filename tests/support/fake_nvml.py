@@ -102,6 +102,7 @@ class FakeGpu:
     instances: tuple[FakeInstance, ...] = ()
     nvlinks: tuple[tuple[str, int], ...] = ()  # (remote bus id, remote device type) per link
     gpm: bool = False  # GPU Performance Monitoring (Hopper and later)
+    lost: bool = False  # fell off the bus: memory and utilization queries fail
     usage: FakeUsage = field(default_factory=FakeUsage)
 
 
@@ -209,6 +210,8 @@ class FakeNvmlLibrary:
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, memory_ref: Any) -> int:
         found = self._gpu(handle)
+        if found is not None and found[1].lost:
+            return pynvml.NVML_ERROR_GPU_IS_LOST
         if found is not None:
             total, used = found[1].memory_mib, found[1].usage.memory_used_mib
         elif (mig := self._mig_device(handle)) is not None:
