@@ -77,7 +77,10 @@ def table(headers: Sequence[str], rows: Iterable[Row], *, empty: str = "(none)")
     values = [list(row) for row in rows]
     if not values:
         return empty
-    numeric = [all(_is_number(row[i]) for row in values) for i in range(len(headers))]
+    numeric = [
+        all(_is_number(row[i]) for row in values) and any(row[i] is not None for row in values)
+        for i in range(len(headers))
+    ]
     cells = [[cell(v) for v in row] for row in values]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(headers)]
 
