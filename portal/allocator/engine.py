@@ -364,6 +364,13 @@ class Allocator:
         with self._lock:
             return [e for e in self._queue_entries() if tenant is None or e.tenant == tenant]
 
+    def queue_counts(self) -> Counter[tuple[str, str]]:
+        """Queued workloads per (tenant, reason): without ordering the queue or computing ETAs,
+        so cheap enough for every metrics scrape."""
+        with self._lock:
+            recs = (self._live[w].rec for w in self._queued)
+            return Counter((r.tenant, r.reason) for r in recs)
+
     def usage(self, tenant: str | None = None) -> list[quota.FlavorUsage]:
         """Guaranteed, limit, used, borrowed and lent per flavor for one or all tenants."""
         with self._lock:
