@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter as Tally
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated
@@ -100,14 +99,14 @@ class AllocatorCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if not self._alloc.started:
             return iter(())
-        queue = self._alloc.queue()
         usage = [
             (t.name, line) for t in self._alloc.tenants() for line in self._alloc.usage(t.name)
         ]
-        waiting = Tally((e.tenant, e.reason or "unknown") for e in queue)
+        # Not queue(): that orders the queue and computes every ETA under the allocator's lock.
+        waiting = self._alloc.queue_counts()
         queue_len, allocated, borrowed = self._families()
         for (tenant, reason), n in sorted(waiting.items()):
-            queue_len.add_metric([tenant, reason], n)
+            queue_len.add_metric([tenant, reason or "unknown"], n)
         for tenant, line in usage:
             allocated.add_metric([tenant, line.flavor], line.used)
             borrowed.add_metric([tenant, line.flavor], line.borrowed)
