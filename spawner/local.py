@@ -23,7 +23,8 @@ from spawner.mixin import GPUAllocation, GPUPortalMixin, allocation_env
 
 def device_env(a: GPUAllocation) -> dict[str, str]:
     """The CUDA variables that confine a process to ``a``'s devices."""
-    visible = ",".join(a.gpu_uuids) if a.gpu_uuids else ",".join(map(str, a.gpus))
+    known = a.gpu_uuids and all(a.gpu_uuids)  # a simulated inventory has no UUIDs
+    visible = ",".join(a.gpu_uuids) if known else ",".join(map(str, a.gpus))
     env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible or "void"}
     if a.workload_id and 0 < a.milli < MILLI_PER_GPU:
         # MPS: the share of the GPU's SMs, and its memory on the one visible device (ordinal 0).
