@@ -19,12 +19,17 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from policies.alerts import BudgetBurnRule
+from policies.alerts.engine import RuleContext
+from policies.alerts.samples import Snapshot
 from policies.inventory import GPU, Node
 from policies.mig import MigInstance
 from policies.pricing import UtilizationSegment
@@ -298,3 +303,24 @@ def test_bad_windows_get_a_clear_422(
     r = client.get("/api/v1/cost", params=params, headers={"Authorization": "token leader"})
     assert r.status_code == 422, r.text
     assert field in r.text
+
+
+def test_money_budgets_feed_the_budget_burn_alert_rule(
+    day: tuple[TestClient, Alice80, ManualClock],
+) -> None:
+    client, _, clock = day
+    acc: Accounting = client.app.state.accounting  # type: ignore[attr-defined]
+    rule = BudgetBurnRule()
+
+    def fired() -> list[str]:
+        samples = tuple(acc.budget_samples())
+        ctx = RuleContext(clock.now.timestamp(), Snapshot(budgets=samples), {}, None)
+        return [c.tenant or "" for c in rule.evaluate(ctx).conditions]
+
+    (sample,) = acc.budget_samples()
+    assert sample.tenant == "ml" and sample.budget == Decimal("1000.00")
+    assert round(sample.spent, 6) == Decimal("44.992195")
+    assert fired() == []  # 44.99 in 60 h projects 539.91 for the month: under 1000
+    # A smaller budget the same spend overruns: the rule names the tenant.
+    acc.prices = replace(acc.prices, budgets={"ml": Decimal("500.00")})
+    assert fired() == ["ml"]
