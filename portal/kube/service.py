@@ -16,6 +16,8 @@ from policies.isolation import IsolationSettings
 from portal.kube.binder import Binder
 from portal.kube.sweep import Sweeper
 from portal.kube.views import AllocationSource
+from portal.service.loops import Loops
+from portal.settings import Settings
 
 BIND_INTERVAL_S = 1.0
 """Seconds between binding passes: at most this long between a pod's creation and its bind."""
@@ -61,3 +63,13 @@ def register(
     add("kube-binder", BIND_INTERVAL_S, bind)
     add("kube-sweep", SWEEP_INTERVAL_S, sweep)
     return binder, sweeper
+
+
+def register_for_service(
+    loops: Loops, source: AllocationSource, settings: Settings
+) -> tuple[Binder, Sweeper] | None:
+    """The service's registration: on Kubernetes (``inventory=kubernetes``) only; elsewhere no
+    pod needs binding and nothing is registered."""
+    if settings.inventory.strip() != "kubernetes":
+        return None
+    return register(loops.add, source)

@@ -38,6 +38,7 @@ from portal.api.auth import Authenticator
 from portal.api.errors import Unavailable
 from portal.api.metrics import ServiceMetrics
 from portal.isolation import loop as isolation_loop
+from portal.kube import service as kube_loops
 from portal.service import logs, seed, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
@@ -104,6 +105,7 @@ def register_loops(loops: Loops, allocator: Allocator, settings: Settings) -> No
     # tick schedules the whole queue, ends preemption grace periods and refreshes ETAs.
     loops.add("allocator-tick", settings.tick_interval_s, allocator.tick)
     isolation_loop.register_for_service(loops, allocator, settings)
+    kube_loops.register_for_service(loops, allocator, settings)
 
 
 def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
