@@ -51,7 +51,7 @@ SCOPE_HELP: dict[Scope, str] = {
     Scope.WORKLOADS_READ: "read workloads and their allocations",
     Scope.WORKLOADS_WRITE: "request and release GPU workloads (members only)",
     Scope.USAGE_READ: "read quota usage, borrowing and lending",
-    Scope.COST_READ: "read cost and chargeback (no route yet)",
+    Scope.COST_READ: "read cost, chargeback and budgets",
     Scope.INVENTORY_READ: "read nodes, GPUs, MIG layouts, topology and capacity",
     Scope.METRICS_READ: "scrape the service's Prometheus metrics",
     Scope.TELEMETRY_WRITE: "send GPU samples (node agents, the Prometheus source)",
