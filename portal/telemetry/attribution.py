@@ -71,7 +71,7 @@ class AllocationIndex:
 
     gpus: Mapping[str, GpuInfo]
     holders: Mapping[str, tuple[Holder, ...]]
-    servers: Mapping[tuple[str, str], str]  # (owner, workload name) -> workload id
+    servers: Mapping[tuple[str, str], str]  # (owner, hub server name) -> workload id
 
     @classmethod
     def build(cls, nodes: Iterable[Node], workloads: Iterable[WorkloadStatus]) -> AllocationIndex:
@@ -88,7 +88,7 @@ class AllocationIndex:
             for a in w.allocations:
                 for uuid in a.gpu_uuids:
                     holders.setdefault(uuid, []).append(_holder(a, w, gpus.get(uuid)))
-        servers = {(w.owner, w.name): w.id for w in by_id.values() if w.allocations}
+        servers = {(w.owner, hub_server(w.owner, w.name)): w.id for w in by_id.values()}
         return cls(gpus, {k: tuple(v) for k, v in holders.items()}, servers)
 
     def holder_for(self, gpu_uuid: str, workload_id: str) -> Holder | None:
@@ -106,6 +106,18 @@ class AllocationIndex:
         if user is not None:
             return self.servers.get((user, server or ""))
         return None
+
+
+def hub_server(owner: str, workload_name: str) -> str:
+    """The JupyterHub server name of a notebook workload ("" for the default server).
+
+    The spawner names a notebook's workload ``<user>/<server>``, ``<user>/default`` for the
+    default server; any other name is taken as the server name itself.
+    """
+    user, sep, server = workload_name.partition("/")
+    if not sep or user != owner:
+        return workload_name
+    return "" if server == "default" else server
 
 
 def _holder(a: AllocationRecord, w: WorkloadStatus, gpu: GpuInfo | None) -> Holder:

@@ -20,7 +20,7 @@ from portal.telemetry.store import TelemetryStore
 from portal.telemetry.wire import SampleBatch
 from tests.portal.allocator.conftest import ManualClock, hgx, t4
 
-T0 = 1_800_000_000.0  # an epoch second on a minute and hour boundary (2027-01-15 08:00 UTC)
+T0 = ManualClock().now.timestamp()  # the allocator's start time, on an hour boundary
 assert T0 % 3600 == 0
 
 
@@ -29,6 +29,7 @@ class Portal:
     store: Store
     alloc: Allocator
     telemetry: TelemetryStore
+    clock: ManualClock
 
     def index(self) -> AllocationIndex:
         return AllocatorIndexSource(self.alloc, ttl_s=0)()
@@ -47,13 +48,14 @@ class Portal:
 
 def make_portal(url: str) -> Portal:
     store = Store(url)
-    alloc = Allocator(store, clock=ManualClock())
+    clock = ManualClock()
+    alloc = Allocator(store, clock=clock)
     alloc.start([hgx("n1"), t4("n2")])
     for t in ("team-a", "team-b"):
         alloc.set_tenant(t)
         alloc.set_quota(t, "H100-80GB", guaranteed=4, limit=8)
         alloc.set_quota(t, "T4/share", guaranteed=2000, limit=2000)
-    return Portal(store, alloc, TelemetryStore(store.engine))
+    return Portal(store, alloc, TelemetryStore(store.engine), clock)
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_workload_series_attribute_whole_gpus_and_split_shared_gpus_by_process(
 ) -> None:
     whole = portal.gpus("team-a", 2)
     a = portal.share("team-a", 500, owner="alice", name="nb-a")
-    b = portal.share("team-b", 500, owner="bob", name="nb-b")
+    b = portal.share("team-b", 500, owner="bob", name="bob/nb-b")
     (shared,) = set(portal.devices_of(a))
     assert portal.devices_of(b) == [shared]
     idx = portal.index()
