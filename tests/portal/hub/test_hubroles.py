@@ -15,9 +15,13 @@ GOLDEN = Path(__file__).parent / "golden"
 SPEC = HubRolesSpec(("team-a", "team-b"), oauth_services=("gpuportal-dashboards",))
 
 
-def test_the_rendered_configuration_matches_the_golden_file() -> None:
-    # To change it on purpose: write render_config(SPEC) to the file and review the diff.
-    assert render_config(SPEC) == (GOLDEN / "roles_config.txt").read_text()
+def test_the_rendered_roles_match_the_golden_file() -> None:
+    # Only the roles: the custom scopes follow portal.api.auth.Scope, which others extend
+    # (checked below against the enum). To change the roles on purpose, write the part of
+    # render_config(SPEC) from "c.JupyterHub.load_roles" on to the file and review the diff.
+    text = render_config(SPEC)
+    roles = text[text.index("c.JupyterHub.load_roles = ") :]
+    assert roles == (GOLDEN / "roles_config.txt").read_text()
 
 
 def test_the_rendered_text_is_python_that_sets_exactly_the_data() -> None:
