@@ -7,10 +7,17 @@ Every method builds its requests and reads its answers through ``portal.client.c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from datetime import datetime
 from types import TracebackType
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import httpx
+
+if TYPE_CHECKING:
+    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.offers import OfferOut
+    from portal.api.telemetry import SeriesPage
 
 from policies.requests import WorkloadKind
 from portal.api.schemas import (
@@ -139,6 +146,7 @@ class AsyncPortal:
         gang_size: int = 1,
         expected_duration_s: float | None = None,
         idempotency_key: str | None = None,
+        owner: str | None = None,
     ) -> WorkloadOut:
         want = core.devices_for(
             flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
@@ -153,6 +161,7 @@ class AsyncPortal:
                 gang_size=gang_size,
                 expected_duration_s=expected_duration_s,
                 idempotency_key=idempotency_key,
+                owner=owner,
             )
         )
 
@@ -184,3 +193,44 @@ class AsyncPortal:
 
     async def capacity(self) -> list[CapacityOut]:
         return await self._run(core.capacity())
+
+    # ------------------------------------------------------------------ offers, cost, telemetry
+
+    async def offers(self, tenant: str) -> list[OfferOut]:
+        return await self._run(core.offers(tenant))
+
+    async def cost(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        step: str | None = None,
+        group_by: Sequence[str] = (),
+        tenant: str | None = None,
+    ) -> CostSummaryOut:
+        return await self._run(core.cost(start, end, step, group_by, tenant))
+
+    async def chargeback(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        step: str | None = None,
+        tenant: str | None = None,
+    ) -> str:
+        return await self._run(core.chargeback(start, end, step, tenant))
+
+    async def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
+        return await self._run(core.budgets(self._page_size, tenant))
+
+    async def series(
+        self,
+        *,
+        device: str | None = None,
+        workload_id: str | None = None,
+        resolution: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        limit: int | None = None,
+    ) -> SeriesPage:
+        return await self._run(core.series(device, workload_id, resolution, start, end, limit))

@@ -9,9 +9,10 @@ pages of a list is therefore written once too. The answers are the API's own sch
 from __future__ import annotations
 
 import uuid
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -35,6 +36,12 @@ from portal.api.schemas import (
 from portal.client.errors import ApiError, PortalUnreachable, error_from_response
 from portal.store.records import WorkloadState
 
+if TYPE_CHECKING:
+    # Their modules load FastAPI and the services behind the routes: imported on use only.
+    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.offers import OfferOut
+    from portal.api.telemetry import SeriesPage
+
 API = "api/v1"
 """Path of the API under the portal's URL (relative: the portal may run under a prefix)."""
 
@@ -45,13 +52,17 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
+Param = str | int | float | Sequence[str]
+"""A query parameter's value; a sequence repeats the parameter."""
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """One HTTP request, relative to the portal's URL."""
 
     method: str
     path: str
-    params: Mapping[str, str | int] = field(default_factory=dict)
+    params: Mapping[str, Param] = field(default_factory=dict)
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
     idempotent: bool = False
@@ -106,8 +117,13 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
-def _filters(**values: str | None) -> dict[str, str | int]:
-    return {k: v for k, v in values.items() if v is not None}
+def _filters(**values: Param | datetime | None) -> dict[str, Param]:
+    """The query without unset filters; times as ISO 8601."""
+    return {
+        k: v.isoformat() if isinstance(v, datetime) else v
+        for k, v in values.items()
+        if v is not None
+    }
 
 
 # ------------------------------------------------------------------ building blocks
@@ -125,7 +141,7 @@ def tagged(call: Call, model: type[M]) -> Op[WithETag[M]]:
 
 
 def every_page(
-    path: str, model: type[M], page_size: int, params: Mapping[str, str | int] | None = None
+    path: str, model: type[M], page_size: int, params: Mapping[str, Param] | None = None
 ) -> Op[list[M]]:
     """All items of a paged list, following ``next_offset`` to the last page."""
     items: list[M] = []
@@ -224,6 +240,7 @@ def request(
     gang_size: int,
     expected_duration_s: float | None,
     idempotency_key: str | None,
+    owner: str | None = None,
 ) -> Op[WorkloadOut]:
     body = {
         "tenant": tenant,
@@ -238,7 +255,12 @@ def request(
     # answer gets the first attempt's workload instead of a second allocation.
     key = idempotency_key or str(uuid.uuid4())
     call = Call(
-        "POST", f"{API}/workloads", body=body, headers={"Idempotency-Key": key}, idempotent=True
+        "POST",
+        f"{API}/workloads",
+        _filters(owner=owner),
+        body=body,
+        headers={"Idempotency-Key": key},
+        idempotent=True,
     )
     return (yield from one(call, WorkloadOut))
 
@@ -281,6 +303,67 @@ def node(name: str) -> Op[NodeOut]:
 def capacity() -> Op[list[CapacityOut]]:
     response = yield Call("GET", f"{API}/capacity", idempotent=True)
     return [CapacityOut.model_validate(item) for item in checked(response)]
+
+
+def offers(tenant: str) -> Op[list[OfferOut]]:
+    from portal.api.offers import OfferOut
+
+    response = yield Call("GET", f"{API}/tenants/{_seg(tenant)}/offers", idempotent=True)
+    return [OfferOut.model_validate(item) for item in checked(response)]
+
+
+def cost(
+    start: datetime | None,
+    end: datetime | None,
+    step: str | None,
+    group_by: Sequence[str],
+    tenant: str | None,
+) -> Op[CostSummaryOut]:
+    from portal.api.cost import CostSummaryOut
+
+    params = _filters(start=start, end=end, step=step, tenant=tenant, group_by=list(group_by))
+    if not group_by:
+        del params["group_by"]
+    return (yield from one(Call("GET", f"{API}/cost", params, idempotent=True), CostSummaryOut))
+
+
+def chargeback(
+    start: datetime | None, end: datetime | None, step: str | None, tenant: str | None
+) -> Op[str]:
+    params = _filters(start=start, end=end, step=step, tenant=tenant)
+    response = yield Call("GET", f"{API}/cost/chargeback", params, idempotent=True)
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    return response.text
+
+
+def budgets(page_size: int, tenant: str | None) -> Op[list[BudgetOut]]:
+    from portal.api.cost import BudgetOut
+
+    params = _filters(tenant=tenant)
+    return (yield from every_page(f"{API}/cost/budgets", BudgetOut, page_size, params))
+
+
+def series(
+    device: str | None,
+    workload_id: str | None,
+    resolution: str | None,
+    start: float | None,
+    end: float | None,
+    limit: int | None,
+) -> Op[SeriesPage]:
+    from portal.api.telemetry import SeriesPage
+
+    params = _filters(
+        device=device,
+        workload_id=workload_id,
+        resolution=resolution,
+        start=start,
+        end=end,
+        limit=limit,
+    )
+    call = Call("GET", f"{API}/telemetry/series", params, idempotent=True)
+    return (yield from one(call, SeriesPage))
 
 
 def check_page_size(page_size: int) -> int:

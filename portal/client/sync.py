@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import httpx
+
+if TYPE_CHECKING:
+    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.offers import OfferOut
+    from portal.api.telemetry import SeriesPage
 
 from policies.requests import WorkloadKind
 from portal.api.schemas import (
@@ -161,12 +168,14 @@ class Portal:
         gang_size: int = 1,
         expected_duration_s: float | None = None,
         idempotency_key: str | None = None,
+        owner: str | None = None,
     ) -> WorkloadOut:
         """Ask for devices charged to ``tenant``: ``count`` GPUs of a whole-GPU ``flavor``
         (``H100-80GB``), one MIG instance (``H100-80GB/3g.40gb``), ``milli`` of a shared GPU
         (``T4/share``), or any ``devices``. The answer is ``running`` with ``allocations``, or
         ``queued`` with ``reason``, ``message``, ``position`` and ``eta_s``. A retry with the
-        same ``idempotency_key`` (made up when not given) allocates once."""
+        same ``idempotency_key`` (made up when not given) allocates once. ``owner``: services
+        only (the hub's spawner), the user the workload is for."""
         want = core.devices_for(
             flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
         )
@@ -180,6 +189,7 @@ class Portal:
                 gang_size=gang_size,
                 expected_duration_s=expected_duration_s,
                 idempotency_key=idempotency_key,
+                owner=owner,
             )
         )
 
@@ -223,3 +233,52 @@ class Portal:
     def capacity(self) -> list[CapacityOut]:
         """Units per flavor in the inventory."""
         return self._run(core.capacity())
+
+    # ------------------------------------------------------------------ offers, cost, telemetry
+
+    def offers(self, tenant: str) -> list[OfferOut]:
+        """Every option the tenant could ask for now, each available, queued (reason,
+        position, ETA) or not allowed; changes nothing."""
+        return self._run(core.offers(tenant))
+
+    def cost(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        step: str | None = None,
+        group_by: Sequence[str] = (),
+        tenant: str | None = None,
+    ) -> CostSummaryOut:
+        """GPU-hours, cost, efficiency and idle cost in a window (default: this month until
+        now), grouped by any of tenant, owner, flavor, period (``step``: whole, day, month)."""
+        return self._run(core.cost(start, end, step, group_by, tenant))
+
+    def chargeback(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        step: str | None = None,
+        tenant: str | None = None,
+    ) -> str:
+        """The chargeback CSV: one row per period, tenant, owner and flavor."""
+        return self._run(core.chargeback(start, end, step, tenant))
+
+    def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
+        """Budgets with spend, burn rate and forecast for this month."""
+        return self._run(core.budgets(self._page_size, tenant))
+
+    def series(
+        self,
+        *,
+        device: str | None = None,
+        workload_id: str | None = None,
+        resolution: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        limit: int | None = None,
+    ) -> SeriesPage:
+        """Utilization series of a device (GPU UUID, or ``<UUID>/gi<id>`` for MIG) or a
+        workload; times in epoch seconds; ``resolution``: raw, 1m or 1h."""
+        return self._run(core.series(device, workload_id, resolution, start, end, limit))
