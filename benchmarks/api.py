@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 over_http = time_http(client, tenant, args.requests)
                 reads = {
                     f"{path} x{n}": rate(url, path, n, args.read_seconds)
-                    for path in ("/api/v1/queue", "/api/v1/usage")
+                    for path in ("/api/v1/queue", "/api/v1/usage", "/health")
                     for n in (1, args.clients)
                 }
         finally:
