@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from portal.allocator import Allocator
 from portal.api import cost, errors, inventory, offers, queue, quotas, tenants, usage, workloads
 from portal.api import metrics as service_metrics
+from portal.api import alerts as alert_routes
 from portal.api import telemetry as telemetry_routes
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator
@@ -49,6 +50,7 @@ def create_app(
     for module in (tenants, quotas, workloads, queue, usage, inventory, cost, offers):
         app.include_router(module.router, prefix=PREFIX)
     app.include_router(telemetry_routes.router, prefix=PREFIX)
+    app.include_router(alert_routes.router, prefix=PREFIX)
     app.include_router(service_metrics.router)
 
     @app.get("/health", tags=["health"], summary="The process answers")
