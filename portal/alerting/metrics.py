@@ -1,0 +1,43 @@
+"""Prometheus metrics of the alerts, as a collector the service's ``/metrics`` registers::
+
+    registry.register(AlertCollector(lambda: service.state.alerts.values()))
+
+| metric | type | labels |
+|---|---|---|
+| ``gpuportal_alerts`` | gauge: alerts pending or firing now | rule, state, tenant ("" for none) |
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from policies.alerts import Alert, AlertState
+
+ActiveAlerts = Callable[[], Iterable[Alert]]
+
+
+class AlertCollector(Collector):
+    """Counts the active alerts ``active()`` returns at each scrape (every rule and state that
+    has none is left out, as Prometheus expects of label sets that come and go)."""
+
+    def __init__(self, active: ActiveAlerts) -> None:
+        self._active = active
+
+    def collect(self) -> Iterator[Metric]:
+        counts = Counter(
+            (a.key.rule, a.state.value, a.tenant or "")
+            for a in self._active()
+            if a.state in (AlertState.PENDING, AlertState.FIRING)
+        )
+        gauge = GaugeMetricFamily(
+            "gpuportal_alerts",
+            "Alerts pending or firing, by rule, state and tenant.",
+            labels=["rule", "state", "tenant"],
+        )
+        for (rule, state, tenant), n in sorted(counts.items()):
+            gauge.add_metric([rule, state, tenant], n)
+        yield gauge
