@@ -51,11 +51,13 @@ MAX_PERIODS = 1000
 
 
 class UtilizationSource(Protocol):
-    """Measured utilization of allocations: segments of ``[start, end)`` (epoch s) per
-    allocation id, non-overlapping per allocation. Seconds without a segment are unmeasured."""
+    """Measured utilization of the allocations behind ``intervals`` within ``[start, end)``
+    (epoch s): segments per allocation id, non-overlapping per allocation, in percent of what
+    the allocation holds. Seconds without a segment are unmeasured.
+    ``portal.accounting.telemetry.TelemetryUtilization`` reads the telemetry roll-ups."""
 
     def __call__(
-        self, allocation_ids: Collection[str], start: int, end: int
+        self, intervals: Sequence[UsageInterval], start: int, end: int
     ) -> Iterable[UtilizationSegment]: ...
 
 
@@ -182,8 +184,7 @@ class Accounting:
         book, unpriced = self._book_for(intervals)
         segments: list[UtilizationSegment] = []
         if self.utilization is not None and intervals:
-            ids = {iv.allocation_id for iv in intervals}
-            segments = list(self.utilization(ids, chosen[0].start, chosen[-1].end))
+            segments = list(self.utilization(intervals, chosen[0].start, chosen[-1].end))
         lines = cost_lines(intervals, book, chosen, segments, self.idle_threshold_pct)
         return CostReport(
             periods=tuple(chosen),

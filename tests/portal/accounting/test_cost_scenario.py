@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,7 +32,7 @@ from policies.alerts.engine import RuleContext
 from policies.alerts.samples import Snapshot
 from policies.inventory import GPU, Node
 from policies.mig import MigInstance
-from policies.pricing import UtilizationSegment
+from policies.pricing import UsageInterval, UtilizationSegment
 from policies.topology import Topology
 from portal.accounting import Accounting, price_config
 from portal.accounting.history import epoch_seconds
@@ -101,9 +101,9 @@ class Alice80:
         self.asked: list[tuple[frozenset[str], int, int]] = []
 
     def __call__(
-        self, allocation_ids: Collection[str], start: int, end: int
+        self, intervals: Sequence[UsageInterval], start: int, end: int
     ) -> Iterable[UtilizationSegment]:
-        self.asked.append((frozenset(allocation_ids), start, end))
+        self.asked.append((frozenset(iv.allocation_id for iv in intervals), start, end))
         a = self.allocation_id
         nine = epoch_seconds(at(9))
         return [
