@@ -34,6 +34,12 @@ def register(commands: Any) -> None:
         default=None,
         help="write the topology annotation on the Node and attribute processes to pods",
     )
+    parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read DCGM exporter metrics from this Prometheus instead of NVML "
+        "(GPUPORTAL_AGENT_PROMETHEUS_URL)",
+    )
     parser.add_argument("--once", action="store_true", help="sample once, send, and exit")
     parser.add_argument(
         "--stdout", action="store_true", help="print the batches as JSON lines instead of sending"

@@ -23,7 +23,7 @@ import httpx
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from policies.errors import InvalidRequest
+from policies.errors import InvalidRequest, PortalError
 from policies.inventory import Node
 from portal.agent.attribution import PodLookup, ProcessAttributor
 from portal.agent.demo import DemoSource
@@ -65,6 +65,13 @@ class AgentSettings(BaseSettings):
         description="Write the topology annotation on the Node and attribute processes to pods.",
     )
     proc_root: Path = Field(default=Path("/proc"), description="Where the host's /proc is.")
+    prometheus_url: str | None = Field(
+        default=None,
+        description=(
+            "Read DCGM exporter metrics from this Prometheus instead of NVML (all nodes, or "
+            "node_name's only when set)."
+        ),
+    )
 
 
 def load_agent_settings(**overrides: Any) -> AgentSettings:
@@ -167,7 +174,7 @@ class Agent:
             batches = self._source.batches()
         except nvml.NoDriver:
             raise
-        except nvml.NvmlError as e:
+        except PortalError as e:  # NVML or Prometheus failed this round
             log.error("sampling failed, retrying next round: %s", e.message)
             batches = []
         for batch in batches:
@@ -195,7 +202,12 @@ def main(args: argparse.Namespace) -> int:
         node_name=args.node_name,
         interval_s=args.interval_s,
         kubernetes=args.kubernetes,
+        prometheus_url=args.prometheus,
     )
+    if args.demo and settings.prometheus_url:
+        raise InvalidRequest(
+            "--demo with --prometheus", "both", "one source: NVML, demo or Prometheus"
+        )
     if settings.token is None and not args.stdout:
         raise InvalidRequest(
             "GPUPORTAL_AGENT_TOKEN", "unset", "a portal API token (or --stdout to only print)"
@@ -239,6 +251,11 @@ def _source(settings: AgentSettings, *, demo: bool) -> tuple[BatchSource, Callab
         from portal.inventory import simulated
 
         return DemoSource(simulated.load_demo()), lambda: None
+    if settings.prometheus_url:
+        from portal.telemetry.prometheus import PrometheusSource
+
+        client = httpx.Client(base_url=settings.prometheus_url, timeout=settings.timeout_s)
+        return PrometheusSource(client, hostname=settings.node_name), client.close
     pods: PodLookup | None = None
     on_discovered: Callable[[Node], object] = _ignore
     if settings.kubernetes:

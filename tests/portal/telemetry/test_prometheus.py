@@ -13,13 +13,23 @@ from pathlib import Path
 import httpx
 import pytest
 
+from policies.flavors import FlavorKind
+from policies.inventory import Node
+from policies.requests import DeviceRequest, WorkloadRequest
 from portal.agent.attribution import PodRef, ProcessAttributor
+from portal.agent.reporter import Reporter
+from portal.agent.run import Agent, NvmlSource
 from portal.agent.sampler import NvmlSampler
+from portal.allocator import Allocator
+from portal.cli import run
 from portal.inventory import nvml
+from portal.store.writer import Store
 from portal.telemetry.prometheus import PrometheusError, PrometheusSource, query
 from portal.telemetry.wire import GpuSample, SampleBatch, Source
+from tests.portal.allocator.conftest import ManualClock
 from tests.support import dcgm_exporter, fake_nvml
 from tests.support.fake_nvml import FakeMachine, FakeProcess
+from tests.support.portal_server import free_port, serve
 from tests.support.prometheus import running_prometheus
 
 HOST = "gpu-node-1"
@@ -235,3 +245,94 @@ def test_sample_values_from_the_exporter_text_are_wire_samples(
         xid_count=0,
     )
     assert abs(sample.at - time.time()) < 30  # the scrape time, not the query's
+
+
+def portal_with_two_notebooks(db: Path, node: Node) -> tuple[Store, Allocator, list[str]]:
+    """A portal over ``node`` (two T4s) with one whole-GPU notebook per GPU."""
+    store = Store(f"sqlite:///{db}")
+    alloc = Allocator(store, clock=ManualClock())
+    alloc.start([node])
+    alloc.set_tenant("team-a")
+    alloc.set_quota("team-a", "T4", guaranteed=2, limit=2)
+    request = DeviceRequest(FlavorKind.GPU, count=1, models=frozenset({"T4"}))
+    ids = [alloc.request(WorkloadRequest("team-a", u, "nb", request)).id for u in ("ann", "ben")]
+    return store, alloc, ids
+
+
+def stored_utilization(base: str, workloads: list[str]) -> dict[str, list[float]]:
+    out = {}
+    for i, w in enumerate(workloads):
+        r = httpx.get(
+            f"{base}/api/v1/telemetry/series",
+            params={"workload_id": w, "resolution": "raw", "start": time.time() - 600},
+            headers={"Authorization": "token ops"},
+        )
+        assert r.status_code == 200, r.text
+        out[f"workload {i}"] = [p["utilization_avg"] for p in r.json()["series"][0]["points"]]
+    return out
+
+
+def test_through_the_portal_both_paths_store_the_same_per_workload_utilization(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, prometheus_of: Callable[..., str]
+) -> None:
+    machine = fake_nvml.t4_two_sockets()
+    fake_nvml.install(monkeypatch, machine)
+    node = nvml.discover("t4-node")
+    nvml_portal = portal_with_two_notebooks(tmp_path / "nvml.db", node)
+    dcgm_portal = portal_with_two_notebooks(tmp_path / "dcgm.db", node)
+    placed = [nvml_portal[1].status(w).allocations[0].gpu_uuids for w in nvml_portal[2]]
+    assert placed == [dcgm_portal[1].status(w).allocations[0].gpu_uuids for w in dcgm_portal[2]]
+    index = {g.uuid: g.index for g in node.gpus}
+    pods = {}
+    for k, (uuids, util) in enumerate(zip(placed, (83, 7), strict=True)):
+        usage = machine.gpus[index[uuids[0]]].usage
+        usage.gpu_pct, usage.memory_used_mib = util, 1000 * (k + 1)
+        usage.processes = (FakeProcess(200 + k, 1000 * (k + 1)),)
+        pods[200 + k] = ("gp-team-a", f"jupyter-{('ann', 'ben')[k]}", "notebook")
+    text = dcgm_exporter.exposition(machine, "t4-node", pods)
+    url = prometheus_of(lambda: text)
+
+    try:
+        with serve(nvml_portal[1], free_port()) as base, httpx.Client(base_url=base) as client:
+            reporter = Reporter(client, "agent")
+            source = NvmlSource("t4-node", ProcessAttributor(tmp_path / "no-proc"))
+            Agent(source, reporter.submit, reporter.flush).tick()
+            source.close()
+            from_nvml = stored_utilization(base, nvml_portal[2])
+        with (
+            serve(dcgm_portal[1], free_port()) as base,
+            httpx.Client(base_url=base) as client,
+            httpx.Client(base_url=url, timeout=10) as prom,
+        ):
+            prometheus = PrometheusSource(prom)
+            wait_for(prometheus.batches, lambda b: sum(len(x.samples) for x in b) == 2)
+            reporter = Reporter(client, "agent")
+            Agent(prometheus, reporter.submit, reporter.flush).tick()
+            assert reporter.stats.last_result is not None
+            assert reporter.stats.last_result.accepted == 2
+            from_dcgm = stored_utilization(base, dcgm_portal[2])
+    finally:
+        for store, _, _ in (nvml_portal, dcgm_portal):
+            store.close()
+
+    assert from_nvml == {"workload 0": [83.0], "workload 1": [7.0]}
+    assert from_dcgm == from_nvml
+
+
+def test_the_agent_command_reads_prometheus_instead_of_nvml(
+    capsys: pytest.CaptureFixture[str], prometheus_of: Callable[..., str]
+) -> None:
+    machine = fake_nvml.t4_two_sockets()
+    machine.gpus[0].usage.gpu_pct = 31
+    url = prometheus_of(lambda: dcgm_exporter.exposition(machine, "t4-node", {}))
+    with httpx.Client(base_url=url, timeout=10) as client:
+        wait_for(PrometheusSource(client).batches, lambda b: bool(b))
+
+    assert run(["agent", "--prometheus", url, "--stdout", "--once", "--node", "t4-node"]) == 0
+
+    batch = SampleBatch.model_validate_json(capsys.readouterr().out)
+    assert (batch.node, batch.source) == ("t4-node", Source.DCGM)
+    assert [(s.gpu_uuid, s.utilization_pct) for s in batch.samples] == [
+        ("GPU-t4-0", 31),
+        ("GPU-t4-1", 0),
+    ]
