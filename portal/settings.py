@@ -124,6 +124,13 @@ class Settings(BaseSettings):
         le=3600,
         description="On SIGTERM, how long in-flight requests may take before they are cut.",
     )
+    pricing_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML file of GPU prices per hour and monthly money budgets for cost accounting "
+            "(docs/cost.md). Unset: cost shows GPU-hours with every model unpriced."
+        ),
+    )
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:
