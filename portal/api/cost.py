@@ -21,12 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.errors import InvalidRequest
 from policies.pricing import CostTotal, GroupBy, to_cents
+from portal.accounting.prices import load_price_config
 from portal.accounting.service import Accounting, BudgetStatus, Step, month_of
+from portal.accounting.telemetry import TelemetryUtilization
 from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
 from portal.api.errors import ERROR_RESPONSES
 from portal.api.schemas import Page
+from portal.settings import Settings
 
 router = APIRouter(prefix="/cost", tags=["cost"], responses=ERROR_RESPONSES)
 
@@ -37,6 +40,24 @@ _MONEY = r"^-?\d+\.\d{2}$"
 def use_accounting(app: FastAPI, accounting: Accounting) -> None:
     """Price the app's cost routes with ``accounting`` (prices, budgets, utilization, clock)."""
     app.state.accounting = accounting
+
+
+def configure(app: FastAPI, settings: Settings) -> Accounting:
+    """The service's accounting: prices from ``settings.pricing_file`` (none: unpriced),
+    utilization from the telemetry roll-ups in the allocator's database.
+
+    Raises:
+        InvalidRequest: the pricing file is unreadable or invalid (the service does not start).
+    """
+    alloc: Allocator = app.state.allocator
+    prices = None
+    if settings.pricing_file is not None:
+        prices = load_price_config(settings.pricing_file.expanduser())
+    accounting = Accounting(
+        alloc.store, prices, utilization=TelemetryUtilization(alloc.store.engine)
+    )
+    use_accounting(app, accounting)
+    return accounting
 
 
 def _accounting(request: Request, alloc: Annotated[Allocator, Depends(allocator)]) -> Accounting:
