@@ -33,6 +33,7 @@ from starlette.types import ASGIApp
 
 from policies.errors import InvalidRequest
 from portal.allocator import Allocator
+from portal.api import cost as cost_api
 from portal.api import create_app
 from portal.api.auth import Authenticator
 from portal.api.errors import Unavailable
@@ -136,6 +137,7 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
         metrics = ServiceMetrics(allocator)
         store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
         app = create_app(allocator, where.authenticator, metrics=metrics)
+        cost_api.configure(app, settings)
         app.state.loops = loops
         register_loops(loops, allocator, settings)
         follower.follow(allocator)
