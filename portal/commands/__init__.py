@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from portal.commands import cost, offers, queue, quotas, tenants, usage, workloads
+from portal.commands import cost, nodes, offers, queue, quotas, tenants, usage, workloads
 
-NOUNS = (tenants, quotas, workloads, queue, usage, cost, offers)
+NOUNS = (tenants, quotas, workloads, queue, usage, cost, offers, nodes)
 
 
 def register(commands: Any) -> None:

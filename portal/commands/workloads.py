@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from policies.requests import WorkloadKind
 from portal.commands.common import add_connection_options, call, cell, duration, print_json, table
+from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
     from portal.api.schemas import AllocationOut, WorkloadOut
 
-STATES = ("queued", "running", "preempting", "released", "cancelled", "failed")
-KINDS = ("notebook", "job", "inference")
+LIVE_STATES = [s.value for s in WorkloadState if not s.terminal]
+KINDS = [k.value for k in WorkloadKind]
 HEADERS = ("ID", "TENANT", "OWNER", "NAME", "KIND", "STATE", "FLAVOR", "DEVICES", "REASON")
 
 
@@ -26,7 +28,7 @@ def register(commands: Any) -> None:
         ),
     )
     parser.add_argument("--tenant", help="only this tenant")
-    parser.add_argument("--state", choices=STATES[:3], help="only this state")
+    parser.add_argument("--state", choices=LIVE_STATES, help="only this state")
     add_connection_options(parser)
     parser.set_defaults(handler=list_workloads)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -131,8 +133,6 @@ def list_workloads(args: argparse.Namespace) -> int:
 
 
 def request_workload(args: argparse.Namespace) -> int:
-    from policies.requests import WorkloadKind
-
     w = call(
         args,
         lambda p: p.request(

@@ -1,4 +1,4 @@
-"""``gpuportal cost [chargeback|budgets]`` and ``gpuportal offers`` against the live portal."""
+"""``gpuportal cost [chargeback|budgets]``, ``offers`` and ``nodes`` against the live portal."""
 
 from __future__ import annotations
 
@@ -75,3 +75,22 @@ def test_offers_table(gpuportal: Gpuportal) -> None:
     assert "not_allowed" in rows["gpu:H100-80GB:4"]
     data = json.loads(gpuportal("offers", "team-a", "--json", token="alice").out)
     assert {o["key"] for o in data} >= {"gpu:H100-80GB:1", "gpu:H100-80GB:4"}
+
+
+def test_nodes_table(gpuportal: Gpuportal) -> None:
+    gpuportal("workloads", "request", "team-b", "H100-80GB", "--count", "3")
+    ran = gpuportal("nodes")
+    assert ran.code == 0, ran.err
+    head, *rows = lines(ran.out)
+    assert head.split() == [
+        "NODE", "MODELS", "GPUS", "FREE", "MIG", "FREE/ALL", "POOL", "RACK", "SCHEDULABLE"
+    ]  # fmt: skip
+    cells = [r.split() for r in rows]
+    assert [c[:4] for c in cells] == [
+        ["n1", "H100-80GB", "8", "5"],
+        ["n2", "H100-80GB", "8", "8"],
+        ["t1", "T4", "2", "2"],
+    ]
+    assert [c[-1] for c in cells] == ["yes", "yes", "yes"]
+    data = json.loads(gpuportal("nodes", "--json").out)
+    assert [n["name"] for n in data] == ["n1", "n2", "t1"]
