@@ -139,6 +139,7 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
         yield h
     finally:
         stop(proc)
+        stop_proxy(tmp_path / "proxy.pid", ports[2])
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -150,6 +151,18 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def stop_proxy(pid_file: Path, api_port: int) -> None:
+    """The hub stops its proxy when it exits cleanly; a proxy left behind (its own process
+    group) is stopped here, if the pid is still that proxy."""
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if f"--api-port\x00{api_port}".encode() in cmdline:
+        os.kill(pid, signal.SIGTERM)
 
 
 def test_the_hub_runs_the_portal_as_a_service_behind_its_proxy(hub: Hub) -> None:
