@@ -92,9 +92,14 @@ def _kubernetes() -> InventorySource:
     except ConfigException:
         kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
         asyncio.get_event_loop().run_until_complete(kubernetes_asyncio.config.load_kube_config())
-    return KubernetesInventory(
-        kubernetes_asyncio.client.CoreV1Api(), core_v1=kubernetes.client.CoreV1Api()
-    )
+
+    async def build() -> InventorySource:
+        # aiohttp binds the async client to the running loop: create it on the follower's.
+        return KubernetesInventory(
+            kubernetes_asyncio.client.CoreV1Api(), core_v1=kubernetes.client.CoreV1Api()
+        )
+
+    return asyncio.get_event_loop().run_until_complete(build())
 
 
 class Follower:
