@@ -116,6 +116,8 @@ def test_the_dra_claims_and_pod_are_accepted_and_left_to_the_default_scheduler(
     # Not the binder's pod: the kube-scheduler's DRA plugin allocates the claim and binds.
     unused: AllocationSource = None  # type: ignore[assignment]
     assert all(p.name != "jupyter-dra" for p in Binder(api, unused, SETTINGS).pending())
+    # Leave no pod behind: a tenant namespace with pods cannot be reconciled away.
+    core.delete_namespaced_pod("jupyter-dra", namespace, grace_period_seconds=0)
 
 
 def claim_name_of(placement: PodPlacement) -> str:
