@@ -97,8 +97,8 @@ class PortalHub:
                 pytest.fail(f"timed out waiting for {what}:\n{self.hub.log_tail(80)}")
             time.sleep(0.2)
 
-    def wait_ready(self, user: str) -> dict[str, Any]:
-        return self.wait(lambda: self.server(user).get("ready") and self.server(user), f"{user}")
+    def wait_ready(self, user: str) -> None:
+        self.wait(lambda: self.server(user).get("ready"), f"{user}'s server to be ready")
 
     def server_env(self, user: str) -> dict[str, str]:
         """The environment ``tiny_server.py`` recorded at its start."""

@@ -3,18 +3,24 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
 import pytest
 
-from tests.spawner.conftest import PortalHub
+from tests.spawner.conftest import PASSWORD, PortalHub
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
 A100 = {"tenant": "team-a", "option": "gpu:A100-80GB:1"}
 
 
-def workloads(ph: PortalHub, state: str | None = None) -> list[dict[str, object]]:
+def workloads(ph: PortalHub, state: str | None = None) -> list[dict[str, Any]]:
     query = f"?state={state}" if state else ""
-    items: list[dict[str, object]] = ph.portal(f"/workloads{query}")["items"]
+    items: list[dict[str, Any]] = ph.portal(f"/workloads{query}")["items"]
     return items
 
 
@@ -28,7 +34,7 @@ def test_spawn_is_pinned_queues_with_progress_and_starts_when_the_first_stops(
     ph.wait_ready("alice")
     env = ph.server_env("alice")
     (running,) = workloads(ph, "running")
-    (allocation,) = running["allocations"]  # type: ignore[misc]
+    (allocation,) = running["allocations"]
     assert running["owner"] == "alice" and running["tenant"] == "team-a"
     # The simulated inventory has no UUIDs: the process sees the GPU by its index.
     assert allocation["node"] == "a100-1" and len(allocation["gpus"]) == 1
@@ -57,7 +63,7 @@ def test_spawn_is_pinned_queues_with_progress_and_starts_when_the_first_stops(
     env = ph.server_env("anna")
     (running,) = workloads(ph, "running")
     assert running["owner"] == "anna"
-    assert env["CUDA_VISIBLE_DEVICES"] == str(running["allocations"][0]["gpus"][0])  # type: ignore[index]
+    assert env["CUDA_VISIBLE_DEVICES"] == str(running["allocations"][0]["gpus"][0])
     assert ph.portal(f"/workloads/{alice_first}")["state"] == "released"
 
     # 4. alice queues behind anna, then cancels: her queue entry is gone.
@@ -70,3 +76,86 @@ def test_spawn_is_pinned_queues_with_progress_and_starts_when_the_first_stops(
     # 5. anna's stop releases exactly her allocation, once; nothing is left held.
     ph.stop("anna")
     assert workloads(ph) == []
+
+
+@contextmanager
+def login(ph: PortalHub, user: str) -> Iterator[httpx.Client]:
+    """A client holding ``user``'s hub login cookies."""
+    with httpx.Client(base_url=ph.hub.url, timeout=30) as client:
+        assert client.get("/hub/login").status_code == 200
+        r = client.post(
+            "/hub/login",
+            data={"username": user, "password": PASSWORD, "_xsrf": client.cookies["_xsrf"]},
+        )
+        assert r.status_code == 302, r.text
+        yield client
+
+
+def test_the_form_shows_availability_and_no_spawn_bypasses_its_rules(
+    portal_hub: PortalHub,
+) -> None:
+    ph = portal_hub
+    # The form, as alice's browser gets it: each option with its state.
+    with login(ph, "alice") as client:
+        page = client.get("/hub/spawn/alice")
+    assert page.status_code == 200
+    assert re.search(r"1 × A100-80GB <span[^>]*>available now", page.text)
+    assert re.search(r"2 × A100-80GB NVLink <span[^>]*>not allowed: 2 × A100-80GB", page.text)
+    assert re.search(r"0.25 × T4 \(3 GiB\) <span[^>]*>available now", page.text)
+
+    # REST spawns are checked like the form: refused, with why and what is valid.
+    refused = {
+        "tenant team-a": ({"tenant": "team-a", "option": "cpu"}, 403, "may not charge tenant"),
+        "extra key": ({"option": "cpu", "image": "evil:latest"}, 400, "'image'"),
+        "no quota": ({"option": "gpu:A100-80GB:1"}, 403, "team-b has no quota for A100-80GB"),
+        "unknown": (
+            {"option": "gpu:B200:1"},
+            400,
+            "expected one of share:T4:250, share:T4:500, cpu",
+        ),
+    }
+    for what, (options, status, message) in refused.items():
+        r = ph.spawn("bob", options)
+        assert r.status_code == status, (what, r.text)
+        assert message in r.json()["message"], (what, r.json())
+    assert ph.server("bob") == {} and workloads(ph) == []
+
+    # A half T4 share: MPS limits from the share; CPU only: no GPU visible, nothing allocated.
+    assert ph.spawn("bob", {"option": "share:T4:500"}).status_code in (201, 202)
+    assert ph.spawn("anna", {"option": "cpu"}).status_code in (201, 202)
+    ph.wait_ready("bob")
+    ph.wait_ready("anna")
+    bob = ph.server_env("bob")
+    assert bob["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert bob["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7680M"
+    assert (bob["GPUPORTAL_FLAVOR"], bob["GPUPORTAL_GPU_MILLI"]) == ("T4/share", "500")
+    anna = ph.server_env("anna")
+    assert anna["CUDA_VISIBLE_DEVICES"] == "" and anna["GPUPORTAL_OPTION"] == "cpu"
+    assert [w["owner"] for w in workloads(ph)] == ["bob"]
+
+
+def test_hub_restart_keeps_allocations_and_queue_places(portal_hub: PortalHub) -> None:
+    ph = portal_hub
+    assert ph.spawn("alice", A100).status_code in (201, 202)
+    ph.wait_ready("alice")
+    assert ph.spawn("anna", A100).status_code in (201, 202)
+    ph.wait(lambda: ph.server("anna").get("pending") == "queued", "anna queued")
+    before = {w["owner"]: w for w in workloads(ph)}
+    assert before["anna"]["state"] == "queued"
+
+    ph.hub.restart()  # the hub and its portal service restart; alice's server keeps running
+    ph.wait(lambda: ph.server("alice").get("ready"), "alice's server after the restart")
+    after = {w["owner"]: w for w in workloads(ph)}
+    assert after["alice"]["id"] == before["alice"]["id"]
+    assert after["alice"]["allocations"] == before["alice"]["allocations"]
+    assert (after["anna"]["id"], after["anna"]["position"]) == (before["anna"]["id"], 1)
+
+    # anna's spawn died with the hub; spawning again takes up the same queue place.
+    assert ph.server("anna") == {}
+    assert ph.spawn("anna", A100).status_code in (201, 202)
+    ph.wait(lambda: ph.server("anna").get("pending") == "queued", "anna queued again")
+    again = {w["owner"]: w for w in workloads(ph)}
+    assert again["anna"]["id"] == before["anna"]["id"] and len(again) == 2
+    ph.stop("alice")
+    ph.wait_ready("anna")
+    assert [w["owner"] for w in workloads(ph)] == ["anna"]

@@ -107,7 +107,8 @@ class RunningHub:
         return "\n".join(text.splitlines()[-lines:])
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start the hub and wait until its API answers; fails the test with its log if not."""
+        """Start the hub and wait until its API answers through the proxy; fails the test with
+        its log if not."""
         self.starts += 1
         with self.log.open("ab") as out:
             out.write(f"\n--- start {self.starts} ---\n".encode())
@@ -125,8 +126,10 @@ class RunningHub:
         while True:
             if self.process.poll() is not None:
                 pytest.fail(f"jupyterhub exited with {self.process.returncode}:\n{self.log_tail()}")
+            # Through the proxy: the hub answers on its own port before it has added its
+            # routes to the proxy.
             with suppress(httpx.HTTPError):
-                if httpx.get(f"{self.api_url}/", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
                     return
             if time.monotonic() > deadline:
                 self.stop()
