@@ -83,7 +83,8 @@ def load_agent_settings(**overrides: Any) -> AgentSettings:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "settings"
         where = f"{name} (command line)" if name in given else f"GPUPORTAL_AGENT_{name.upper()}"
-        raise InvalidRequest(f"setting {where}", repr(first.get("input")), first["msg"]) from exc
+        message = str(first["msg"]).removeprefix("Input should be ")
+        raise InvalidRequest(f"setting {where}", repr(first.get("input")), message) from exc
 
 
 class BatchSource(Protocol):
