@@ -336,3 +336,54 @@ def test_the_agent_command_reads_prometheus_instead_of_nvml(
         ("GPU-t4-0", 31),
         ("GPU-t4-1", 0),
     ]
+
+
+def test_unusable_series_are_skipped_and_the_rest_still_read(
+    prometheus_of: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    def series(name: str, uuid: str, value: str, **extra: str) -> str:
+        labels = {"gpu": "0", "UUID": uuid, "Hostname": "n1", **extra}
+        pairs = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return f"{name}{{{pairs}}} {value}"
+
+    text = (
+        "\n".join(
+            [
+                # a good GPU, attributed through federation-style exported_* labels
+                series(
+                    "DCGM_FI_DEV_GPU_UTIL",
+                    "GPU-good",
+                    "12",
+                    exported_namespace="ns",
+                    exported_pod="p1",
+                    namespace="monitoring",
+                    pod="dcgm-exporter-x",
+                ),
+                series("DCGM_FI_DEV_FB_USED", "GPU-good", "10"),
+                series("DCGM_FI_DEV_FB_FREE", "GPU-good", "90"),
+                # utilization above 100: refused by the wire format, skipped
+                series("DCGM_FI_DEV_GPU_UTIL", "GPU-hot", "250"),
+                series("DCGM_FI_DEV_FB_USED", "GPU-hot", "1"),
+                series("DCGM_FI_DEV_FB_FREE", "GPU-hot", "1"),
+                # NaN utilization: as if absent, so no sample
+                series("DCGM_FI_DEV_GPU_UTIL", "GPU-nan", "NaN"),
+                series("DCGM_FI_DEV_FB_USED", "GPU-nan", "1"),
+                series("DCGM_FI_DEV_FB_FREE", "GPU-nan", "1"),
+                # no framebuffer series
+                series("DCGM_FI_DEV_GPU_UTIL", "GPU-nofb", "5"),
+                # no UUID label at all
+                'DCGM_FI_DEV_GPU_UTIL{gpu="3",Hostname="n1"} 50',
+            ]
+        )
+        + "\n"
+    )
+    url = prometheus_of(lambda: text)
+    with httpx.Client(base_url=url, timeout=10) as client:
+        batches = wait_for(PrometheusSource(client).batches, bool)
+
+    assert len(batches) == 1
+    [good] = batches[0].samples
+    assert (good.gpu_uuid, good.utilization_pct, good.memory_total_mib) == ("GPU-good", 12, 100)
+    assert [(p.namespace, p.pod) for p in good.processes] == [("ns", "p1")]
+    for skipped in ("GPU-hot", "GPU-nan", "GPU-nofb"):
+        assert f"n1/{skipped}/None" in caplog.text
