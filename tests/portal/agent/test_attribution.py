@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from portal.agent.attribution import Attribution, PodRef, ProcessAttributor, pod_uid
 
@@ -97,3 +100,13 @@ def test_answers_are_cached_until_the_pid_is_gone(tmp_path: Path) -> None:
     assert attribute(800) == Attribution(workload_id="old")
     attribute.forget_except(set())
     assert attribute(800) == Attribution(workload_id="new")
+
+
+@given(uid=st.uuids(), qos=st.sampled_from(["", "burstable", "besteffort"]))
+def test_any_pod_uid_survives_both_cgroup_drivers(uid: uuid.UUID, qos: str) -> None:
+    text = str(uid)
+    cgroupfs = f"0::/kubepods/{qos + '/' if qos else ''}pod{text}/0123abcd\n"
+    slice_qos = f"kubepods-{qos}.slice/kubepods-{qos}-" if qos else "kubepods-"
+    systemd = f"0::/kubepods.slice/{slice_qos}pod{text.replace('-', '_')}.slice/cri-x.scope\n"
+    assert pod_uid(cgroupfs) == text
+    assert pod_uid(systemd) == text
