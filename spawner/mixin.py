@@ -313,7 +313,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
                         self._forget()
                         raise web.HTTPError(
                             429,
-                            f"Gave up after waiting {forms.duration(self.max_queue_wait)} "
+                            f"Gave up after waiting {_seconds(self.max_queue_wait)} "
                             f"(max_queue_wait) in {choice.tenant}'s queue for "
                             f"{choice.offer.label}; last: {said}. The request was withdrawn: "
                             "try again later or pick an option available now.",
@@ -450,6 +450,10 @@ def _http_error(exc: PortalError) -> web.HTTPError:
     if isinstance(exc, PortalUnreachable):
         return web.HTTPError(503, f"The GPU portal did not answer: {exc}")
     return web.HTTPError(503, f"The GPU portal refused the request: {exc}")
+
+
+def _seconds(limit: float) -> str:
+    return f"{limit:g} s" if limit < 60 else forms.duration(limit)
 
 
 def _where(a: GPUAllocation) -> str:

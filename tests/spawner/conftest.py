@@ -47,7 +47,9 @@ tenants:
     quotas:
       T4/share: {guaranteed: 0, limit: 500}
 """
-GROUPS = {"team-a": ["alice", "anna"], "team-b": ["bob"]}
+GROUPS = {"team-a": ["alice", "anna"], "team-b": ["bob", "bea"]}
+SHORT_WAIT_USER = "bea"
+SHORT_WAIT_S = 3
 
 
 @dataclass
@@ -176,7 +178,14 @@ def portal_hub_config(
             "GPUPortalMixin.queue_poll_interval": 0.3,
             "JupyterHub.cleanup_servers": False,
         }
-        return "".join(f"c.{k} = {v!r}\n" for k, v in settings.items()) + extra
+        # One user whose spawns may wait only a few seconds in the queue.
+        short_wait = (
+            "def _short_wait(spawner):\n"
+            f"    if spawner.user.name == {SHORT_WAIT_USER!r}:\n"
+            f"        spawner.max_queue_wait = {SHORT_WAIT_S}\n"
+            "c.Spawner.pre_spawn_hook = _short_wait\n"
+        )
+        return "".join(f"c.{k} = {v!r}\n" for k, v in settings.items()) + short_wait + extra
 
     return text
 

@@ -133,6 +133,15 @@ def test_the_form_shows_availability_and_no_spawn_bypasses_its_rules(
     assert anna["CUDA_VISIBLE_DEVICES"] == "" and anna["GPUPORTAL_OPTION"] == "cpu"
     assert [w["owner"] for w in workloads(ph)] == ["bob"]
 
+    # bea (team-b, max_queue_wait 3 s here) queues behind bob's share and gives up, saying so.
+    r = ph.spawn("bea", {"option": "share:T4:250"})
+    assert r.status_code == 429, r.text
+    message = r.json()["message"]
+    assert message.startswith("Gave up after waiting 3 s (max_queue_wait) in team-b's queue")
+    assert "Queued 1st in team-b for 0.25 × T4 (3 GiB): " in message
+    assert "The request was withdrawn" in message
+    assert ph.server("bea") == {} and ph.portal("/queue")["total"] == 0
+
 
 def test_hub_restart_keeps_allocations_and_queue_places(portal_hub: PortalHub) -> None:
     ph = portal_hub
