@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.errors import InvalidRequest
 from policies.pricing import CostTotal, GroupBy, to_cents
+from portal.accounting.metrics import CostCollector
 from portal.accounting.prices import load_price_config
 from portal.accounting.service import Accounting, BudgetStatus, Step, month_of
 from portal.accounting.telemetry import TelemetryUtilization
@@ -28,6 +29,7 @@ from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.metrics import ServiceMetrics
 from portal.api.schemas import Page
 from portal.settings import Settings
 
@@ -44,7 +46,8 @@ def use_accounting(app: FastAPI, accounting: Accounting) -> None:
 
 def configure(app: FastAPI, settings: Settings) -> Accounting:
     """The service's accounting: prices from ``settings.pricing_file`` (none: unpriced),
-    utilization from the telemetry roll-ups in the allocator's database.
+    utilization from the telemetry roll-ups in the allocator's database, and its month-to-date
+    gauges in the app's ``/metrics`` (``portal.accounting.metrics``).
 
     Raises:
         InvalidRequest: the pricing file is unreadable or invalid (the service does not start).
@@ -57,6 +60,9 @@ def configure(app: FastAPI, settings: Settings) -> Accounting:
         alloc.store, prices, utilization=TelemetryUtilization(alloc.store.engine)
     )
     use_accounting(app, accounting)
+    metrics: ServiceMetrics | None = getattr(app.state, "metrics", None)
+    if metrics is not None:
+        metrics.registry.register(CostCollector(accounting, alloc.quotas))
     return accounting
 
 

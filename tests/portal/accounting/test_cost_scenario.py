@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from policies.alerts import BudgetBurnRule
 from policies.alerts.engine import RuleContext
@@ -36,6 +37,7 @@ from policies.pricing import UsageInterval, UtilizationSegment
 from policies.topology import Topology
 from portal.accounting import Accounting, price_config
 from portal.accounting.history import epoch_seconds
+from portal.accounting.metrics import CostCollector
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
@@ -324,3 +326,43 @@ def test_money_budgets_feed_the_budget_burn_alert_rule(
     # A smaller budget the same spend overruns: the rule names the tenant.
     acc.prices = replace(acc.prices, budgets={"ml": Decimal("500.00")})
     assert fired() == ["ml"]
+
+
+def test_month_to_date_gauges_in_metrics_match_the_hand_computation(
+    day: tuple[TestClient, Alice80, ManualClock],
+) -> None:
+    client, _, _ = day
+    app = client.app
+    acc: Accounting = app.state.accounting  # type: ignore[attr-defined]
+    alloc: Allocator = app.state.allocator  # type: ignore[attr-defined]
+    app.state.metrics.registry.register(CostCollector(acc, alloc.quotas))  # type: ignore[attr-defined]
+    app.state.authenticator = StaticAuthenticator(  # type: ignore[attr-defined]
+        {"scraper": Caller("prom", CallerKind.SERVICE, frozenset({S.METRICS_READ.value}))}
+    )
+    r = client.get("/metrics", headers={"Authorization": "Bearer scraper"})
+    assert r.status_code == 200, r.text
+    values = {
+        (m.name, tuple(sorted(s.labels.items()))): s.value
+        for m in text_string_to_metric_families(r.text)
+        for s in m.samples
+        if m.name.startswith(
+            (
+                "gpuportal_cost",
+                "gpuportal_idle",
+                "gpuportal_allocated_gpu_hours",
+                "gpuportal_budget",
+            )
+        )
+    }
+    cost = "gpuportal_cost_month_to_date"
+    assert values[(cost, (("currency", "EUR"), ("tenant", "ml")))] == pytest.approx(44.992194940)
+    assert values[(cost, (("currency", "EUR"), ("tenant", "team-b")))] == pytest.approx(4.0)
+    idle = "gpuportal_idle_cost_month_to_date"
+    assert values[(idle, (("currency", "EUR"), ("tenant", "ml")))] == pytest.approx(4.0)
+    hours = "gpuportal_allocated_gpu_hours_month_to_date"
+    assert values[(hours, (("flavor", "H100-80GB"), ("tenant", "ml")))] == pytest.approx(10.5)
+    ratio = "gpuportal_budget_projected_ratio"
+    gpu_key = (("flavor", "H100-80GB"), ("kind", "gpu_hours"), ("tenant", "ml"))
+    assert values[(ratio, gpu_key)] == pytest.approx(1.26)
+    money_key = (("flavor", ""), ("kind", "money"), ("tenant", "ml"))
+    assert values[(ratio, money_key)] == pytest.approx(44.992194940 / 60 * 720 / 1000)

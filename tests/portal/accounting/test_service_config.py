@@ -53,3 +53,10 @@ def test_a_bad_pricing_file_stops_the_service_with_a_clear_error(
         configure(app, Settings(state_dir=tmp_path, pricing_file=path))
     with pytest.raises(InvalidRequest, match="pricing file"):
         configure(app, Settings(state_dir=tmp_path, pricing_file=tmp_path / "missing.yaml"))
+
+
+def test_the_cost_gauges_join_the_apps_metrics(app: FastAPI, tmp_path: Path) -> None:
+    configure(app, Settings(state_dir=tmp_path))
+    names = {m.name for m in app.state.metrics.registry.collect()}
+    assert "gpuportal_cost_month_to_date" in names
+    assert "gpuportal_budget_projected_ratio" in names
