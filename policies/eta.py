@@ -14,6 +14,8 @@ it is a hint for people, not a promise.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -32,15 +34,34 @@ def estimate_wait(
         raise InvalidRequest(
             "amounts", f"need={need} free_now={free_now} ahead={list(position_amounts)}", ">= 0"
         )
-    required = sum(position_amounts) + need
-    available = free_now
-    if available >= required:
-        return 0.0
-    ends = sorted((end, amount) for end, amount in running_ends if math.isfinite(end))
-    for end_at, amount in ends:
-        if amount < 0:
-            raise InvalidRequest("running amount", amount, ">= 0")
-        available += amount
-        if available >= required:
-            return max(0.0, end_at - now)
-    return None
+    return ReleaseCurve(running_ends).wait(sum(position_amounts), free_now, need, now)
+
+
+class ReleaseCurve:
+    """What running work releases over time: its finite expected ends, sorted, with the
+    cumulative amount released by each. Built once, asked for many queued workloads (a walk
+    down the queue asks once per entry), each answer a binary search."""
+
+    __slots__ = ("_released", "_times")
+
+    def __init__(self, running_ends: Sequence[tuple[float, int]]) -> None:
+        for _, amount in running_ends:
+            if amount < 0:
+                raise InvalidRequest("running amount", amount, ">= 0")
+        ends = sorted((end, amount) for end, amount in running_ends if math.isfinite(end))
+        self._times = [end for end, _ in ends]
+        self._released = list(itertools.accumulate(amount for _, amount in ends))
+
+    def wait(self, ahead: int, free_now: int, need: int, now: float) -> float | None:
+        """Seconds until ``free_now`` plus what has ended covers ``ahead + need``."""
+        if need < 0 or free_now < 0 or ahead < 0:
+            raise InvalidRequest(
+                "amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0"
+            )
+        short = ahead + need - free_now
+        if short <= 0:
+            return 0.0
+        i = bisect.bisect_left(self._released, short)
+        if i == len(self._released):
+            return None
+        return max(0.0, self._times[i] - now)

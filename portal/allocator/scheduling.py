@@ -26,6 +26,7 @@ from policies.placement.pipeline import NoFit, place_gang
 from policies.placement.state import Placement
 from policies.preemption import RunningItem, select_victims
 from policies.requests import DeviceRequest, TopologyRequirement
+from portal.allocator import estimates
 from portal.allocator.views import QueueEntry
 from portal.store.records import WorkloadState
 
@@ -354,7 +355,7 @@ def queue_entries(self: Allocator) -> list[QueueEntry]:
     ordered = order(self)
     per_tenant: dict[str, int] = {}
     out = []
-    now = self._clock()
+    etas = estimates.QueueEtas(self, self._clock())
     for i, lv in enumerate(ordered, start=1):
         per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
         models = self._models_for(lv.req) or [""]
@@ -372,9 +373,10 @@ def queue_entries(self: Allocator) -> list[QueueEntry]:
                 message=lv.message,
                 enqueued_at=lv.rec.created_at,
                 gpu_equivalent=geq,
-                eta_s=self._eta(lv, ordered[: i - 1], now),
+                eta_s=etas.eta(lv),
             )
         )
+        etas.passed(lv)
     return out
 
 

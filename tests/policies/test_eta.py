@@ -7,7 +7,7 @@ import math
 import pytest
 
 from policies.errors import InvalidRequest
-from policies.eta import estimate_wait
+from policies.eta import ReleaseCurve, estimate_wait
 
 NOW = 1000.0
 
@@ -40,3 +40,17 @@ def test_bad_amounts() -> None:
         estimate_wait([], [], 0, -1, NOW)
     with pytest.raises(InvalidRequest, match="invalid running amount -2"):
         estimate_wait([], [(1100.0, -2)], 0, 1, NOW)
+
+
+def test_a_release_curve_answers_like_the_walk_for_every_amount_ahead() -> None:
+    # Ends at +100 (2), +50 (3), never (5), already past (1): sorted past (1), +50 (3),
+    # +100 (2) → released 1, 4, 6. With 1 free and need 2: ahead 0 → free covers 1 of 2,
+    # short 1 → the past end, 0 s; ahead 2 → short 3 → +50; ahead 4 → short 5 → +100;
+    # ahead 6 → short 7 > 6 → never.
+    ends = [(NOW + 100, 2), (NOW + 50, 3), (math.inf, 5), (NOW - 10, 1)]
+    curve = ReleaseCurve(ends)
+    for ahead, want in [(0, 0.0), (2, 50.0), (4, 100.0), (6, None)]:
+        assert curve.wait(ahead, 1, 2, NOW) == want
+        assert estimate_wait([ahead], ends, 1, 2, NOW) == want
+    with pytest.raises(InvalidRequest, match="ahead=-1"):
+        curve.wait(-1, 1, 2, NOW)
