@@ -94,7 +94,9 @@ class BatchSource(Protocol):
 class NvmlSource:
     """This host's GPUs through NVML; rediscovers on a schedule and after NVML errors.
 
-    ``on_discovered`` sees every discovered ``Node`` (the annotation writer on Kubernetes).
+    ``on_discovered`` sees each discovered ``Node`` that differs from the last one it took
+    (the annotation writer on Kubernetes); when it returns ``False`` it sees the node again at
+    the next discovery.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class NvmlSource:
         self._discover = discover
         self._sampler: NvmlSampler | None = None
         self._node: Node | None = None
+        self._announced: Node | None = None
         self._discovered_at = 0.0
 
     @property
@@ -125,8 +128,8 @@ class NvmlSource:
         """Discover and open NVML; raises ``nvml.NoDriver`` without a driver."""
         self.close()
         node = self._discover(self._name)
-        if node != self._node:
-            self._on_discovered(node)
+        if node != self._announced and self._on_discovered(node) is not False:
+            self._announced = node
         self._node, self._discovered_at = node, self._clock()
         sampler = NvmlSampler(node, self._attribute)
         sampler.open()

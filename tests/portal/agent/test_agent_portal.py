@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from policies.flavors import FlavorKind
+from policies.inventory import Node
 from policies.requests import DeviceRequest, WorkloadRequest
 from portal.agent.attribution import ProcessAttributor
 from portal.agent.reporter import Backoff, Reporter
@@ -185,3 +186,32 @@ def test_the_loop_runs_on_schedule_until_stopped(setup: Setup) -> None:
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert 4 <= len(delivered) <= 12
+
+
+def test_rediscovery_announces_changed_nodes_and_retries_failed_announcements(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine = fake_nvml.h100_mig()
+    fake_nvml.install(monkeypatch, machine)
+    clock = Seconds()
+    announced: list[int] = []
+    answers = iter([False, True, True])
+
+    def announce(node: Node) -> bool:
+        announced.append(len(node.gpus[0].mig_layout))
+        return next(answers)
+
+    source = NvmlSource(
+        "n1", ProcessAttributor(tmp_path), rediscover_s=60, on_discovered=announce, clock=clock
+    )
+    source.batches()  # first discovery: the write fails
+    clock.t += 60
+    source.batches()  # same node, but not announced yet: again, and it works
+    clock.t += 60
+    source.batches()  # unchanged: nothing to announce
+    machine.gpus[0].instances = machine.gpus[0].instances[:1]  # an instance was destroyed
+    clock.t += 60
+    source.batches()
+    source.close()
+
+    assert announced == [2, 2, 1]
