@@ -152,6 +152,8 @@ def hub_config(directory: Path, portal_port: int, kubeconfig: Path) -> str:
         "KubeSpawner.start_timeout": 60,
         "KubeSpawner.http_timeout": 60,
         "GPUPortalMixin.queue_poll_interval": 0.3,
+        # The hub notices a pod deleted behind its back at its next poll.
+        "KubeSpawner.poll_interval": 2,
         "JupyterHub.cleanup_servers": False,
     }
     return "".join(f"c.{k} = {v!r}\n" for k, v in settings.items())
@@ -255,6 +257,50 @@ def test_spawn_binds_to_the_allocators_node_queues_and_starts_the_next_on_stop(
     ph.stop("anna")
     assert running_workloads(ph) == []
     ph.wait(lambda: _pods(core) == [], "anna's pod to go")
+
+
+def test_restart_keeps_the_pod_and_a_pod_deleted_behind_the_hubs_back_frees_its_gpu(
+    kube_hub: PortalHub, core: client.CoreV1Api
+) -> None:
+    ph = kube_hub
+    # A REST spawn with an option the form would not offer is refused; nothing is allocated.
+    r = ph.spawn("alice", {"tenant": "team-k", "option": "gpu:H100-80GB:8"})
+    assert r.status_code == 403, r.text
+    assert r.json()["message"] == (
+        "8 × H100-80GB is not allowed for team-k: 8 × H100-80GB needs 8 gpus of H100-80GB; "
+        "team-k's limit is 1"
+    )
+    assert ph.server("alice") == {} and running_workloads(ph) == []
+
+    assert ph.spawn("alice", H100).status_code in (201, 202)
+    ph.wait_ready("alice")
+    (before,) = running_workloads(ph)
+    uid = core.read_namespaced_pod("jupyter-alice", NAMESPACE).metadata.uid
+    # anna queues, then cancels: her queue entry goes, nothing else changes.
+    assert ph.spawn("anna", H100).status_code in (201, 202)
+    ph.wait(lambda: ph.portal("/queue")["total"] == 1, "anna queued")
+    ph.stop("anna")
+    assert ph.portal("/queue")["total"] == 0
+
+    # The hub and its portal restart; alice's pod keeps running and keeps its allocation. The
+    # restarted spawner watches the tenant namespace again from its saved state.
+    ph.hub.restart()
+    ph.wait(lambda: ph.server("alice").get("ready"), "alice's server after the restart")
+    ph.wait(lambda: _ready(ph), "the portal after the restart")
+    (after,) = running_workloads(ph)
+    assert (after["id"], after["allocations"]) == (before["id"], before["allocations"])
+    assert core.read_namespaced_pod("jupyter-alice", NAMESPACE).metadata.uid == uid
+
+    # Someone deletes the pod with kubectl: the hub's poll notices and the GPU is released.
+    core.delete_namespaced_pod("jupyter-alice", NAMESPACE, grace_period_seconds=0)
+    ph.wait(lambda: not ph.server("alice"), "the hub noticing alice's pod is gone")
+    ph.wait(lambda: running_workloads(ph) == [], "alice's GPU released")
+    assert ph.portal(f"/workloads/{before['id']}")["state"] == "released"
+    # The quota holds one GPU: anna getting it proves it was given back.
+    assert ph.spawn("anna", H100).status_code in (201, 202)
+    ph.wait_ready("anna")
+    assert [w["owner"] for w in running_workloads(ph)] == ["anna"]
+    ph.stop("anna")
 
 
 def _pods(core: client.CoreV1Api) -> list[str]:
