@@ -2,7 +2,7 @@
 
 The hub gets exactly ``render_config`` for tenants team-a and team-b, plus its users and groups:
 alice (member of team-a), bob (member of team-b), anna (team-a-admins), lee
-(gpuportal-leadership). A provisioner service creates one token per user through the hub's
+(gpuportal-leadership), pat (gpuportal-admins). A provisioner service creates one token per user through the hub's
 API; the portal API authenticates them with ``HubAuthenticator``, so every allow and deny below
 comes from the hub's expansion of our roles.
 """
@@ -28,7 +28,13 @@ pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
 PROVISIONER = "p" * 32
 PORTAL_SERVICE = "s" * 32
-USERS = {"alice": "team-a", "bob": "team-b", "anna": "team-a-admins", "lee": "gpuportal-leadership"}
+USERS = {
+    "alice": "team-a",
+    "bob": "team-b",
+    "anna": "team-a-admins",
+    "lee": "gpuportal-leadership",
+    "pat": "gpuportal-admins",
+}
 
 
 def config() -> str:
@@ -171,3 +177,21 @@ def test_the_portal_service_reads_users_and_groups_but_cannot_mint_tokens(
     assert httpx.post(f"{hub_api}/users/mallory", headers=svc).status_code == 403
     who = HubAuthenticator(hub_api)(PORTAL_SERVICE)
     assert who is not None and not any(s.startswith(Scope.ADMIN.value) for s in who.scopes)
+
+
+def test_the_platform_admin_may_create_tenants_and_change_any_quota(
+    api: tuple[TestClient, dict[str, dict[str, str]]],
+) -> None:
+    client, h = api
+    created = client.put(
+        "/api/v1/tenants/team-c", json={"weight": 1.0}, headers={**h["pat"], "If-None-Match": "*"}
+    )
+    assert created.status_code in (200, 201), created.text
+    for tenant in ("team-a", "team-b"):
+        r = client.put(
+            QUOTA.format(tenant),
+            json={"guaranteed": 0, "limit": 1},
+            headers={**h["pat"], "If-Match": '"1"'},
+        )
+        assert r.status_code == 200, r.text
+    assert client.get("/api/v1/cost", headers=h["pat"]).status_code == 200
