@@ -2,9 +2,9 @@
 
 The hub gets exactly ``render_config`` for tenants team-a and team-b, plus its users and groups:
 alice (member of team-a), bob (member of team-b), anna (team-a-admins), lee
-(gpuportal-leadership), pat (gpuportal-admins). A provisioner service creates one token per user through the hub's
-API; the portal API authenticates them with ``HubAuthenticator``, so every allow and deny below
-comes from the hub's expansion of our roles.
+(gpuportal-leadership), pat (gpuportal-admins). A provisioner service creates one token per
+user through the hub's API; the portal API authenticates them with ``HubAuthenticator``, so
+every allow and deny below comes from the hub's expansion of our roles.
 """
 
 from __future__ import annotations
