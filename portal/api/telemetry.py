@@ -55,8 +55,9 @@ class PointOut(_Model):
     at: float = Field(description="Sample time, or the start of the bucket (epoch s).")
     samples: int = Field(ge=0, description="Raw samples this point summarizes.")
     utilization_avg: float | None = Field(
-        description="GPU utilization %, of the device (a workload: of the GPUs it uses; a "
-        "share: its own processes' part of the GPU); null: not measured."
+        description="GPU utilization %: of the device for a device series; of the allocation "
+        "for a workload (a share: its processes' part of the GPU over milli / 1000, at most "
+        "100); null: not measured."
     )
     utilization_min: float | None
     utilization_max: float | None

@@ -2,8 +2,9 @@
 
 A series is per device or per workload at one resolution (``raw``, ``1m``, ``1h``). Raw points
 of a workload aggregate its devices at each sample time; roll-up points are the stored
-roll-ups. Every point has ``samples`` (how many raw samples it summarizes), so an average can
-always be traced back and re-weighted.
+roll-ups. A device's utilization is of the device; a workload's is of its allocation (a
+500-milli share using 30 % of its GPU is at 60 %). Every point has ``samples`` (how many raw
+samples it summarizes), so an average can always be traced back and re-weighted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, func, literal, select
 
 from policies.errors import InvalidRequest
-from portal.telemetry.store import HOUR_S, MINUTE_S, between
+from portal.telemetry.store import HOUR_S, MINUTE_S, between, of_allocation
 from portal.telemetry.tables import ROLLUPS, SAMPLES, WORKLOAD_ROLLUPS, WORKLOAD_SAMPLES
 
 MAX_POINTS = 10_000
@@ -125,9 +126,9 @@ def series(
             select(
                 w.c.at_ms,
                 func.count(),
-                func.avg(w.c.utilization_pct),
-                func.min(w.c.utilization_pct),
-                func.max(w.c.utilization_pct),
+                func.avg(of_allocation()),
+                func.min(of_allocation()),
+                func.max(of_allocation()),
                 func.avg(w.c.memory_used_mib),
                 func.max(w.c.memory_used_mib),
             )

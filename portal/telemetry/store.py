@@ -38,6 +38,7 @@ from sqlalchemy.sql import ColumnElement
 
 from policies.alerts.samples import ShareKind
 from policies.errors import InvalidRequest
+from policies.flavors import MILLI_PER_GPU
 from portal.store.db import RawStatement, compile_raw, raw_write
 from portal.telemetry.attribution import AllocationIndex, Holder
 from portal.telemetry.tables import (
@@ -249,9 +250,9 @@ class TelemetryStore:
                     lo.label("bucket_ms"),
                     func.max(w.c.tenant),
                     func.count(),
-                    func.avg(w.c.utilization_pct),
-                    func.min(w.c.utilization_pct),
-                    func.max(w.c.utilization_pct),
+                    func.avg(of_allocation()),
+                    func.min(of_allocation()),
+                    func.max(of_allocation()),
                     func.avg(w.c.memory_used_mib),
                     func.max(w.c.memory_used_mib),
                 )
@@ -396,7 +397,7 @@ def _attribute(
         return []
     if holders[0].share is not ShareKind.MILLI:
         h = holders[0]
-        return [(h.workload_id, device, at_ms, h.tenant, s.utilization_pct, s.memory_used_mib)]
+        return [(h.workload_id, device, at_ms, h.tenant, s.utilization_pct, 1.0, s.memory_used_mib)]
     # A shared GPU: each share holder's part, from its own processes.
     util: dict[str, float] = {}
     memory: dict[str, float] = {}
@@ -416,10 +417,18 @@ def _attribute(
             at_ms,
             h.tenant,
             min(100.0, util.get(h.workload_id, 0.0)) if measured else None,
+            h.milli / MILLI_PER_GPU,
             memory.get(h.workload_id, 0.0),
         )
         for h in holders
     ]
+
+
+def of_allocation() -> ColumnElement[float]:
+    """A workload sample's utilization in % of its allocation (at most 100)."""
+    w = WORKLOAD_SAMPLES
+    part = w.c.utilization_pct / w.c.allocated_fraction
+    return case((part > 100.0, 100.0), else_=part)
 
 
 def between(column: ColumnElement[int], start_ms: int, end_ms: int) -> ColumnElement[bool]:

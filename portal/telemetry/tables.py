@@ -8,7 +8,10 @@ both engines.
   re-sent sample a duplicate, never a second row).
 - ``telemetry_workload_samples``: the same samples attributed to workloads, one row per
   workload, device and time: a whole GPU or MIG instance carries its device's utilization, a
-  share of a GPU the SM time of its own processes.
+  share of a GPU the SM time of its own processes (% of the whole GPU) and its
+  ``allocated_fraction`` (milli / 1000; 1 otherwise).
+- Workload roll-ups (and raw workload series) give utilization in % of the allocation:
+  ``min(100, utilization_pct / allocated_fraction)``.
 - ``telemetry_rollups`` / ``telemetry_workload_rollups``: aggregates per ``step_s`` (60, 3600)
   and bucket, recomputed from the level below, so recomputing is idempotent.
 - ``telemetry_dirty``: buckets whose source rows changed since they were last rolled up.
@@ -69,6 +72,7 @@ WORKLOAD_SAMPLES = Table(
     Column("at_ms", BigInteger, nullable=False),
     Column("tenant", String(NAME_LENGTH), nullable=False),
     Column("utilization_pct", Float, nullable=True),
+    Column("allocated_fraction", Float, nullable=False),
     Column("memory_used_mib", Float, nullable=False),
     PrimaryKeyConstraint("workload_id", "device", "at_ms", name="pk_telemetry_workload_samples"),
     Index("ix_telemetry_workload_samples_at_ms", "at_ms"),

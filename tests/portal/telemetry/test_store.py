@@ -133,8 +133,9 @@ def test_workload_series_attribute_whole_gpus_and_split_shared_gpus_by_process(
 
     assert workload(whole, Resolution.RAW) == [(40.0, 1000.0)]
     assert workload(whole, Resolution.MINUTE) == [(40.0, 1000.0)]
-    assert workload(a, Resolution.MINUTE) == [(30.0, 2000.0)]
-    assert workload(b, Resolution.MINUTE) == [(5.0, 500.0)]
+    # Shares: their processes' part of the GPU over their 500-milli share.
+    assert workload(a, Resolution.MINUTE) == [(60.0, 2000.0)]
+    assert workload(b, Resolution.RAW) == [(10.0, 500.0)]
 
 
 def test_prune_deletes_each_level_past_its_retention(portal: Portal) -> None:

@@ -55,6 +55,7 @@ def upgrade() -> None:
         sa.Column("at_ms", sa.BigInteger(), nullable=False),
         sa.Column("tenant", sa.String(NAME), nullable=False),
         sa.Column("utilization_pct", sa.Float(), nullable=True),
+        sa.Column("allocated_fraction", sa.Float(), nullable=False),
         sa.Column("memory_used_mib", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint(
             "workload_id", "device", "at_ms", name="pk_telemetry_workload_samples"
