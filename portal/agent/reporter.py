@@ -93,20 +93,23 @@ class Reporter:
             self.stats.dropped += 1
         self._buffer.append(batch)
 
-    def flush(self) -> bool:
-        """Send queued batches, oldest first, until one fails or none is left.
+    def flush(self, limit: int | None = None) -> bool:
+        """Send queued batches, oldest first, until one fails, none is left or ``limit`` were
+        sent (a long backlog drains over several rounds instead of delaying the sampling).
 
         Returns whether the buffer is empty. Does nothing while backing off after a failure.
         """
         if self._clock() < self._next_try:
             return not self._buffer
-        while self._buffer:
+        sent = 0
+        while self._buffer and (limit is None or sent < limit):
             if not self._send(self._buffer[0]):
                 self.stats.failures += 1
                 self._next_try = self._clock() + self._backoff.delay(self.stats.failures)
                 return False
             self._buffer.popleft()
-        return True
+            sent += 1
+        return not self._buffer
 
     def _send(self, batch: SampleBatch) -> bool:
         """True when the batch is done with (taken, or refused for good)."""

@@ -34,6 +34,9 @@ from portal.telemetry.wire import SampleBatch, Source
 
 log = logging.getLogger(__name__)
 
+FLUSH_LIMIT = 30
+"""Most batches sent per round: after an outage the backlog drains over a few rounds."""
+
 
 class AgentSettings(BaseSettings):
     """Settings of one node agent."""
@@ -227,7 +230,12 @@ def main(args: argparse.Namespace) -> int:
         agent = (
             Agent(source, _print, interval_s=settings.interval_s)
             if args.stdout
-            else Agent(source, reporter.submit, reporter.flush, interval_s=settings.interval_s)
+            else Agent(
+                source,
+                reporter.submit,
+                partial(reporter.flush, FLUSH_LIMIT),
+                interval_s=settings.interval_s,
+            )
         )
         try:
             if args.once:
@@ -235,6 +243,8 @@ def main(args: argparse.Namespace) -> int:
                 return 0 if args.stdout or reporter.pending == 0 else 1
             _stop_on_signals(stop)
             agent.run(stop)
+            if not args.stdout and not reporter.flush():  # one last try before exiting
+                log.warning("exiting with %d batch(es) not delivered", reporter.pending)
         except KeyboardInterrupt:
             pass
         finally:

@@ -215,3 +215,17 @@ def test_rediscovery_announces_changed_nodes_and_retries_failed_announcements(
     source.close()
 
     assert announced == [2, 2, 1]
+
+
+def test_a_backlog_drains_a_limited_number_of_batches_per_flush(setup: Setup) -> None:
+    with serve(setup.alloc, free_port()) as base, httpx.Client(base_url=base) as client:
+        reporter = Reporter(client, "agent")
+        for _ in range(5):
+            for batch in setup.source.batches():
+                reporter.submit(batch)
+            time.sleep(0.01)
+
+        assert not reporter.flush(limit=2)
+        assert (reporter.pending, reporter.stats.sent) == (3, 2)
+        assert reporter.flush(limit=3)
+        assert (reporter.pending, reporter.stats.sent) == (0, 5)
