@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 RELEASE_REASON = "pod-gone"
+# States that hold devices; a preempted workload's pod going away is the expected end of it.
+HOLDING = frozenset({WorkloadState.RUNNING, WorkloadState.PREEMPTING})
 
 
 def utcnow() -> datetime:
@@ -40,7 +42,7 @@ def gone(
     now: datetime,
     grace_s: float,
 ) -> list[str]:
-    """Running workloads whose pods are all gone or finished (see the module doc).
+    """Workloads holding devices whose pods are all gone or finished (see the module doc).
 
     Adds every workload with a live pod to ``seen``; returns the ids to release, sorted.
     """
@@ -52,7 +54,7 @@ def gone(
     seen.update(alive)
     out = []
     for w in live:
-        if w.state is not WorkloadState.RUNNING or not w.allocations or w.id in alive:
+        if w.state not in HOLDING or not w.allocations or w.id in alive:
             continue
         started = w.started_at or w.created_at
         if w.id in seen or (now - started).total_seconds() >= grace_s:
