@@ -7,6 +7,7 @@ Every method builds its requests and reads its answers through ``portal.client.c
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
@@ -173,6 +174,17 @@ class AsyncPortal:
 
     async def cancel(self, workload_id: str) -> WorkloadOut:
         return await self._run(core.release(workload_id))
+
+    async def wait(
+        self, workload_id: str, *, timeout_s: float = 3600.0, poll_s: float = 2.0
+    ) -> WorkloadOut:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            w = await self.status(workload_id)
+            delay = core.next_poll(w, deadline - time.monotonic(), poll_s)
+            if delay is None:
+                return w
+            await asyncio.sleep(delay)
 
     async def workloads(
         self, tenant: str | None = None, state: WorkloadState | str | None = None

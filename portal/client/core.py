@@ -366,6 +366,14 @@ def series(
     return (yield from one(call, SeriesPage))
 
 
+def next_poll(w: WorkloadOut, left_s: float, poll_s: float) -> float | None:
+    """Seconds until ``wait`` asks again about ``w``; None when it is done waiting: ``w`` left
+    the queue (running, or ended), or no time is left."""
+    if w.state is not WorkloadState.QUEUED or left_s <= 0:
+        return None
+    return min(poll_s, left_s)
+
+
 def check_page_size(page_size: int) -> int:
     if not 1 <= page_size <= MAX_PAGE:
         raise InvalidRequest("page_size", page_size, f"1..{MAX_PAGE}")

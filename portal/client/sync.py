@@ -207,6 +207,19 @@ class Portal:
         ``released``)."""
         return self._run(core.release(workload_id))
 
+    def wait(
+        self, workload_id: str, *, timeout_s: float = 3600.0, poll_s: float = 2.0
+    ) -> WorkloadOut:
+        """Poll ``status`` every ``poll_s`` until the workload leaves the queue (running,
+        or ended) or ``timeout_s`` passes; returns its last status, so check ``state``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            w = self.status(workload_id)
+            delay = core.next_poll(w, deadline - time.monotonic(), poll_s)
+            if delay is None:
+                return w
+            time.sleep(delay)
+
     def workloads(
         self, tenant: str | None = None, state: WorkloadState | str | None = None
     ) -> list[WorkloadOut]:

@@ -11,6 +11,7 @@ from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
     from portal.api.schemas import AllocationOut, WorkloadOut
+    from portal.client import Portal
 
 LIVE_STATES = [s.value for s in WorkloadState if not s.terminal]
 KINDS = [k.value for k in WorkloadKind]
@@ -40,7 +41,8 @@ def register(commands: Any) -> None:
             "Request devices charged to TENANT. FLAVOR is a whole-GPU model (H100-80GB, with "
             "--count), a MIG profile (H100-80GB/3g.40gb) or a share (T4/share, with --milli). "
             "Prints the workload: running with its devices, or queued with why. A retry with "
-            "the same --idempotency-key allocates once."
+            "the same --idempotency-key allocates once. With --wait the exit code is 0 only if "
+            "it runs by then."
         ),
     )
     req.add_argument("tenant", help="the tenant charged (you must be a member)")
@@ -54,6 +56,13 @@ def register(commands: Any) -> None:
     req.add_argument("--gang-size", type=int, default=1, help="members started all-or-nothing")
     req.add_argument("--duration", type=float, default=None, help="expected run time, seconds")
     req.add_argument("--idempotency-key", default=None, help="retries with it allocate once")
+    req.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="if queued, wait up to this long for it to start; exit 1 if it did not",
+    )
     add_connection_options(req, nested=True)
     req.set_defaults(handler=request_workload)
 
@@ -133,9 +142,8 @@ def list_workloads(args: argparse.Namespace) -> int:
 
 
 def request_workload(args: argparse.Namespace) -> int:
-    w = call(
-        args,
-        lambda p: p.request(
+    def ask(portal: Portal) -> WorkloadOut:
+        w = portal.request(
             args.tenant,
             args.flavor,
             count=args.count,
@@ -147,9 +155,12 @@ def request_workload(args: argparse.Namespace) -> int:
             gang_size=args.gang_size,
             expected_duration_s=args.duration,
             idempotency_key=args.idempotency_key,
-        ),
-    )
-    return _print_one(args, w)
+        )
+        return w if args.wait is None else portal.wait(w.id, timeout_s=args.wait)
+
+    w = call(args, ask)
+    _print_one(args, w)
+    return 1 if args.wait is not None and w.state is not WorkloadState.RUNNING else 0
 
 
 def show_workload(args: argparse.Namespace) -> int:

@@ -80,3 +80,16 @@ async def test_retries_run_out_into_one_clear_error(
         with pytest.raises(PortalUnreachable, match=f"cannot reach the portal at {url}"):
             await alice.tenants()
     assert len(proxy.forwarded) == 2
+
+
+async def test_wait(portal_server: Served) -> None:
+    async with AsyncPortal(portal_server.url, "alice") as alice:
+        first = await alice.request("team-a", "H100-80GB", count=2)
+        queued = await alice.request("team-a", "H100-80GB")
+        still = await alice.wait(queued.id, timeout_s=0.2, poll_s=0.05)
+        assert still.state is WorkloadState.QUEUED
+        waiting = asyncio.create_task(alice.wait(queued.id, timeout_s=10, poll_s=0.05))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await alice.release(first.id)
+        assert (await waiting).state is WorkloadState.RUNNING

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
@@ -271,3 +272,19 @@ def test_no_server_is_one_clear_error_naming_the_url() -> None:
     with Portal(url, "root", retries=1) as p, pytest.raises(PortalUnreachable) as caught:
         p.tenants()
     assert url in caught.value.message
+
+
+def test_wait_returns_once_the_workload_runs_or_time_is_up(portal_server: Served) -> None:
+    with portal(portal_server, "alice") as alice:
+        first = alice.request("team-a", "H100-80GB", count=2)
+        queued = alice.request("team-a", "H100-80GB")
+        still = alice.wait(queued.id, timeout_s=0.3, poll_s=0.1)
+        assert (still.state, still.reason) == (WorkloadState.QUEUED, "quota")
+        releaser = threading.Timer(0.3, lambda: portal_server.allocator.release(first.id))
+        releaser.start()
+        try:
+            started = alice.wait(queued.id, timeout_s=10, poll_s=0.05)
+        finally:
+            releaser.join()
+        assert started.state is WorkloadState.RUNNING
+        assert alice.wait(first.id).state is WorkloadState.RELEASED  # ended: no waiting

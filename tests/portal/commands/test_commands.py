@@ -193,3 +193,14 @@ def test_an_unreachable_portal_exits_2_naming_the_url(gpuportal: Gpuportal) -> N
     ran = gpuportal("usage", "--url", "http://127.0.0.1:9/services/gpuportal/")
     assert ran.code == 2
     assert "cannot reach the portal at http://127.0.0.1:9/services/gpuportal/" in ran.err
+
+
+def test_request_wait_exits_1_when_it_does_not_start_in_time(gpuportal: Gpuportal) -> None:
+    gpuportal("workloads", "request", "team-a", "H100-80GB", "--count", "2", token="alice")
+    ran = gpuportal(
+        "workloads", "request", "team-a", "H100-80GB", "--wait", "0.2", "--json", token="alice"
+    )
+    assert (ran.code, json.loads(ran.out)["state"]) == (1, "queued")
+    ran = gpuportal("workloads", "request", "team-b", "H100-80GB", "--wait", "5", token="bob")
+    assert ran.code == 0, ran.err
+    assert "running" in ran.out
