@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -106,3 +110,23 @@ def test_demo_values_are_reproducible_and_mig_parents_add_up_their_instances() -
     slices = [geom.profile(i.profile).compute_slices for i in gpu.mig_layout]
     weighted = sum(s.utilization_pct * k for s, k in zip(instances, slices, strict=True))
     assert math.isclose(parent.utilization_pct, round(weighted / geom.compute_slices, 1))
+
+
+def test_the_agent_process_samples_on_schedule_and_stops_cleanly_on_sigterm() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "portal.cli", "agent", "--demo", "--stdout", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    rounds = len(out.split()) // len(simulated.load_demo())
+    assert rounds >= 3  # started within 3 s, then every 0.2 s
