@@ -17,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InvalidRequest
+from policies.errors import InvalidRequest, PortalError
 from policies.inventory import Node
 from portal.allocator import Allocator
 from portal.allocator.inventory_sync import apply_event
+from portal.api.errors import Unavailable
 from portal.inventory.events import InventorySource
 from portal.inventory.presets import PRESETS
 from portal.inventory.simulated import SimulatedInventory, generate
@@ -106,8 +107,9 @@ class Follower:
     """Owns an inventory source in one thread: ``start`` returns its snapshot, ``follow``
     applies its changes to an allocator from then on, ``stop`` ends the thread."""
 
-    def __init__(self, make_source: SourceFactory) -> None:
+    def __init__(self, make_source: SourceFactory, description: str = "inventory") -> None:
         self._make = make_source
+        self._description = description
         self._loop: asyncio.AbstractEventLoop | None = None
         self._snapshot: list[Node] | None = None
         self._failure: BaseException | None = None
@@ -123,14 +125,19 @@ class Follower:
         """Build the source and take its snapshot (in the follower's thread).
 
         Raises:
-            PortalError: the source could not be built or listed (e.g. no NVIDIA driver).
-            TimeoutError: no snapshot within ``timeout_s``.
+            PortalError: the source could not be built or listed (e.g. no NVIDIA driver);
+                ``Unavailable`` for failures outside the portal's own errors (no kubeconfig,
+                an apiserver that does not answer) and for no snapshot within ``timeout_s``.
         """
         self._thread.start()
         if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"the inventory source gave no snapshot in {timeout_s:g} s")
-        if self._failure is not None:
-            raise self._failure
+            raise Unavailable(f"{self._description}: no snapshot in {timeout_s:g} s")
+        failure = self._failure
+        if isinstance(failure, PortalError):
+            raise failure
+        if failure is not None:
+            reason = f"{type(failure).__name__}: {failure}".strip().splitlines()[0]
+            raise Unavailable(f"{self._description} could not be listed: {reason}") from failure
         assert self._snapshot is not None
         return self._snapshot
 

@@ -1,8 +1,9 @@
 """``gpuportal serve``: the portal service process.
 
-Start-up, in order: read where to listen and who may call (fail fast, before touching the
-database); open the store; take the inventory's snapshot; start the allocator on it (memory
-rebuilt from the database); apply the seed file; build the API; start the loops; serve.
+Start-up, in order: read where to listen and who may call (fail fast, before touching
+anything); take the inventory's snapshot; open (and migrate) the store; start the allocator on
+the snapshot (memory rebuilt from the database); apply the seed file; build the API; start the
+loops; serve.
 
 Shutdown on SIGTERM or SIGINT: uvicorn stops accepting connections and waits (up to
 ``shutdown_timeout_s``) for requests in flight — each ends with its transaction committed or
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp
 
 from policies.errors import InvalidRequest
+from policies.inventory import Node
+from portal.alerting import wiring as alerting
 from portal.allocator import Allocator
 from portal.api import cost as cost_api
 from portal.api import create_app
@@ -107,70 +111,124 @@ def register_loops(loops: Loops, allocator: Allocator, settings: Settings) -> No
     loops.add("allocator-tick", settings.tick_interval_s, allocator.tick)
     isolation_loop.register_for_service(loops, allocator, settings)
     kube_loops.register_for_service(loops, allocator, settings)
+    alerting.register_for_service(loops, allocator)
 
 
 def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
     """Run the service until SIGTERM or SIGINT; returns the exit code (0 after a clean stop).
 
     Raises:
-        PortalError: a setting, the seed file or the inventory is unusable (nothing is served).
+        PortalError: a setting, the seed file, the inventory or the database is unusable
+            (nothing is served).
     """
     logs.configure(settings.log_format, settings.log_level)
+    signals = StopSignals()
+    signals.install()
     where = plan(settings, os.environ)
     seeds = seed.load(seed_file) if seed_file is not None else None
-    make_source = source_factory(settings.inventory)
-    store = open_store(settings.database_url)
-    follower = Follower(make_source)
-    loops = Loops()
+    follower = Follower(
+        source_factory(settings.inventory),
+        f"inventory {settings.inventory!r} (GPUPORTAL_INVENTORY)",
+    )
     try:
+        # The inventory first: a cluster that cannot be listed fails before any migration.
         nodes = follower.start()
-        allocator = Allocator(store)
-        report = allocator.start(nodes)
-        log.info(
-            "allocator started on %d node(s); %d workload(s) lost with their nodes",
-            len(nodes),
-            len(report.node_lost),
-            extra={"fields": {"nodes": len(nodes), "database": _safe_url(store)}},
-        )
-        if seeds is not None:
-            seed.apply(allocator, seeds)
-        metrics = ServiceMetrics(allocator)
-        store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
-        app = create_app(allocator, where.authenticator, metrics=metrics)
-        cost_api.configure(app, settings)
-        app.state.loops = loops
-        register_loops(loops, allocator, settings)
-        follower.follow(allocator)
-        loops.start()
-        server = uvicorn.Server(
-            uvicorn.Config(
-                under_prefix(app, where.prefix),
-                host=where.ip,
-                port=where.port,
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
-            )
-        )
-        log.info(
-            "serving on http://%s:%d%s",
-            where.ip,
-            where.port,
-            where.prefix,
-            extra={"fields": {"ip": where.ip, "port": where.port, "prefix": where.prefix}},
-        )
-        _keep_signals_after(server)
-        server.run()
-        if not server.started:
-            return 1  # uvicorn logged why (e.g. the port is taken)
-        log.info("stopping: requests finished; stopping loops and closing the store")
-        return 0
+        store = open_store(settings.database_url)
+        loops = Loops()
+        try:
+            return _run(settings, where, seeds, store, nodes, follower, loops, signals)
+        finally:
+            loops.stop(settings.shutdown_timeout_s)
+            follower.stop()
+            store.close()
+            log.info("stopped")
     finally:
-        loops.stop(settings.shutdown_timeout_s)
         follower.stop()
-        store.close()
-        log.info("stopped")
+
+
+def _run(
+    settings: Settings,
+    where: Plan,
+    seeds: list[seed.SeedTenant] | None,
+    store: ReportingStore,
+    nodes: list[Node],
+    follower: Follower,
+    loops: Loops,
+    signals: StopSignals,
+) -> int:
+    allocator = Allocator(store)
+    report = allocator.start(nodes)
+    log.info(
+        "allocator started on %d node(s); %d workload(s) lost with their nodes",
+        len(nodes),
+        len(report.node_lost),
+        extra={"fields": {"nodes": len(nodes), "database": _safe_url(store)}},
+    )
+    if seeds is not None:
+        seed.apply(allocator, seeds)
+    metrics = ServiceMetrics(allocator)
+    store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
+    app = create_app(allocator, where.authenticator, metrics=metrics)
+    cost_api.configure(app, settings)
+    app.state.loops = loops
+    register_loops(loops, allocator, settings)
+    follower.follow(allocator)
+    loops.start()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            under_prefix(app, where.prefix),
+            host=where.ip,
+            port=where.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+        )
+    )
+    if signals.requested:
+        log.info("stop requested while starting: not serving")
+        return 0
+    signals.server = server
+    log.info(
+        "serving on http://%s:%d%s",
+        where.ip,
+        where.port,
+        where.prefix,
+        extra={"fields": {"ip": where.ip, "port": where.port, "prefix": where.prefix}},
+    )
+    server.run()
+    signals.requested = True  # uvicorn re-raises the signal it handled: nothing left to do
+    if not server.started:
+        return 1  # uvicorn logged why (e.g. the port is taken)
+    log.info("requests finished; stopping loops and closing the store")
+    return 0
+
+
+class StopSignals:
+    """SIGTERM and SIGINT for the whole life of the process.
+
+    While starting, a signal only marks the stop as requested: the step in progress finishes
+    (each commits whole) and the service stops before serving. While uvicorn serves it handles
+    the signals itself (graceful shutdown) and afterwards re-raises them to the handlers that
+    were there before it — these — so the loops and the store still close cleanly and the exit
+    code is 0 rather than death by the signal.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: uvicorn.Server | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, sig: int, _frame: FrameType | None) -> None:
+        if not self.requested:
+            log.info("%s: stopping", signal.Signals(sig).name)
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
 
 
 def open_store(url: str) -> ReportingStore:
@@ -188,19 +246,6 @@ def open_store(url: str) -> ReportingStore:
         shown = parsed.render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise Unavailable(f"database {shown} (GPUPORTAL_DATABASE_URL) unusable: {reason}") from exc
-
-
-def _keep_signals_after(server: uvicorn.Server) -> None:
-    """uvicorn handles SIGTERM/SIGINT while it serves, then re-raises the signal to the
-    handlers that were there before it; installing ours first makes that re-raise harmless, so
-    the loops and the store still shut down cleanly and the exit code is 0."""
-
-    def again(sig: int, _frame: FrameType | None) -> None:
-        server.should_exit = True
-        log.info("signal %s: shutting down", signal.Signals(sig).name)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, again)
 
 
 def _safe_url(store: ReportingStore) -> str:

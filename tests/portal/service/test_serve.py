@@ -170,6 +170,10 @@ def test_the_tick_admits_a_workload_that_the_release_cycle_left_in_the_queue(
         ({"GPUPORTAL_SERVICE_PORT": "99999"}, "GPUPORTAL_SERVICE_PORT"),
         ({"GPUPORTAL_TOKENS_FILE": ""}, "GPUPORTAL_TOKENS_FILE"),
         ({"GPUPORTAL_LOG_FORMAT": "xml"}, "GPUPORTAL_LOG_FORMAT"),
+        (
+            {"GPUPORTAL_INVENTORY": "kubernetes", "KUBECONFIG": "/nonexistent/kubeconfig"},
+            "inventory 'kubernetes' (GPUPORTAL_INVENTORY) could not be listed",
+        ),
         ({"GPUPORTAL_DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"}, "database"),
     ],
 )
