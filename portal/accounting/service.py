@@ -231,6 +231,8 @@ class Accounting:
         for q in gpu:
             assert q.budget_gpu_hours is not None
             spent = by_flavor.get((q.tenant, q.flavor), zero).allocated_gpu_hours
+            # From the shortest repr: a budget of 0.1 means 1/10, not its binary float.
+            budget = Fraction(repr(q.budget_gpu_hours))
             out.append(
                 _status(
                     q.tenant,
@@ -238,7 +240,7 @@ class Accounting:
                     BudgetKind.GPU_HOURS,
                     month,
                     now_s,
-                    Fraction(q.budget_gpu_hours),
+                    budget,
                     spent,
                 )
             )
