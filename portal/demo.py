@@ -1,11 +1,14 @@
-"""The one-command demo: JupyterHub on SQLite with demo tenants, users and local JupyterLab.
+"""The one-command demo: JupyterHub, the portal service and gpuportal's local spawner on SQLite.
+
+JupyterHub runs the portal (``gpuportal serve``) as a hub-managed service with its own SQLite
+database, seeded with the demo tenants' quotas (``demo_seed``), over the simulated demo inventory
+or, when NVML finds GPUs here, the real ones (``choose_inventory``). Users pick a GPU option on
+the spawn page and get a JupyterLab pinned to the allocated devices (``GPUSimpleLocalSpawner``).
 
 ``hub_config`` builds the hub's configuration from typed inputs with no I/O, ``render_config``
 turns it into a ``jupyterhub_config.py``; ``prepare`` writes the state directory and ``run_hub``
 runs JupyterHub as a child until it exits, passing on Ctrl-C and SIGTERM, and then stops any
 process the hub left behind.
-
-Later issues replace the spawner with gpuportal's own and add the portal service.
 """
 
 from __future__ import annotations
@@ -20,14 +23,22 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import FrameType
 
+import yaml
+
+from policies.capacity import flavor_capacity
 from policies.errors import PortalError
+from policies.flavors import Flavor, FlavorKind
+from policies.inventory import Node
+from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from portal.settings import Settings
+from spawner import hubconfig
 
 # Tenants are JupyterHub groups; the demo has two, plus one hub admin in none of them.
 DEMO_TENANTS: Mapping[str, tuple[str, ...]] = {"team-a": ("alice",), "team-b": ("bob",)}
@@ -42,15 +53,27 @@ _PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 
 # JupyterLab's first start on a small machine can take longer than the hub's 60 s default.
 _SPAWN_TIMEOUT_S = 180
+_MAX_QUEUE_WAIT_S = 1800
+SEED_FILE = "portal-seed.yaml"
 
 
 @dataclass(frozen=True, slots=True)
 class HubPorts:
-    """The three TCP ports of a running hub, all on loopback except ``public``."""
+    """The TCP ports of the demo, all on loopback except ``public``."""
 
     public: int
     hub_api: int
     proxy_api: int
+    portal: int
+
+
+@dataclass(frozen=True, slots=True)
+class DemoInventory:
+    """Where the portal's GPUs come from: ``spec`` is its GPUPORTAL_INVENTORY value."""
+
+    spec: str
+    source: str  # in words, for the banner
+    nodes: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +84,7 @@ class DemoPlan:
     config_file: Path
     url: str
     password: str
+    inventory: DemoInventory
 
 
 def demo_users() -> dict[str, str]:
@@ -68,6 +92,25 @@ def demo_users() -> dict[str, str]:
     users = {user: tenant for tenant, members in DEMO_TENANTS.items() for user in members}
     users.update(dict.fromkeys(DEMO_ADMINS, "admin"))
     return users
+
+
+def demo_seed(nodes: Sequence[Node]) -> dict[str, object]:
+    """The portal's seed (``portal.service.seed`` format) for the demo tenants over ``nodes``.
+
+    team-a may use every flavor: half of it guaranteed, all of it as its limit. team-b may use
+    MIG instances and shares the same way, but at most one whole GPU of each model: its spawn
+    page shows multi-GPU options as not allowed, and a second whole GPU queues.
+    """
+    capacity = flavor_capacity(nodes)
+    tenants = list(DEMO_TENANTS)
+    quotas: dict[str, dict[str, dict[str, int]]] = {t: {} for t in tenants}
+    for flavor, amount in sorted(capacity.items()):
+        whole = Flavor.parse(flavor).kind is FlavorKind.GPU
+        quotas[tenants[0]][flavor] = {"guaranteed": (amount + 1) // 2, "limit": amount}
+        quotas[tenants[1]][flavor] = (
+            {"guaranteed": 0, "limit": 1} if whole else {"guaranteed": amount // 2, "limit": amount}
+        )
+    return {"tenants": {t: {"quotas": quotas[t]} for t in tenants}}
 
 
 def hub_config(
@@ -78,11 +121,24 @@ def hub_config(
     ports: HubPorts,
     python: str,
     run_as_root: bool,
+    inventory: str = "demo",
+    spawner_token: str = "",
 ) -> dict[str, dict[str, object]]:
     """The hub configuration as ``{section: {trait: value}}``; pure, for tests and rendering."""
     state = settings.state_dir
     users = sorted(demo_users())
     singleuser_args = ["--allow-root"] if run_as_root else []
+    portal = hubconfig.portal_service(
+        f"http://127.0.0.1:{ports.portal}",
+        [python, "-m", "portal.cli", "serve", "--seed", str(state / SEED_FILE)],
+        environment={
+            "GPUPORTAL_STATE_DIR": str(state / "portal"),
+            "GPUPORTAL_DATABASE_URL": f"sqlite:///{state / 'portal' / 'portal.sqlite'}",
+            "GPUPORTAL_INVENTORY": inventory,
+        },
+        cwd=state,
+    )
+    roles = HubRolesSpec(tenants=tuple(DEMO_TENANTS), oauth_services=_dashboards_names())
     return {
         "JupyterHub": {
             "bind_url": f"http://{_host_for_url(settings.demo_ip)}:{ports.public}/",
@@ -91,10 +147,17 @@ def hub_config(
             "db_url": f"sqlite:///{state / 'jupyterhub.sqlite'}",
             "cookie_secret_file": str(state / "jupyterhub_cookie_secret"),
             "authenticator_class": "jupyterhub.auth.DummyAuthenticator",
-            "spawner_class": "jupyterhub.spawner.SimpleLocalProcessSpawner",
+            "spawner_class": "spawner.local.GPUSimpleLocalSpawner",
             "load_groups": {
                 tenant: {"users": list(members)} for tenant, members in DEMO_TENANTS.items()
             },
+            "custom_scopes": custom_scopes(),
+            "load_roles": [*load_roles(roles), hubconfig.spawner_role()],
+            "services": [
+                portal,
+                hubconfig.spawner_service(spawner_token),
+                *_dashboards_services(settings, ports, python),
+            ],
             "cleanup_servers": True,
             "cleanup_proxy": True,
         },
@@ -115,10 +178,26 @@ def hub_config(
             "start_timeout": _SPAWN_TIMEOUT_S,
             "http_timeout": _SPAWN_TIMEOUT_S,
         },
-        "SimpleLocalProcessSpawner": {
+        "GPUSimpleLocalSpawner": {
             "home_dir_template": str(state / "home" / "{username}"),
+            # A demo queue wait is short: long enough to watch the position change.
+            "max_queue_wait": _MAX_QUEUE_WAIT_S,
         },
     }
+
+
+# ---- the dashboards service ------------------------------------------------------------
+# PLACE FOR THE DASHBOARDS: the dashboards issue adds its hub-managed service here (Panel apps
+# reading the portal API with the hub's OAuth); its name in ``_dashboards_names`` gives every
+# portal role access to it.
+
+
+def _dashboards_names() -> tuple[str, ...]:
+    return ()
+
+
+def _dashboards_services(settings: Settings, ports: HubPorts, python: str) -> list[object]:
+    return []
 
 
 def render_config(config: Mapping[str, Mapping[str, object]]) -> str:
@@ -152,17 +231,26 @@ def find_proxy(repo_root: Path = _REPO_ROOT) -> Path:
 
 
 def prepare(settings: Settings) -> DemoPlan:
-    """Create the state directory and write the hub configuration into it.
+    """Create the state directory and write the hub configuration and the portal's seed.
 
     Raises:
         PortalError: the state directory cannot be created or written, or the proxy is missing.
     """
     proxy = find_proxy()
     state = settings.state_dir
+    inventory = choose_inventory()
     try:
         (state / "home").mkdir(parents=True, exist_ok=True)
+        (state / "portal").mkdir(parents=True, exist_ok=True)
         password = _demo_password(settings)
-        ports = HubPorts(public=settings.demo_port, hub_api=_free_port(), proxy_api=_free_port())
+        ports = HubPorts(
+            public=settings.demo_port,
+            hub_api=_free_port(),
+            proxy_api=_free_port(),
+            portal=_free_port(),
+        )
+        seed = yaml.safe_dump(demo_seed(inventory.nodes), sort_keys=False)
+        (state / SEED_FILE).write_text(seed, encoding="utf-8")
         config = hub_config(
             settings,
             password=password,
@@ -170,8 +258,12 @@ def prepare(settings: Settings) -> DemoPlan:
             ports=ports,
             python=sys.executable,
             run_as_root=os.geteuid() == 0,
+            inventory=inventory.spec,
+            # A fresh token at every start: the hub stores the one its configuration names.
+            spawner_token=secrets.token_urlsafe(32),
         )
         config_file = state / "jupyterhub_config.py"
+        config_file.touch(mode=0o600)  # it holds the spawner's token
         config_file.write_text(render_config(config), encoding="utf-8")
     except OSError as exc:
         raise PortalError(
@@ -183,6 +275,7 @@ def prepare(settings: Settings) -> DemoPlan:
         config_file=config_file,
         url=f"http://{_host_for_url(settings.demo_ip, display=True)}:{settings.demo_port}/",
         password=password,
+        inventory=inventory,
     )
 
 
@@ -192,16 +285,29 @@ def banner(plan: DemoPlan) -> str:
     return f"gpuportal demo: open {plan.url} and log in as {users} with password {plan.password}"
 
 
-def inventory_summary() -> str:
-    """One line of the simulated demo inventory: nodes, and GPUs by model."""
-    # Imported here: only the demo needs the YAML inventory.
-    from portal.inventory import simulated
+@cache
+def choose_inventory() -> DemoInventory:
+    """The GPUs NVML finds on this machine, else the simulated demo inventory."""
+    # Imported here: only the demo needs them (and pynvml is slow to import).
+    from portal.inventory import nvml, simulated
 
-    nodes = simulated.load_demo()
+    try:
+        node = nvml.discover()
+    except nvml.NvmlError:
+        node = None
+    if node is not None and node.gpus:
+        return DemoInventory("nvml", "NVML", (node,))
+    return DemoInventory("demo", "simulated", tuple(simulated.load_demo()))
+
+
+def inventory_summary() -> str:
+    """One line of the demo's inventory: where it comes from, nodes, and GPUs by model."""
+    inventory = choose_inventory()
+    nodes = inventory.nodes
     by_model = Counter(gpu.model for node in nodes for gpu in node.gpus)
     models = ", ".join(f"{count}x {model}" for model, count in sorted(by_model.items()))
     gpus = sum(by_model.values())
-    return f"inventory (simulated): {len(nodes)} nodes, {gpus} GPUs: {models or 'none'}"
+    return f"inventory ({inventory.source}): {len(nodes)} nodes, {gpus} GPUs: {models or 'none'}"
 
 
 def run_hub(plan: DemoPlan) -> int:

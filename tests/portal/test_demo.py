@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -27,12 +28,15 @@ from traitlets.config import Config
 from portal.demo import (
     DEMO_ADMINS,
     DEMO_TENANTS,
+    SEED_FILE,
     HubPorts,
+    demo_seed,
     demo_users,
     hub_config,
     inventory_summary,
     render_config,
 )
+from portal.service import seed as seed_module
 from portal.settings import Settings
 
 GPUPORTAL = Path(sys.executable).parent / "gpuportal"
@@ -52,10 +56,15 @@ def _config(tmp_path: Path, *, run_as_root: bool) -> dict[str, dict[str, object]
         Settings(state_dir=tmp_path, demo_port=8123, demo_ip="127.0.0.1"),
         password="pw",
         proxy_command=Path("/opt/chp/bin/configurable-http-proxy"),
-        ports=HubPorts(public=8123, hub_api=18081, proxy_api=18001),
+        ports=HubPorts(public=8123, hub_api=18081, proxy_api=18001, portal=18002),
         python="/venv/bin/python",
         run_as_root=run_as_root,
+        spawner_token="tok",
     )
+
+
+def services(config: dict[str, dict[str, object]]) -> list[dict[str, Any]]:
+    return cast(list[dict[str, Any]], config["JupyterHub"]["services"])
 
 
 def test_rendered_config_loads_into_traitlets_exactly(tmp_path: Path) -> None:
@@ -81,8 +90,11 @@ def test_everything_the_hub_writes_goes_to_the_state_dir(tmp_path: Path) -> None
     assert config["JupyterHub"]["db_url"] == f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
     assert config["JupyterHub"]["cookie_secret_file"] == str(tmp_path / "jupyterhub_cookie_secret")
     assert config["ConfigurableHTTPProxy"]["pid_file"] == str(tmp_path / "proxy.pid")
-    home = config["SimpleLocalProcessSpawner"]["home_dir_template"]
+    home = config["GPUSimpleLocalSpawner"]["home_dir_template"]
     assert home == str(tmp_path / "home" / "{username}")
+    env = services(config)[0]["environment"]
+    assert env["GPUPORTAL_DATABASE_URL"] == f"sqlite:///{tmp_path / 'portal' / 'portal.sqlite'}"
+    assert env["GPUPORTAL_STATE_DIR"] == str(tmp_path / "portal")
 
 
 def test_internal_ports_stay_on_loopback(tmp_path: Path) -> None:
@@ -91,6 +103,43 @@ def test_internal_ports_stay_on_loopback(tmp_path: Path) -> None:
     assert config["JupyterHub"]["hub_ip"] == "127.0.0.1"
     assert config["JupyterHub"]["hub_port"] == 18081
     assert config["ConfigurableHTTPProxy"]["api_url"] == "http://127.0.0.1:18001"
+    assert services(config)[0]["url"] == "http://127.0.0.1:18002"
+
+
+def test_the_portal_runs_as_a_hub_service_and_the_spawner_has_its_own_token(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, run_as_root=False)
+    hub = config["JupyterHub"]
+    assert hub["spawner_class"] == "spawner.local.GPUSimpleLocalSpawner"
+    portal, spawner_svc = services(config)
+    assert portal["name"] == "gpuportal"
+    assert portal["command"] == [
+        "/venv/bin/python", "-m", "portal.cli", "serve", "--seed", str(tmp_path / SEED_FILE)
+    ]  # fmt: skip
+    assert portal["environment"]["GPUPORTAL_INVENTORY"] == "demo"
+    assert spawner_svc == {"name": "gpuportal-spawner", "api_token": "tok", "display": False}
+    roles = {r["name"]: r for r in cast(list[dict[str, Any]], hub["load_roles"])}
+    assert roles["gpuportal-spawner"]["scopes"] == [
+        "custom:gpuportal:workloads:write",
+        "custom:gpuportal:workloads:read",
+        "custom:gpuportal:queue:read",
+    ]
+    assert "custom:gpuportal:workloads:write" in hub["custom_scopes"]  # type: ignore[operator]
+
+
+def test_demo_seed_gives_team_a_every_flavor_and_team_b_one_whole_gpu_per_model() -> None:
+    from portal.inventory import simulated
+
+    nodes = simulated.load_demo()
+    seed = demo_seed(nodes)
+    quotas = {t: v["quotas"] for t, v in seed["tenants"].items()}  # type: ignore[attr-defined]
+    assert quotas["team-a"]["H100-80GB"] == {"guaranteed": 8, "limit": 16}  # 2 HGX x 8
+    assert quotas["team-b"]["H100-80GB"] == {"guaranteed": 0, "limit": 1}
+    assert quotas["team-b"]["T4/share"] == {"guaranteed": 2000, "limit": 4000}  # 4 T4s
+    assert set(quotas["team-a"]) == set(quotas["team-b"])
+    loaded = seed_module.parse(seed, "demo seed")
+    assert [t.name for t in loaded] == ["team-a", "team-b"]
 
 
 def test_jupyterlab_gets_allow_root_only_when_run_as_root(tmp_path: Path) -> None:
@@ -199,6 +248,11 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -320,6 +374,19 @@ def test_demo_user_logs_in_and_sees_their_home_page(demo: Demo, user: str) -> No
 
 
 @pytest.mark.hub
+def test_the_portal_runs_as_a_hub_service_with_the_demo_tenants(demo: Demo) -> None:
+    with _login(demo.url, "alice") as client:
+        ready = client.get("/services/gpuportal/ready")
+        form = client.get("/hub/spawn/alice")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert form.status_code == 200
+    assert 'name="tenant" value="team-a"' in form.text
+    assert re.search(r"8 × H100-80GB NVLink <span[^>]*>available now", form.text)
+    assert re.search(r"MIG 3g.40gb on A100-80GB <span[^>]*>available now", form.text)
+    assert re.search(r"0.25 × T4 \(3 GiB\) <span[^>]*>available now", form.text)
+
+
+@pytest.mark.hub
 def test_wrong_password_and_unknown_user_are_refused(demo: Demo) -> None:
     with pytest.raises(PermissionError), _login(demo.url, "alice", "not-the-password"):
         pass
@@ -333,7 +400,12 @@ def test_running_hub_has_the_tenants_as_groups(demo: Demo) -> None:
         response = client.get("/hub/api/groups", headers={"X-XSRFToken": client.cookies["_xsrf"]})
     assert response.status_code == 200, response.text
     groups = {group["name"]: sorted(group["users"]) for group in response.json()}
-    assert groups == {tenant: sorted(users) for tenant, users in DEMO_TENANTS.items()}
+    tenants = {tenant: sorted(users) for tenant, users in DEMO_TENANTS.items()}
+    assert {name: groups[name] for name in tenants} == tenants
+    # The portal's roles bring their (empty) groups: tenant admins, leadership, platform.
+    others = {name: users for name, users in groups.items() if name not in tenants}
+    role_groups = ["gpuportal-admins", "gpuportal-leadership", "team-a-admins", "team-b-admins"]
+    assert others == {name: [] for name in role_groups}
 
 
 @pytest.mark.hub
@@ -346,8 +418,15 @@ def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
     demo = _start_demo(tmp_path / "state")
     demo_factory.append(demo)
     with _login(demo.url, "bob") as client:
-        client.get("/hub/spawn/bob")
+        form = client.get("/hub/spawn/bob")
+        assert form.status_code == 200
+        # team-b may hold one whole H100: offered now; four are over its limit.
+        assert re.search(r"1 × H100-80GB <span[^>]*>available now", form.text)
+        assert re.search(r"4 × H100-80GB NVLink <span[^>]*>not allowed", form.text)
         started = time.monotonic()
+        chosen = {"tenant": "team-b", "option-team-b": "gpu:H100-80GB:1"}
+        posted = client.post("/hub/spawn/bob", data={**chosen, "_xsrf": client.cookies["_xsrf"]})
+        assert posted.status_code == 302, posted.text
         while True:
             lab = client.get("/user/bob/lab", follow_redirects=True)
             if lab.status_code == 200 and lab.url.path == "/user/bob/lab":
@@ -359,7 +438,12 @@ def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
     assert (tmp_path / "state" / "home" / "bob").is_dir()
 
     demo.remember_descendants()
-    assert len(demo.seen) >= 2, "expected the proxy and bob's JupyterLab below the hub"
+    assert len(demo.seen) >= 3, "expected the proxy, the portal and bob's JupyterLab"
+    (lab_pid,) = [pid for pid, _ in demo.seen if "jupyterhub.singleuser" in _cmdline(pid)]
+    env = _environ(lab_pid)
+    assert env["GPUPORTAL_TENANT"] == "team-b" and env["GPUPORTAL_FLAVOR"] == "H100-80GB"
+    assert env["CUDA_VISIBLE_DEVICES"] == env["GPUPORTAL_GPUS"]
+    assert env["CUDA_VISIBLE_DEVICES"] in {str(i) for i in range(8)}
     demo.stop()
     assert demo.process.returncode is not None, "the hub ignored SIGTERM"
     assert demo.alive() == [], f"left running after SIGTERM:\n{demo.log_tail()}"
