@@ -3,8 +3,11 @@ the last evaluation, joined with the live allocations, persists the alerts and r
 
 One evaluation at ``now`` (the service registers ``evaluate`` as a loop):
 
-1. read each device's samples of ``[now - interval_s, now)`` (averages, peaks, last counters,
-   throttle bits) and each workload's part of each device;
+1. read each device's samples since the previous evaluation (``[previous, now)``, at most two
+   intervals back, else the last ``interval_s``): averages, peaks, last counters, throttle
+   bits, and each workload's part of each device. ``interval_s`` must be at least the agents'
+   sampling interval: a device without a sample in a window is not seen, and the conditions
+   about it stop;
 2. join them with the allocator's live allocations into the rules' ``DeviceSample``s: a whole
    GPU or MIG instance with its holder, a shared GPU as one sample per share holder (its own
    processes' part of the GPU) plus one unattributed sample of the GPU (errors, throttling);
@@ -184,6 +187,8 @@ class AlertService:
         """One evaluation at ``now`` (default: the clock); returns its transitions."""
         with self._lock:
             now = self.clock() if now is None else now
+            if self.state.now is not None and now == self.state.now:
+                return ()  # evaluated at this time already: nothing new to read
             snapshot = self.snapshot(now)
             self.state, transitions = self.engine.step(self.state, snapshot, now)
             for skipped in self.state.skipped:
@@ -198,7 +203,14 @@ class AlertService:
 
     def snapshot(self, now: float) -> Snapshot:
         engine = self.alloc.store.engine
-        start = now - self.interval_s
+        # Read from the previous evaluation on, so a late round neither skips nor re-reads
+        # samples; after a long pause (or at first) only the last interval.
+        last = self.state.now
+        start = (
+            last
+            if last is not None and 0 < now - last <= 2 * self.interval_s
+            else now - self.interval_s
+        )
         measured = Measured(
             device_windows(engine, start, now, self._throttle_mask),
             workload_windows(engine, start, now),
