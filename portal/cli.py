@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from policies.errors import PortalError
 from portal.agent import command as agent_command
 from portal.commands import register as register_api_commands
+from portal.hubroles_command import register as register_hub_roles
 from portal.service import command as service_command
 
 EXIT_OK = 0
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.set_defaults(handler=_demo)
     service_command.register(commands)
     agent_command.register(commands)
+    register_hub_roles(commands)
     register_api_commands(commands)
     return parser
 
