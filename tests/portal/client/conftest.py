@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
@@ -20,10 +21,11 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
+from starlette.types import ASGIApp
 
 from portal.allocator import Allocator
 from portal.api import create_app
-from portal.api.auth import StaticAuthenticator
+from portal.api.auth import Authenticator, StaticAuthenticator
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx, t4
 from tests.portal.api.conftest import TOKENS
@@ -57,9 +59,9 @@ def allocator(tmp_path: Path) -> Iterator[Allocator]:
     store.close()
 
 
-@pytest.fixture
-def portal_server(allocator: Allocator) -> Iterator[Served]:
-    app = Starlette(routes=[Mount(PREFIX, app=create_app(allocator, StaticAuthenticator(TOKENS)))])
+@contextmanager
+def serving(app: ASGIApp) -> Iterator[int]:
+    """Serve ``app`` with uvicorn on a free loopback port (yielded) in a background thread."""
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     )
@@ -70,11 +72,23 @@ def portal_server(allocator: Allocator) -> Iterator[Served]:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield Served(allocator, f"http://127.0.0.1:{port}", port)
-    server.should_exit = True
-    thread.join(15)
-    assert not thread.is_alive(), "uvicorn did not stop"
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def mounted(allocator: Allocator, authenticator: Authenticator) -> Starlette:
+    """The API app under the hub's service prefix, as the hub's proxy forwards to it."""
+    return Starlette(routes=[Mount(PREFIX, app=create_app(allocator, authenticator))])
+
+
+@pytest.fixture
+def portal_server(allocator: Allocator) -> Iterator[Served]:
+    with serving(mounted(allocator, StaticAuthenticator(TOKENS))) as port:
+        yield Served(allocator, f"http://127.0.0.1:{port}", port)
 
 
 class AnswerDroppingProxy:
