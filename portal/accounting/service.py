@@ -177,10 +177,14 @@ class Accounting:
         end: datetime,
         step: Step = Step.WHOLE,
         tenants: Collection[str] | None = None,
+        *,
+        now: datetime | None = None,
     ) -> CostReport:
-        """Cost lines of ``[start, end)`` split by ``step``, for ``tenants`` (None: all)."""
+        """Cost lines of ``[start, end)`` split by ``step``, for ``tenants`` (None: all);
+        allocations still held count until ``now`` (default: the clock)."""
         chosen = periods(start, end, step)
-        intervals = usage_intervals(self.store, start, end, self.clock(), tenants)
+        held_until = now if now is not None else self.clock()
+        intervals = usage_intervals(self.store, start, end, held_until, tenants)
         book, unpriced = self._book_for(intervals)
         segments: list[UtilizationSegment] = []
         if self.utilization is not None and intervals:
@@ -202,11 +206,16 @@ class Accounting:
         return chargeback_csv(report.lines, report.currency)
 
     def budgets(
-        self, quotas: Iterable[QuotaRecord], tenants: Collection[str] | None = None
+        self,
+        quotas: Iterable[QuotaRecord],
+        tenants: Collection[str] | None = None,
+        *,
+        now: datetime | None = None,
     ) -> list[BudgetStatus]:
         """Every money budget (configured per tenant) and GPU-hour budget (on ``quotas``) of
-        ``tenants`` (None: all) in the current UTC month, tenants in name order."""
-        now = self.clock()
+        ``tenants`` (None: all) in the UTC month of ``now`` (default: the clock) until then,
+        tenants in name order."""
+        now = now if now is not None else self.clock()
         month = month_of(now)
         now_s = min(max(epoch_seconds(now), month.start + 1), month.end)
         gpu = [
@@ -218,7 +227,8 @@ class Accounting:
         if not gpu and not money:
             return []
         start = datetime.fromtimestamp(month.start, UTC)
-        report = self.report(start, datetime.fromtimestamp(now_s, UTC), Step.WHOLE, tenants)
+        end = datetime.fromtimestamp(now_s, UTC)
+        report = self.report(start, end, Step.WHOLE, tenants, now=now)
         by_tenant = report.grouped((GroupBy.TENANT,))
         by_flavor = report.grouped((GroupBy.TENANT, GroupBy.FLAVOR))
         zero = CostTotal(Fraction(0), Fraction(0), Fraction(0), Fraction(0))
@@ -246,9 +256,12 @@ class Accounting:
             )
         return sorted(out, key=lambda b: (b.tenant, b.kind, b.flavor or ""))
 
-    def budget_samples(self, tenants: Collection[str] | None = None) -> list[BudgetSample]:
-        """Money budgets as the alert engine's samples (rule ``budget_burn``)."""
-        now = self.clock()
+    def budget_samples(
+        self, at: float | None = None, tenants: Collection[str] | None = None
+    ) -> list[BudgetSample]:
+        """Money budgets at ``at`` (epoch s; default: the clock) as the alert engine's samples
+        (rule ``budget_burn``); usable as ``portal.alerting``'s ``BudgetSource``."""
+        now = datetime.fromtimestamp(at, UTC) if at is not None else self.clock()
         return [
             BudgetSample(
                 tenant=b.tenant,
@@ -258,7 +271,7 @@ class Accounting:
                 period_start=b.period.start,
                 period_end=b.period.end,
             )
-            for b in self.budgets((), tenants)
+            for b in self.budgets((), tenants, now=now)
         ]
 
     def _book_for(self, intervals: Iterable[UsageInterval]) -> tuple[PriceBook, tuple[str, ...]]:

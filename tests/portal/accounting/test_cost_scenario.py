@@ -38,6 +38,7 @@ from policies.topology import Topology
 from portal.accounting import Accounting, price_config
 from portal.accounting.history import epoch_seconds
 from portal.accounting.metrics import CostCollector
+from portal.alerting.service import BudgetSource
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
@@ -312,20 +313,25 @@ def test_money_budgets_feed_the_budget_burn_alert_rule(
 ) -> None:
     client, _, clock = day
     acc: Accounting = client.app.state.accounting  # type: ignore[attr-defined]
+    source: BudgetSource = acc.budget_samples  # what the alert service takes
     rule = BudgetBurnRule()
 
-    def fired() -> list[str]:
-        samples = tuple(acc.budget_samples())
-        ctx = RuleContext(clock.now.timestamp(), Snapshot(budgets=samples), {}, None)
+    def fired(at: float) -> list[str]:
+        ctx = RuleContext(at, Snapshot(budgets=tuple(source(at))), {}, None)
         return [c.tenant or "" for c in rule.evaluate(ctx).conditions]
 
-    (sample,) = acc.budget_samples()
+    now = clock.now.timestamp()
+    (sample,) = source(now)
     assert sample.tenant == "ml" and sample.budget == Decimal("1000.00")
     assert round(sample.spent, 6) == Decimal("44.992195")
-    assert fired() == []  # 44.99 in 60 h projects 539.91 for the month: under 1000
+    assert fired(now) == []  # 44.99 in 60 h projects 539.91 for the month: under 1000
     # A smaller budget the same spend overruns: the rule names the tenant.
     acc.prices = replace(acc.prices, budgets={"ml": Decimal("500.00")})
-    assert fired() == ["ml"]
+    assert fired(now) == ["ml"]
+    # Asked as of day 1, 12:00: ml's spend until then is alice's 4 h (16.00) and bob's 2 h
+    # of 3/7 of a GPU (24/7); carol starts at noon. 16 + 24/7 = 19.428571...
+    (early,) = source(at(12).timestamp())
+    assert round(early.spent, 6) == Decimal("19.428571")
 
 
 def test_month_to_date_gauges_in_metrics_match_the_hand_computation(
