@@ -11,7 +11,8 @@ on loopback, one process, the same middleware, metrics and JSON request log, the
    released (the release is not timed), ``--requests`` times;
 2. the same over HTTP: ``POST /api/v1/workloads`` with an ``Idempotency-Key``, timed by the
    client from sending to the parsed answer, on one keep-alive connection; the overhead is the
-   difference of the two distributions' percentiles;
+   difference of the two distributions' percentiles. Direct and HTTP requests alternate, so
+   both see the same load on a shared machine;
 3. requests/s of ``GET /api/v1/queue`` (first page of 100, each with its ETA) and
    ``GET /api/v1/usage`` (every tenant and flavor), from one client and from ``--clients``
    concurrent clients, each for ``--read-seconds``.
@@ -89,30 +90,29 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
     return {"p50_ms": q[49], "p90_ms": q[89], "p99_ms": q[98], "max_ms": ms[-1]}
 
 
-def time_direct(alloc: Allocator, tenant: str, n: int) -> list[int]:
-    out = []
+def time_pairs(
+    alloc: Allocator, client: httpx.Client, tenant: str, n: int
+) -> tuple[list[int], list[int]]:
+    """``n`` direct requests and ``n`` over HTTP, alternating, so both see the same load on a
+    shared machine; each is released (untimed) before the next."""
+    direct, over_http = [], []
+    body = {"tenant": tenant, "name": "http", "devices": {"kind": "gpu", "count": 1}}
     for i in range(n):
         req = gpu_request(tenant, 1, f"direct-{i}")
         began = time.perf_counter_ns()
         status = alloc.request(req, idempotency_key=uuid.uuid4().hex)
-        out.append(time.perf_counter_ns() - began)
+        direct.append(time.perf_counter_ns() - began)
         assert status.state.value == "running", status
         alloc.release(status.id)
-    return out
 
-
-def time_http(client: httpx.Client, tenant: str, n: int) -> list[int]:
-    out = []
-    body = {"tenant": tenant, "name": "http", "devices": {"kind": "gpu", "count": 1}}
-    for _ in range(n):
         headers = {"Idempotency-Key": uuid.uuid4().hex}
         began = time.perf_counter_ns()
         r = client.post("/api/v1/workloads", json=body, headers=headers)
         answer = r.json()
-        out.append(time.perf_counter_ns() - began)
+        over_http.append(time.perf_counter_ns() - began)
         assert r.status_code == 201, r.text
         client.delete(f"/api/v1/workloads/{answer['id']}").raise_for_status()
-    return out
+    return direct, over_http
 
 
 def rate(base_url: str, path: str, clients: int, seconds: float) -> float:
@@ -187,9 +187,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             caller = Caller("bench", CallerKind.SERVICE, frozenset({Scope.ADMIN.value}))
             app = create_app(alloc, StaticAuthenticator({TOKEN: caller}), metrics=metrics)
             tenant = f"t{TENANTS - 1:02d}"  # below its guarantee: allocated at once
-            direct = time_direct(alloc, tenant, args.requests)
             with Serving(app) as url, httpx.Client(base_url=url, headers=auth()) as client:
-                over_http = time_http(client, tenant, args.requests)
+                direct, over_http = time_pairs(alloc, client, tenant, args.requests)
                 reads = {
                     f"{path} x{n}": rate(url, path, n, args.read_seconds)
                     for path in ("/api/v1/queue", "/api/v1/usage", "/health")
