@@ -17,6 +17,13 @@ starts with
 The portal's binder (``portal.kube.binder``, in ``gpuportal serve``) then binds the pod to the
 allocator's node; KubeSpawner waits for it to run as usual and shows the binder's Events if it
 waits.
+
+With ``pin_devices_with_dra`` (clusters serving ``resource.k8s.io/v1`` with NVIDIA's DRA driver),
+whole GPUs and MIG instances are pinned by a ResourceClaim instead: the pod references the claim
+and keeps the default scheduler with a required affinity to the allocator's node, and once the
+pod exists the spawner creates the claim (``create_claim``, KubeSpawner's
+``after_pod_created_hook``) owned by the pod, so it goes when the pod goes. See
+docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -25,14 +32,23 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
+from kubespawner.clients import shared_client
 from tornado import web
-from traitlets import Int, Unicode
+from traitlets import Bool, Int, Unicode, default
 
 from policies.errors import PortalError
 from policies.isolation import IsolationSettings
 from spawner.mixin import GPUAllocation, GPUPortalMixin, allocation_env
-from spawner.pod import PodPlacement, PodSettings, place_pod, tenant_pod
+from spawner.pod import (
+    DraSettings,
+    PodPlacement,
+    PodSettings,
+    place_pod,
+    resource_claim,
+    tenant_pod,
+)
 
 NOTEBOOK_CONTAINER = "notebook"
 """The name KubeSpawner gives the server's container."""
@@ -77,6 +93,30 @@ class GPUKubeSpawner(GPUPortalMixin, KubeSpawner):  # type: ignore[misc]
         "non-root one).",
     )
     notebook_gid = Int(100, config=True, help="Group id (and fsGroup) when the pod names none.")
+    pin_devices_with_dra = Bool(
+        False,
+        config=True,
+        help="""Pin whole GPUs and MIG instances with a DRA ResourceClaim selecting the allocated
+        devices by UUID (needs resource.k8s.io/v1, NVIDIA's DRA driver, a kube-scheduler with
+        DRA, and GPU UUIDs in the portal's inventory) instead of counted device-plugin resources
+        bound by the portal. Shares always use the counted resource.""",
+    )
+    dra_driver = Unicode(
+        "gpu.nvidia.com", config=True, help="DRA driver whose device attributes claims select on."
+    )
+    dra_gpu_device_class = Unicode(
+        "gpu.nvidia.com", config=True, help="DeviceClass of whole GPUs for DRA claims."
+    )
+    dra_mig_device_class = Unicode(
+        "mig.nvidia.com", config=True, help="DeviceClass of MIG devices for DRA claims."
+    )
+
+    # Not a trait: the placement of the pod being started, for its claim.
+    placed: PodPlacement | None = None
+
+    @default("after_pod_created_hook")
+    def _default_after_pod_created_hook(self) -> Any:
+        return _after_pod_created
 
     def pod_settings(self) -> PodSettings:
         """The builders' settings from this spawner's traits (checked: a bad value raises
@@ -93,6 +133,11 @@ class GPUKubeSpawner(GPUPortalMixin, KubeSpawner):  # type: ignore[misc]
             run_as_user=self.notebook_uid,
             run_as_group=self.notebook_gid,
             fs_group=self.notebook_gid,
+            dra=(
+                DraSettings(self.dra_driver, self.dra_gpu_device_class, self.dra_mig_device_class)
+                if self.pin_devices_with_dra
+                else None
+            ),
         )
 
     async def load_user_options(self) -> None:
@@ -124,9 +169,13 @@ class GPUKubeSpawner(GPUPortalMixin, KubeSpawner):  # type: ignore[misc]
         data: dict[str, Any] = api.sanitize_for_serialization(pod)
         try:
             settings = self.pod_settings()
+            self.placed = None
             if allocation.workload_id:
                 placement = await self.placement(allocation)
                 data = place_pod(data, placement, settings)
+                if settings.uses_dra(placement):
+                    resource_claim(placement, settings)  # refuses now, before the pod exists
+                    self.placed = placement
             else:
                 data = tenant_pod(data, allocation.tenant, settings)
         except PortalError as exc:
@@ -148,3 +197,38 @@ class GPUKubeSpawner(GPUPortalMixin, KubeSpawner):  # type: ignore[misc]
                 f"{allocation.node} ({workload.state.value}); start the server again",
             )
         return PodPlacement.of(workload.tenant, workload.id, held[0])
+
+    async def create_claim(self, pod: dict[str, Any]) -> None:
+        """Create the ResourceClaim of the pod just created (when ``placed`` is set), owned by
+        the pod so that the garbage collector deletes it with the pod. A claim that exists
+        already (a retried start) is kept."""
+        placement = self.placed
+        if placement is None:
+            return
+        claim = resource_claim(placement, self.pod_settings())
+        meta = pod["metadata"]
+        claim["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "blockOwnerDeletion": True,
+                "controller": False,
+            }
+        ]
+        custom = shared_client("CustomObjectsApi")
+        try:
+            await custom.create_namespaced_custom_object(
+                "resource.k8s.io", "v1", claim["metadata"]["namespace"], "resourceclaims", claim
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self.log.info("Created ResourceClaim %s for %s", claim["metadata"]["name"], meta["name"])
+
+
+async def _after_pod_created(spawner: GPUKubeSpawner, pod: dict[str, Any]) -> None:
+    """KubeSpawner's ``after_pod_created_hook`` default; an operator's own hook must call
+    ``spawner.create_claim(pod)`` when DRA pinning is on."""
+    await spawner.create_claim(pod)
