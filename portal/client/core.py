@@ -1,8 +1,8 @@
 """What the sync and async clients share: every request built and every answer read once.
 
 Each operation is a generator that yields ``Call``s and receives the ``httpx.Response`` to each,
-then returns its typed result; ``Portal`` and ``AsyncPortal`` only send (``drive``). Listing all
-pages of a list is therefore written once too. The answers are the API's own schemas
+then returns its typed result; ``Portal`` and ``AsyncPortal`` only send the calls (``_run``).
+Listing all pages of a list is therefore written once too. The answers are the API's own schemas
 (``portal.api.schemas``), so there is one definition of every field.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from policies.errors import InvalidRequest
 from policies.flavors import Flavor, FlavorKind
@@ -126,17 +126,34 @@ def _filters(**values: Param | datetime | None) -> dict[str, Param]:
     }
 
 
+def parsed(model: type[M], data: Any, response: httpx.Response) -> M:
+    """``data`` as ``model``; an answer that does not fit is an ``ApiError``, not a crash."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the body"
+        raise ApiError(
+            response.status_code,
+            "error",
+            f"{response.request.method} {response.request.url} answered a {model.__name__} "
+            f"this client cannot read ({where}: {first['msg']}); are the client and the portal "
+            "the same version?",
+            url=str(response.request.url),
+        ) from exc
+
+
 # ------------------------------------------------------------------ building blocks
 
 
 def one(call: Call, model: type[M]) -> Op[M]:
     response = yield call
-    return model.model_validate(checked(response))
+    return parsed(model, checked(response), response)
 
 
 def tagged(call: Call, model: type[M]) -> Op[WithETag[M]]:
     response = yield call
-    value = model.model_validate(checked(response))
+    value = parsed(model, checked(response), response)
     return WithETag(value, response.headers.get("ETag", ""))
 
 
@@ -149,8 +166,8 @@ def every_page(
     while True:
         query = {**(params or {}), "limit": page_size, "offset": offset}
         response = yield Call("GET", path, query, idempotent=True)
-        page = Page[dict[str, Any]].model_validate(checked(response))
-        items.extend(model.model_validate(item) for item in page.items)
+        page = parsed(Page[dict[str, Any]], checked(response), response)
+        items.extend(parsed(model, item, response) for item in page.items)
         if page.next_offset is None:
             return items
         if page.next_offset <= offset:
@@ -302,14 +319,14 @@ def node(name: str) -> Op[NodeOut]:
 
 def capacity() -> Op[list[CapacityOut]]:
     response = yield Call("GET", f"{API}/capacity", idempotent=True)
-    return [CapacityOut.model_validate(item) for item in checked(response)]
+    return [parsed(CapacityOut, item, response) for item in checked(response)]
 
 
 def offers(tenant: str) -> Op[list[OfferOut]]:
     from portal.api.offers import OfferOut
 
     response = yield Call("GET", f"{API}/tenants/{_seg(tenant)}/offers", idempotent=True)
-    return [OfferOut.model_validate(item) for item in checked(response)]
+    return [parsed(OfferOut, item, response) for item in checked(response)]
 
 
 def cost(

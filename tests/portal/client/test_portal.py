@@ -6,6 +6,10 @@ import socket
 import threading
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from policies.flavors import FlavorKind
@@ -21,7 +25,7 @@ from portal.client import (
     Unauthorized,
 )
 from portal.store.records import WorkloadState
-from tests.portal.client.conftest import ProxyFactory, Served
+from tests.portal.client.conftest import ProxyFactory, Served, serving
 
 
 def portal(served: Served, token: str = "root", **kw: object) -> Portal:
@@ -288,3 +292,28 @@ def test_wait_returns_once_the_workload_runs_or_time_is_up(portal_server: Served
             releaser.join()
         assert started.state is WorkloadState.RUNNING
         assert alice.wait(first.id).state is WorkloadState.RELEASED  # ended: no waiting
+
+
+def test_an_answer_the_client_cannot_read_is_an_api_error_naming_the_field() -> None:
+    # A portal of another version: its tenants carry a field this client does not know.
+    newer: dict[str, object] = {
+        "name": "team-a",
+        "cohort": None,
+        "weight": 1.0,
+        "pools": [],
+        "version": 1,
+    }
+    page = {"items": [{**newer, "color": "red"}], "total": 1, "limit": 500, "offset": 0}
+
+    async def tenants(_request: Request) -> JSONResponse:
+        return JSONResponse({**page, "next_offset": None})
+
+    app = Starlette(routes=[Route("/api/v1/tenants", tenants)])
+    unreadable = r"cannot read \(color: .*same version"
+    with (
+        serving(app) as port,
+        Portal(f"http://127.0.0.1:{port}/", "t") as p,
+        pytest.raises(ApiError, match=unreadable) as caught,
+    ):
+        p.tenants()
+    assert caught.value.status == 200
