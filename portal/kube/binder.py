@@ -138,6 +138,13 @@ def decide(
             HoldReason.ALLOCATION_QUEUED,
             f"workload {workload_id} is queued{where}; the pod is bound once it is allocated",
         )
+    if status.state is WorkloadState.PREEMPTING:
+        return Hold(
+            pod,
+            HoldReason.ALLOCATION_ENDED,
+            f"workload {workload_id} is being preempted ({status.reason or 'reclaimed'}); its "
+            f"devices are being taken back, so pod {pod} will not be bound",
+        )
     if status.state is not WorkloadState.RUNNING:
         why = f": {status.reason}" if status.reason else ""
         return Hold(

@@ -208,3 +208,25 @@ def test_gone_releases_seen_workloads_at_once_and_unseen_ones_after_the_grace() 
     assert {"has-pod", "pending-elsewhere"} <= seen
     # Once seen, a workload whose pod vanishes goes at the next sweep, grace or not.
     assert gone([], [live[0]], seen, KEYS, NOW, grace_s=300) == ["has-pod"]
+
+
+def test_a_preempted_workloads_new_pod_is_not_bound(tmp_path: Path) -> None:
+    with Store(f"sqlite:///{tmp_path / 'preempt.db'}") as store:
+        alloc = Allocator(store)
+        alloc.start([to_node(gpu_nodes.t4_pcie_node("t4-0"))])
+        alloc.set_tenant("borrower", cohort="c")
+        alloc.set_tenant("owner", cohort="c")
+        alloc.set_quota("borrower", "T4", guaranteed=0, limit=2)
+        alloc.set_quota("owner", "T4", guaranteed=2, limit=2)
+        two = DeviceRequest(kind=FlavorKind.GPU, count=2, models=frozenset({"T4"}))
+        borrowed = alloc.request(WorkloadRequest("borrower", "bob", "b", two))
+        # The owner wants its guaranteed GPUs back: the borrower is told to stop.
+        alloc.request(WorkloadRequest("owner", "olga", "o", two))
+        assert alloc.status(borrowed.id).state is WorkloadState.PREEMPTING
+        view = pod(borrowed.id, borrowed.allocations[0].id, namespace="gp-borrower")
+        decision = decide(view, alloc, SETTINGS, {})
+    assert isinstance(decision, Hold) and decision.reason is HoldReason.ALLOCATION_ENDED
+    assert decision.message == (
+        f"workload {borrowed.id} is being preempted (preempted); its devices are being taken "
+        "back, so pod gp-borrower/nb will not be bound"
+    )
