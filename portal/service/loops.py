@@ -22,6 +22,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from policies.errors import Conflict, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,24 @@ class Loop:
     last_error: str | None = None
     last_duration_s: float = 0.0
     thread: threading.Thread | None = field(default=None, repr=False)
+
+
+class LoopsCollector(Collector):
+    """``gpuportal_loop_runs_total`` and ``gpuportal_loop_errors_total`` per loop, read at
+    scrape time."""
+
+    def __init__(self, loops: Loops) -> None:
+        self._loops = loops
+
+    def collect(self) -> Iterator[Metric]:
+        runs = CounterMetricFamily("gpuportal_loop_runs", "Rounds run, per loop.", labels=["loop"])
+        errors = CounterMetricFamily(
+            "gpuportal_loop_errors", "Rounds that raised, per loop.", labels=["loop"]
+        )
+        for loop in self._loops:
+            runs.add_metric([loop.name], loop.runs)
+            errors.add_metric([loop.name], loop.errors)
+        return iter((runs, errors))
 
 
 class Loops:

@@ -47,7 +47,7 @@ from portal.kube import service as kube_loops
 from portal.service import logs, seed, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
-from portal.service.loops import Loops
+from portal.service.loops import Loops, LoopsCollector
 from portal.settings import Settings
 
 log = logging.getLogger("portal.service")
@@ -171,6 +171,7 @@ def _run(
     app = create_app(allocator, where.authenticator, metrics=metrics)
     cost_api.configure(app, settings)
     app.state.loops = loops
+    metrics.registry.register(LoopsCollector(loops))
     register_loops(loops, allocator, settings)
     follower.follow(allocator)
     loops.start()

@@ -189,6 +189,7 @@ def test_the_hub_runs_the_portal_as_a_service_behind_its_proxy(hub: Hub) -> None
     metrics = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {PROMETHEUS_TOKEN}"})
     assert metrics.status_code == 200
     assert 'gpuportal_allocator_decisions_total{outcome="allocated"} 1.0' in metrics.text
+    assert 'gpuportal_loop_errors_total{loop="allocator-tick"} 0.0' in metrics.text
     assert httpx.get(f"{base}/api/v1/openapi.json").json()["servers"] == [
         {"url": "/services/gpuportal"}
     ]

@@ -8,9 +8,10 @@ import threading
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from policies.errors import Conflict, InvalidRequest
-from portal.service.loops import Loops
+from portal.service.loops import Loops, LoopsCollector
 
 
 def wait_for(check: object, timeout_s: float = 5.0) -> None:
@@ -42,6 +43,12 @@ def test_a_failing_round_is_counted_and_logged_and_the_loop_keeps_running(
     assert loop.runs - loop.errors >= 3  # the rounds after a failure still ran
     assert loop.last_error == "RuntimeError: boom"
     assert any("loop flaky failed" in r.getMessage() for r in caplog.records)
+    registry = CollectorRegistry()
+    registry.register(LoopsCollector(loops))
+    assert registry.get_sample_value("gpuportal_loop_errors_total", {"loop": "flaky"}) == (
+        loop.errors
+    )
+    assert registry.get_sample_value("gpuportal_loop_runs_total", {"loop": "flaky"}) == loop.runs
 
 
 def test_stop_waits_for_the_round_in_progress() -> None:
