@@ -103,6 +103,22 @@ class AsyncPortal:
     async def tenant(self, name: str) -> WithETag[TenantOut]:
         return await self._run(core.tenant(name))
 
+    async def set_tenant(
+        self,
+        name: str,
+        *,
+        cohort: str | None = None,
+        weight: float = 1.0,
+        pools: Sequence[str] = (),
+        if_match: str | None = None,
+        create: bool = False,
+    ) -> WithETag[TenantOut]:
+        return await self._run(
+            core.set_tenant(
+                name, cohort=cohort, weight=weight, pools=pools, if_match=if_match, create=create
+            )
+        )
+
     async def quotas(self, tenant: str | None = None) -> list[QuotaOut]:
         return await self._run(core.quotas(self._page_size, tenant))
 

@@ -189,6 +189,30 @@ def tenant(name: str) -> Op[WithETag[TenantOut]]:
     return (yield from tagged(call, TenantOut))
 
 
+def _conditional(if_match: str | None, create: bool) -> dict[str, str]:
+    """``If-Match`` for an edit, ``If-None-Match: *`` to create; neither: the server says 428."""
+    if create and if_match is not None:
+        raise InvalidRequest("if_match", if_match, "None when create=True (If-None-Match: *)")
+    if create:
+        return {"If-None-Match": "*"}
+    return {} if if_match is None else {"If-Match": if_match}
+
+
+def set_tenant(
+    name: str,
+    *,
+    cohort: str | None,
+    weight: float,
+    pools: Sequence[str],
+    if_match: str | None,
+    create: bool,
+) -> Op[WithETag[TenantOut]]:
+    headers = _conditional(if_match, create)
+    body = {"cohort": cohort, "weight": weight, "pools": list(pools)}
+    call = Call("PUT", f"{API}/tenants/{_seg(name)}", body=body, headers=headers)
+    return (yield from tagged(call, TenantOut))
+
+
 def quotas(page_size: int, tenant: str | None) -> Op[list[QuotaOut]]:
     return (yield from every_page(f"{API}/quotas", QuotaOut, page_size, _filters(tenant=tenant)))
 
@@ -213,11 +237,7 @@ def set_quota(
     if_match: str | None,
     create: bool,
 ) -> Op[WithETag[QuotaOut]]:
-    if create and if_match is not None:
-        raise InvalidRequest("if_match", if_match, "None when create=True (If-None-Match: *)")
-    headers = {"If-None-Match": "*"} if create else {}
-    if if_match is not None:
-        headers["If-Match"] = if_match
+    headers = _conditional(if_match, create)
     body = {"guaranteed": guaranteed, "limit": limit, "budget_gpu_hours": budget_gpu_hours}
     call = Call("PUT", _quota_path(tenant, flavor), body=body, headers=headers)
     return (yield from tagged(call, QuotaOut))

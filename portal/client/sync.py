@@ -117,6 +117,24 @@ class Portal:
         """One tenant and its ETag."""
         return self._run(core.tenant(name))
 
+    def set_tenant(
+        self,
+        name: str,
+        *,
+        cohort: str | None = None,
+        weight: float = 1.0,
+        pools: Sequence[str] = (),
+        if_match: str | None = None,
+        create: bool = False,
+    ) -> WithETag[TenantOut]:
+        """Create (``create=True``) or change a tenant (``if_match``: its ETag): cohort,
+        fair-share weight, node pools. Platform admins only (unfiltered ``admin`` scope)."""
+        return self._run(
+            core.set_tenant(
+                name, cohort=cohort, weight=weight, pools=pools, if_match=if_match, create=create
+            )
+        )
+
     def quotas(self, tenant: str | None = None) -> list[QuotaOut]:
         """Quotas per tenant and flavor; all the token may see, or one tenant's."""
         return self._run(core.quotas(self._page_size, tenant))

@@ -317,3 +317,16 @@ def test_an_answer_the_client_cannot_read_is_an_api_error_naming_the_field() -> 
     ):
         p.tenants()
     assert caught.value.status == 200
+
+
+def test_platform_admins_create_and_change_tenants_with_etags(portal_server: Served) -> None:
+    with portal(portal_server) as root:
+        made = root.set_tenant("team-c", cohort="research", pools=["big"], create=True)
+        assert (made.value.cohort, made.value.pools, made.value.version) == ("research", ["big"], 1)
+        changed = root.set_tenant("team-c", cohort="research", weight=2, if_match=made.etag)
+        assert (changed.value.weight, changed.value.pools) == (2.0, [])
+        with pytest.raises(PreconditionFailed):
+            root.set_tenant("team-c", weight=3, if_match=made.etag)
+    assert [t.name for t in portal_server.allocator.tenants()] == ["team-a", "team-b", "team-c"]
+    with portal(portal_server, "anna") as anna, pytest.raises(Forbidden, match="admin"):
+        anna.set_tenant("team-a", if_match='"1"')

@@ -204,3 +204,21 @@ def test_request_wait_exits_1_when_it_does_not_start_in_time(gpuportal: Gpuporta
     ran = gpuportal("workloads", "request", "team-b", "H100-80GB", "--wait", "5", token="bob")
     assert ran.code == 0, ran.err
     assert "running" in ran.out
+
+
+def test_tenants_set_creates_then_changes_only_what_is_given(gpuportal: Gpuportal) -> None:
+    ran = gpuportal("tenants", "set", "team-c", "--cohort", "research", "--pool", "big")
+    assert ran.code == 0, ran.err
+    assert lines(ran.out)[1].split() == ["team-c", "research", "1", "big", "1"]
+    ran = gpuportal("tenants", "set", "team-c", "--weight", "2.5", "--json")
+    assert json.loads(ran.out) == {
+        "cohort": "research", "name": "team-c", "pools": ["big"], "version": 2, "weight": 2.5
+    }  # fmt: skip
+    ran = gpuportal("tenants", "set", "team-c", "--no-cohort", "--no-pools")
+    assert lines(ran.out)[1].split() == ["team-c", "-", "2.5", "-", "3"]
+    stale = gpuportal("tenants", "set", "team-c", "--weight", "1", "--if-match", '"1"')
+    assert stale.code == 2
+    assert "gpuportal tenants: error: " in stale.err
+    refused = gpuportal("tenants", "set", "team-a", "--weight", "9", token="anna")
+    assert refused.code == 2
+    assert "admin" in refused.err
