@@ -139,6 +139,8 @@ class PodPlacement:
         """From an allocation as the allocator or the portal API gives it. UUIDs count only
         when every GPU has one (inventories built from node labels know none)."""
         uuids = tuple(allocation.gpu_uuids)
+        # The allocator records milli for shares only (MIG allocations carry 0).
+        share = Flavor.parse(allocation.flavor).kind is FlavorKind.SHARE
         return PodPlacement(
             tenant=tenant,
             workload_id=workload_id,
@@ -147,7 +149,7 @@ class PodPlacement:
             flavor=allocation.flavor,
             gpus=tuple(allocation.gpus),
             gpu_uuids=uuids if uuids and all(uuids) else (),
-            milli=allocation.milli,
+            milli=allocation.milli if share else MILLI_PER_GPU,
         )
 
 

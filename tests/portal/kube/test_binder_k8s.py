@@ -41,8 +41,13 @@ SETTINGS = IsolationSettings()
 POD_SETTINGS = PodSettings(isolation=SETTINGS)
 KEYS = PodKeys.of(SETTINGS)
 NODES = ("bind-h100-a", "bind-h100-b")
+MIG_NODE = "bind-a100-mig"
 VISION = TenantSpec(
-    name="bindvision", gpu_limits={"H100-80GB": 4}, cpu_millis=8000, memory_mib=16384, pods=10
+    name="bindvision",
+    gpu_limits={"H100-80GB": 4, "A100-80GB/3g.40gb": 1},
+    cpu_millis=8000,
+    memory_mib=16384,
+    pods=10,
 )
 AUDIT = TenantSpec(
     name="bindaudit", gpu_limits={"H100-80GB": 1}, cpu_millis=2000, memory_mib=4096, pods=5
@@ -72,7 +77,8 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
 
 @pytest.fixture(scope="module")
 def cluster(k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api) -> list[Any]:
-    """Two tenants reconciled and two kwok H100 nodes; the inventory as the allocator sees it."""
+    """Two tenants reconciled, two kwok H100 nodes and an A100 node split into MIG instances
+    (mixed strategy); the inventory as the allocator sees it."""
     reconcile([VISION, AUDIT], SETTINGS, api)
     for tenant in (VISION, AUDIT):
         namespace = SETTINGS.namespace(tenant.name)
@@ -86,13 +92,14 @@ def cluster(k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1A
         )  # fmt: skip
     for name in NODES:
         k8s_cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(name, rack=f"rack-{name}"))
+    k8s_cluster.add_gpu_node(gpu_nodes.a100_mig_mixed_node(MIG_NODE))
     # The node lifecycle controller taints a new node not-ready until it has seen it Ready.
     ready = [
         eventually(
             lambda name=name: n if not (n := core.read_node(name)).spec.taints else None,
             f"the not-ready taint leaving {name}",
         )
-        for name in NODES
+        for name in (*NODES, MIG_NODE)
     ]
     return [to_node(api.sanitize_for_serialization(n)) for n in ready]
 
@@ -110,6 +117,7 @@ def allocator(cluster: list[Any], store: Store) -> Allocator:
     for tenant in (VISION, AUDIT):
         alloc.set_tenant(tenant.name)
     alloc.set_quota("bindvision", "H100-80GB", guaranteed=4, limit=4)
+    alloc.set_quota("bindvision", "A100-80GB/3g.40gb", guaranteed=1, limit=1)
     return alloc
 
 
@@ -215,6 +223,37 @@ def test_binder_binds_a_gpu_pod_to_the_allocators_node_and_it_runs(
     # A second pass finds nothing to do: bound pods are not pending any more.
     assert binder.bind_pending().bound == ()
     delete_and_wait(core, namespace, "jupyter-alice")
+
+
+def test_a_mig_pod_is_bound_to_the_mig_node_asking_for_its_profile(
+    binder: Binder, allocator: Allocator, core: client.CoreV1Api
+) -> None:
+    devices = DeviceRequest(
+        kind=FlavorKind.MIG, mig_profile="3g.40gb", models=frozenset({"A100-80GB"})
+    )
+    status = allocator.request(WorkloadRequest("bindvision", "alice", "mig", devices))
+    assert status.state is WorkloadState.RUNNING, (status.reason, status.message)
+    create_gpu_pod(core, status, "jupyter-mig")
+    # The tenant's quota admits one such instance: the apiserver counted this pod against it.
+    quota = core.read_namespaced_resource_quota("tenant-quota", "gp-bindvision")
+    assert quota.spec.hard["requests.nvidia.com/mig-3g.40gb"] == "1"
+
+    assert binder.bind_pending().bound == (("gp-bindvision/jupyter-mig", MIG_NODE),)
+
+    def running() -> client.V1Pod | None:
+        p = read(core, "gp-bindvision", "jupyter-mig")
+        return p if p.status.phase == "Running" else None
+
+    live = eventually(running, "the MIG pod reaching Running")
+    assert live.spec.node_name == MIG_NODE
+    assert live.spec.containers[0].resources.limits == {
+        "nvidia.com/mig-3g.40gb": "1",
+        # The rest comes from the tenant's LimitRange defaults.
+        "cpu": "1",
+        "memory": "1Gi",
+    }
+    assert live.metadata.annotations[KEYS.flavor] == "A100-80GB/3g.40gb"
+    delete_and_wait(core, "gp-bindvision", "jupyter-mig")
 
 
 def test_a_pod_naming_an_unknown_allocation_stays_pending_with_an_event(

@@ -11,6 +11,7 @@ import yaml
 
 from policies.errors import InvalidRequest
 from policies.isolation import IsolationSettings
+from portal.store.records import AllocationRecord
 from spawner.pod import (
     DraSettings,
     PodPlacement,
@@ -263,3 +264,14 @@ def test_a_cpu_only_pod_asking_for_a_gpu_is_refused() -> None:
         "invalid resources of container 'notebook' nvidia.com/gpu: expected no GPU resources "
         "in a pod without a GPU allocation"
     )
+
+
+def test_placement_of_an_allocation_record() -> None:
+    mig = AllocationRecord(
+        "a1", "w1", 0, "a100-0", "A100-80GB/3g.40gb", 1, 3 / 7, gpus=(2,), gpu_uuids=("",)
+    )
+    placed = PodPlacement.of("vision", "w1", mig)
+    # The allocator records no milli for MIG, and no UUID when the inventory knows none.
+    assert (placed.milli, placed.gpu_uuids, placed.mig_profile) == (1000, (), "3g.40gb")
+    share = AllocationRecord("a2", "w2", 0, "t4-0", "T4/share", 250, 0.25, gpus=(0,), milli=250)
+    assert PodPlacement.of("audit", "w2", share).milli == 250
