@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import httpx
 
 if TYPE_CHECKING:
+    from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import SeriesPage
@@ -262,3 +263,8 @@ class AsyncPortal:
         limit: int | None = None,
     ) -> SeriesPage:
         return await self._run(core.series(device, workload_id, resolution, start, end, limit))
+
+    async def alerts(
+        self, tenant: str | None = None, *, states: Sequence[str] = (), rule: str | None = None
+    ) -> list[AlertOut]:
+        return await self._run(core.alerts(self._page_size, tenant, states, rule))

@@ -38,6 +38,7 @@ from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
     # Their modules load FastAPI and the services behind the routes: imported on use only.
+    from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import SeriesPage
@@ -401,6 +402,17 @@ def series(
     )
     call = Call("GET", f"{API}/telemetry/series", params, idempotent=True)
     return (yield from one(call, SeriesPage))
+
+
+def alerts(
+    page_size: int, tenant: str | None, states: Sequence[str], rule: str | None
+) -> Op[list[AlertOut]]:
+    from portal.api.alerts import AlertOut
+
+    params = _filters(tenant=tenant, rule=rule)
+    if states:
+        params["state"] = [str(s) for s in states]
+    return (yield from every_page(f"{API}/alerts", AlertOut, page_size, params))
 
 
 def next_poll(w: WorkloadOut, left_s: float, poll_s: float) -> float | None:

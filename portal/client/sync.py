@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import httpx
 
 if TYPE_CHECKING:
+    from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import SeriesPage
@@ -313,3 +314,10 @@ class Portal:
         """Utilization series of a device (GPU UUID, or ``<UUID>/gi<id>`` for MIG) or a
         workload; times in epoch seconds; ``resolution``: raw, 1m or 1h."""
         return self._run(core.series(device, workload_id, resolution, start, end, limit))
+
+    def alerts(
+        self, tenant: str | None = None, *, states: Sequence[str] = (), rule: str | None = None
+    ) -> list[AlertOut]:
+        """Alerts newest first (default states pending, firing, resolved): all for operators,
+        a tenant's for its admins and services, their own workloads' for members."""
+        return self._run(core.alerts(self._page_size, tenant, states, rule))

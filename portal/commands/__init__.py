@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from portal.commands import cost, nodes, offers, queue, quotas, tenants, usage, workloads
+from portal.commands import (
+    alerts,
+    cost,
+    nodes,
+    offers,
+    queue,
+    quotas,
+    tenants,
+    usage,
+    workloads,
+)
 
-NOUNS = (tenants, quotas, workloads, queue, usage, cost, offers, nodes)
+NOUNS = (tenants, quotas, workloads, queue, usage, cost, offers, nodes, alerts)
 
 
 def register(commands: Any) -> None:
