@@ -206,3 +206,12 @@ def test_mig_offers_count_the_profile_quota(make: Make) -> None:
     got = by_key(offers(alloc, "team-a"))
     assert got["mig:A100-80GB:3g.40gb"].state is OfferState.AVAILABLE
     assert got["mig:A100-80GB:1g.10gb"].reason == "no-quota"
+
+
+def test_offers_follow_inventory_changes(make: Make) -> None:
+    alloc = make([hgx("n1", gpus=2)], {("team-a", "T4/share"): (0, 1000)})
+    assert "share:T4:250" not in by_key(offers(alloc, "team-a"))
+    alloc.node_added(t4("t1"))
+    assert by_key(offers(alloc, "team-a"))["share:T4:250"].state is OfferState.AVAILABLE
+    alloc.node_removed("t1")
+    assert "share:T4:250" not in by_key(offers(alloc, "team-a"))
