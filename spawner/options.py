@@ -66,16 +66,21 @@ def duration(seconds: float | None) -> str:
     return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
-def status_line(offer: OfferOut) -> str:
-    """What the form says next to an option."""
+def badge(offer: OfferOut) -> str:
+    """The short state shown next to an option."""
     if offer.state is OfferStateOut.AVAILABLE:
         return "available now"
     if offer.state is OfferStateOut.QUEUED:
         return (
             f"will queue: position {offer.tenant_position} in the tenant "
-            f"({offer.position} overall), estimated wait {duration(offer.eta_s)}: {offer.message}"
+            f"({offer.position} overall), estimated wait {duration(offer.eta_s)}"
         )
-    return f"not allowed: {offer.message}"
+    return "not allowed"
+
+
+def status_line(offer: OfferOut) -> str:
+    """The state and its reason in one sentence."""
+    return f"{badge(offer)}: {offer.message}" if offer.message else badge(offer)
 
 
 def queued_message(
@@ -96,9 +101,9 @@ def queued_message(
 
 
 _BADGE = {
-    OfferStateOut.AVAILABLE: "text-bg-success",
-    OfferStateOut.QUEUED: "text-bg-warning",
-    OfferStateOut.NOT_ALLOWED: "text-bg-secondary",
+    OfferStateOut.AVAILABLE: "bg-success",
+    OfferStateOut.QUEUED: "bg-warning text-dark",
+    OfferStateOut.NOT_ALLOWED: "bg-secondary",
 }
 
 
@@ -149,14 +154,20 @@ def _tenant_fieldset(t: TenantOffers, selected: Choice | None, *, several: bool)
             f'id="{ident}" value="{escape(offer.key)}"'
             f"{' checked' if checked else ''}{' disabled' if disabled else ''}>"
             f'<label class="form-check-label" for="{ident}">{escape(offer.label)} '
-            f'<span class="badge {_BADGE[offer.state]}">{escape(status_line(offer))}</span>'
-            "</label></div>"
+            f'<span class="badge {_BADGE[offer.state]}">{escape(badge(offer))}</span>'
+            f"{_reason(offer)}</label></div>"
         )
     legend = f"<legend>{escape(t.tenant)}</legend>" if several else ""
     return (
         f'<fieldset class="mb-3 gpuportal-tenant" data-tenant="{escape(t.tenant)}">'
         f"{legend}{''.join(rows)}</fieldset>"
     )
+
+
+def _reason(offer: OfferOut) -> str:
+    if not offer.message:
+        return ""
+    return f' <small class="text-muted gpuportal-reason">{escape(offer.message)}</small>'
 
 
 def _preselected(t: TenantOffers, selected: Choice | None) -> str | None:

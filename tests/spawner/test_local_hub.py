@@ -100,7 +100,8 @@ def test_the_form_shows_availability_and_no_spawn_bypasses_its_rules(
         page = client.get("/hub/spawn/alice")
     assert page.status_code == 200
     assert re.search(r"1 × A100-80GB <span[^>]*>available now", page.text)
-    assert re.search(r"2 × A100-80GB NVLink <span[^>]*>not allowed: 2 × A100-80GB", page.text)
+    assert re.search(r"2 × A100-80GB NVLink <span[^>]*>not allowed</span> <small", page.text)
+    assert "2 × A100-80GB NVLink needs 2 gpus of A100-80GB; team-a&#x27;s limit is 1" in page.text
     assert re.search(r"0.25 × T4 \(3 GiB\) <span[^>]*>available now", page.text)
 
     # REST spawns are checked like the form: refused, with why and what is valid.

@@ -137,9 +137,14 @@ def test_one_tenant_form_shows_each_state_and_disables_the_refused() -> None:
     disabled = [r["value"] for r in form.radios if "disabled" in r]
     assert checked == ["gpu:H100-80GB:1"] and disabled == ["share:T4:250"]
     assert "available now" in html
-    assert status_line(QUEUED) in html
-    assert "position 3 in the tenant (5 overall), estimated wait 12 min" in status_line(QUEUED)
-    assert "not allowed: team-a has no quota for T4/share" in html
+    assert "position 3 in the tenant (5 overall), estimated wait 12 min</span>" in html
+    assert "team-a quota for H100-80GB: 4/4 gpus in use</small>" in html
+    assert "not allowed</span>" in html and "team-a has no quota for T4/share</small>" in html
+    assert status_line(QUEUED) == (
+        "will queue: position 3 in the tenant (5 overall), estimated wait 12 min: "
+        "team-a quota for H100-80GB: 4/4 gpus in use"
+    )
+    assert status_line(ONE) == "available now"
 
 
 def test_several_tenants_get_a_selector_and_a_list_each() -> None:
@@ -219,6 +224,6 @@ def test_a_user_in_no_tenant_is_refused() -> None:
 
 def test_the_form_has_no_unbalanced_markup() -> None:
     html = render_form([TEAM_A, TEAM_B])
-    for tag in ("div", "fieldset", "label", "select", "span"):
+    for tag in ("div", "fieldset", "label", "select", "span", "small"):
         opened = len(re.findall(rf"<{tag}[ >]", html))
         assert opened == html.count(f"</{tag}>"), tag
