@@ -16,6 +16,7 @@ Other parts of the portal add their periodic work in ``register_loops``, one lin
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -183,7 +184,7 @@ def _run(
             log_config=None,
             access_log=False,
             lifespan="off",
-            timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+            timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s),
         )
     )
     if signals.requested:
