@@ -30,6 +30,7 @@ from portal.demo import (
     DEMO_TENANTS,
     SEED_FILE,
     HubPorts,
+    choose_inventory,
     demo_seed,
     demo_users,
     hub_config,
@@ -38,6 +39,7 @@ from portal.demo import (
 )
 from portal.service import seed as seed_module
 from portal.settings import Settings
+from tests.support import fake_nvml
 
 GPUPORTAL = Path(sys.executable).parent / "gpuportal"
 PASSWORD = "demo-test-password"
@@ -479,3 +481,27 @@ def test_hub_crash_leaves_no_process_and_fails_the_demo(
     assert demo.process.wait(timeout=STOP_TIMEOUT_S) == 128 + signal.SIGKILL
     assert demo.alive() == [], f"left running after the hub died:\n{demo.log_tail()}"
     assert "process(es) the hub left behind" in demo.log_tail()
+
+
+@pytest.mark.parametrize("driver", [fake_nvml.Driver.LOADED, fake_nvml.Driver.MISSING])
+def test_the_demo_uses_the_gpus_nvml_finds_else_the_simulated_inventory(
+    monkeypatch: pytest.MonkeyPatch, driver: fake_nvml.Driver
+) -> None:
+    machine = fake_nvml.hgx_h100()
+    machine.driver = driver
+    fake_nvml.install(monkeypatch, machine)
+    choose_inventory.cache_clear()
+    try:
+        found = choose_inventory()
+        summary = inventory_summary()
+    finally:
+        choose_inventory.cache_clear()
+    if driver is fake_nvml.Driver.LOADED:
+        assert found.spec == "nvml" and len(found.nodes) == 1
+        assert [g.uuid for g in found.nodes[0].gpus] == [f"GPU-h100-{i}" for i in range(8)]
+        assert summary == "inventory (NVML): 1 nodes, 8 GPUs: 8x H100-80GB"
+        # The seed covers the real flavors.
+        seed = cast(dict[str, Any], demo_seed(found.nodes))
+        assert seed["tenants"]["team-a"]["quotas"]["H100-80GB"] == {"guaranteed": 4, "limit": 8}
+    else:
+        assert found.spec == "demo" and summary.startswith("inventory (simulated): ")
