@@ -15,12 +15,6 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 import httpx
 
-if TYPE_CHECKING:
-    from portal.api.alerts import AlertOut
-    from portal.api.cost import BudgetOut, CostSummaryOut
-    from portal.api.offers import OfferOut
-    from portal.api.telemetry import SeriesPage
-
 from policies.requests import WorkloadKind
 from portal.api.schemas import (
     MAX_PAGE,
@@ -36,8 +30,13 @@ from portal.api.schemas import (
 from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, WithETag
-from portal.client.sync import http_options
 from portal.store.records import WorkloadState
+
+if TYPE_CHECKING:
+    from portal.api.alerts import AlertOut
+    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.offers import OfferOut
+    from portal.api.telemetry import SeriesPage
 
 T = TypeVar("T")
 
@@ -58,7 +57,7 @@ class AsyncPortal:
         self._retries = retries
         self._page_size = core.check_page_size(page_size)
         self._http = httpx.AsyncClient(
-            base_url=self.url, **http_options(resolve_token(token), timeout)
+            base_url=self.url, **core.http_options(resolve_token(token), timeout)
         )
 
     def __repr__(self) -> str:

@@ -82,6 +82,14 @@ class WithETag(Generic[T]):
     etag: str
 
 
+def http_options(token: str, timeout: float) -> dict[str, Any]:
+    """Settings both clients give httpx."""
+    return {
+        "headers": {"Authorization": f"token {token}", "User-Agent": "gpuportal-client"},
+        "timeout": timeout,
+    }
+
+
 def retry_delay(
     url: str, call: Call, exc: httpx.TransportError, attempt: int, retries: int
 ) -> float:

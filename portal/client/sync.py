@@ -6,15 +6,9 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import httpx
-
-if TYPE_CHECKING:
-    from portal.api.alerts import AlertOut
-    from portal.api.cost import BudgetOut, CostSummaryOut
-    from portal.api.offers import OfferOut
-    from portal.api.telemetry import SeriesPage
 
 from policies.requests import WorkloadKind
 from portal.api.schemas import (
@@ -33,15 +27,13 @@ from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, WithETag
 from portal.store.records import WorkloadState
 
+if TYPE_CHECKING:
+    from portal.api.alerts import AlertOut
+    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.offers import OfferOut
+    from portal.api.telemetry import SeriesPage
+
 T = TypeVar("T")
-
-
-def http_options(token: str, timeout: float) -> dict[str, Any]:
-    """Settings both clients give httpx."""
-    return {
-        "headers": {"Authorization": f"token {token}", "User-Agent": "gpuportal-client"},
-        "timeout": timeout,
-    }
 
 
 class Portal:
@@ -67,7 +59,9 @@ class Portal:
         self.url = resolve_url(url)
         self._retries = retries
         self._page_size = core.check_page_size(page_size)
-        self._http = httpx.Client(base_url=self.url, **http_options(resolve_token(token), timeout))
+        self._http = httpx.Client(
+            base_url=self.url, **core.http_options(resolve_token(token), timeout)
+        )
 
     def __repr__(self) -> str:
         return f"Portal({self.url!r})"
