@@ -1,6 +1,6 @@
 """Prometheus metrics of the alerts, as a collector the service's ``/metrics`` registers::
 
-    registry.register(AlertCollector(lambda: service.state.alerts.values()))
+    registry.register(AlertCollector.of_store(engine))  # the stored pending/firing alerts
 
 | metric | type | labels |
 |---|---|---|
@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy import Engine
 
 from policies.alerts import Alert, AlertState
+from portal.alerting.store import AlertStore
 
 ActiveAlerts = Callable[[], Iterable[Alert]]
 
@@ -26,6 +28,12 @@ class AlertCollector(Collector):
 
     def __init__(self, active: ActiveAlerts) -> None:
         self._active = active
+
+    @classmethod
+    def of_store(cls, engine: Engine) -> AlertCollector:
+        """Counting the alerts stored in ``engine``'s database (whichever process raised them)."""
+        store = AlertStore(engine)
+        return cls(store.active)
 
     def collect(self) -> Iterator[Metric]:
         counts = Counter(

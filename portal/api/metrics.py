@@ -12,6 +12,7 @@ scope; Prometheus sends the token as ``Authorization: Bearer <t>``.
 | ``gpuportal_queue_length`` | gauge | tenant, reason |
 | ``gpuportal_allocated_units`` | gauge | tenant, flavor |
 | ``gpuportal_borrowed_units`` | gauge | tenant, flavor |
+| ``gpuportal_alerts`` | gauge (pending or firing) | rule, state, tenant |
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from portal.alerting.metrics import AlertCollector
 from portal.allocator import Allocator
 from portal.api.auth import Caller
 from portal.api.auth import Scope as PortalScope
@@ -79,6 +81,7 @@ class ServiceMetrics:
         for outcome in Outcome:  # every series exists from the start, at 0
             self.decisions.labels(outcome.value)
         self.registry.register(AllocatorCollector(alloc))
+        self.registry.register(AlertCollector.of_store(alloc.store.engine))
 
     def decided(self, outcome: Outcome, count: int = 1) -> None:
         self.decisions.labels(outcome.value).inc(count)

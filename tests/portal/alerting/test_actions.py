@@ -8,13 +8,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from policies.alerts import Alert, AlertKey, AlertState, Transition
 from portal.alerting.metrics import AlertCollector
+from portal.alerting.store import AlertStore
 from portal.alerting.webhook import WebhookAction
+from portal.api.metrics import ServiceMetrics
+from tests.portal.telemetry.conftest import make_portal
 
 
 @dataclass
@@ -134,3 +138,19 @@ def test_the_collector_counts_active_alerts_by_rule_state_and_tenant() -> None:
     assert 'gpuportal_alerts{rule="idle",state="pending",tenant="team-a"} 1.0' in text
     assert 'gpuportal_alerts{rule="xid",state="firing",tenant="team-a"} 1.0' in text
     assert "resolved" not in text
+
+
+def test_the_service_metrics_include_the_stored_active_alerts(tmp_path: Path) -> None:
+    p = make_portal(f"sqlite:///{tmp_path / 'portal.db'}")
+    try:
+        AlertStore(p.store.engine).save(
+            [
+                transition(AlertState.FIRING, AlertState.PENDING).alert,
+                transition(AlertState.RESOLVED, AlertState.FIRING, rule="xid").alert,
+            ]
+        )
+        text = ServiceMetrics(p.alloc).exposition().decode()
+    finally:
+        p.store.close()
+    assert 'gpuportal_alerts{rule="idle",state="firing",tenant="team-a"} 1.0' in text
+    assert 'rule="xid"' not in text
