@@ -11,6 +11,13 @@ whole GPUs, each slot for MIG) and keeps the best:
    cluster's fixed order, which packs load onto a stable prefix of nodes and keeps the rest
    whole for large requests (measured on openb: finer steps, down to FGD's ~40 milli, and
    coarser ones, 500, both strand more GPU).
+   **CPU stranding** joins Δ in the same milli unit: ``D(node) − D(node after)`` with
+   ``D = cpu_deficit`` (fragmentation.py), the idle GPU milli the node's free CPU could not feed
+   at the CPU-per-GPU-milli ratio of the learned GPU shapes. FGD's ``F`` only sees CPU when it
+   is already too short for the next request; ``D`` sees that a CPU-only pod taking 17 cores of
+   an empty 96-core 8-GPU node (ratio 10.9) leaves CPU for only 7 193 of its 8 000 milli, while
+   a 104-core 2-GPU node loses nothing — so CPU-heavy pods go where CPU is spare and GPUs keep
+   the CPU they will need. Measured on openb (seeds 42–44): 4.82 → see benchmarks/results.
 2. **Topology**, ahead of fragmentation for multi-GPU options: they rank by the weakest link of
    the set the device chooser picked on the node (NVSwitch > NVLink > PCIe switch > … > cross
    socket), then by whether the set sits on one socket (NUMA node); fragmentation only orders
@@ -20,11 +27,12 @@ whole GPUs, each slot for MIG) and keeps the best:
 3. **MIG**: an instance goes where the parent's remaining free slots still fit the most of
    the recently seen MIG profiles (weighted by frequency), existing instances before new ones.
 
-Single devices score ``100 · (0.8 · frag + 0.2)`` with ``frag = sigmoid(Δ / 1000)`` in (0, 1);
-multi-GPU options ``100 · (0.95 · rank / 13 + 0.05 · frag)`` with ``rank = 2 · link class +
-one-socket`` (at most 2 · 6 + 1 = 13). Example: on a node with free shares (1000, 300) against
-{0.5 GPU: 1}, a 0.2 share on GPU 1 leaves (1000, 100): F goes 300 → 100, Δ = 200, score =
-100 · (0.8 · sigmoid(0.2) + 0.2) = 63.99; on GPU 0 it leaves (800, 300): F stays 300, Δ = 0,
+Single devices and CPU-only options score ``100 · (0.8 · frag + 0.2)`` with
+``frag = sigmoid(Δ / 1000)`` in (0, 1); multi-GPU options ``100 · (0.95 · rank / 13 + 0.05 ·
+frag)`` with ``rank = 2 · link class + one-socket`` (at most 2 · 6 + 1 = 13). Example: on a
+node with free shares (1000, 300) against {0.5 GPU: 1}, a 0.2 share on GPU 1 leaves
+(1000, 100): F goes 300 → 100, Δ = 200, score = 100 · (0.8 · sigmoid(0.2) + 0.2) = 63.99; on
+GPU 0 it leaves (800, 300): F stays 300, Δ = 0,
 score = 100 · (0.8 · 0.5 + 0.2) = 60 — GPU 1 wins.
 """
 
@@ -35,7 +43,14 @@ from collections.abc import Sequence
 
 from policies import mig
 from policies.flavors import MILLI_PER_GPU
-from policies.placement.scorers.fragmentation import FragModel, Shape
+from policies.placement.scorers.fragmentation import (
+    FragModel,
+    Shape,
+    cpu_deficit,
+    cpu_per_milli,
+    key_after,
+    state_key,
+)
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest
 from policies.topology import LinkClass
@@ -83,8 +98,10 @@ class GpuPortal:
         drift: float = 0.02,
         weight_frag: float = 0.8,
         quantum: float = 200.0,
+        weight_cpu: float = 1.0,
     ) -> None:
         self.quantum = quantum
+        self.weight_cpu = weight_cpu
         self.decay = 0.5 ** (1.0 / half_life)
         self.coverage = coverage
         self.refresh_every = refresh_every
@@ -97,6 +114,7 @@ class GpuPortal:
         self._generation = 0
         self._dist: dict[Shape, float] = dict(PRIOR)
         self.frag = FragModel(PRIOR)
+        self.cpu_ratio = cpu_per_milli(PRIOR)
         self._mig_dist: dict[tuple[str, str], float] = {}
 
     # -- learning ------------------------------------------------------------------------
@@ -142,6 +160,7 @@ class GpuPortal:
             if moved > self.drift:
                 self._dist = dist
                 self.frag = FragModel(dist.items())
+                self.cpu_ratio = cpu_per_milli(dist.items())
                 self._generation += 1
         mig_total = sum(self._mig_hist.values())
         if mig_total > 0:
@@ -169,11 +188,16 @@ class GpuPortal:
     ) -> float:
         if option.mig_profile is not None:
             return self._mig(st, option)
-        delta = self.frag.node(st) - self.frag.after(st, option)
+        before, after = state_key(st), key_after(st, option)
+        delta = self.frag.value(before) - self.frag.value(after)
+        if self.weight_cpu and self.cpu_ratio > 0:
+            delta += self.weight_cpu * (
+                cpu_deficit(before, self.cpu_ratio) - cpu_deficit(after, self.cpu_ratio)
+            )
         if self.quantum > 0:
             delta = self.quantum * round(delta / self.quantum)
         frag = _sigmoid(delta / 1000.0)
-        if len(option.gpus) == 1:
+        if len(option.gpus) <= 1:  # one device, or CPU only
             return 100.0 * (self.weight_frag * frag + (1 - self.weight_frag))
         # Multi-GPU: link class first, then "on one socket", then fragmentation. The rank
         # steps (1/_RANKS of the range) are wider than the whole fragmentation term, so no

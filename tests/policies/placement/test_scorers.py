@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -15,7 +16,12 @@ from policies.placement.scorers import DEFAULT_POLICY, POLICIES, policy
 from policies.placement.scorers.bestfit import BestFit
 from policies.placement.scorers.dotprod import DotProd
 from policies.placement.scorers.fgd import FGD
-from policies.placement.scorers.fragmentation import FragModel, Shape
+from policies.placement.scorers.fragmentation import (
+    FragModel,
+    Shape,
+    cpu_deficit,
+    cpu_per_milli,
+)
 from policies.placement.scorers.gpu_packing import GpuPacking
 from policies.placement.scorers.gpuportal import GpuPortal
 from policies.placement.state import ClusterState, NodeState, Placement
@@ -157,6 +163,45 @@ def test_gpuportal_learns_from_observe_and_invalidates_caches() -> None:
         gp.observe(whole(8, 0), None)
     assert gp.cache_token() != token
     assert gp.distribution == {Shape(0, 1000, 8): 1.0}
+
+
+def test_cpu_deficit_arithmetic() -> None:
+    # Ratio: (0.5·12 000 + 0.5·2 000) / (0.5·1000 + 0.5·500) = 7 000 / 750; CPU-only shapes
+    # do not count, and without GPU shapes the ratio is 0.
+    mix = [(Shape(12_000, 1000, 1), 0.5), (Shape(2_000, 500, 1), 0.5), (Shape(9_000, 0, 0), 3.0)]
+    assert cpu_per_milli(mix) == pytest.approx(7_000 / 750)
+    assert cpu_per_milli([(Shape(9_000, 0, 0), 1.0)]) == 0.0
+    # 8 idle GPUs, 78 400m CPU, ratio 10.9: 78 400 / 10.9 = 7 192.7 milli fed → 807.3 stranded;
+    # 96 000m → 8 807 fed → 0; ratio 0 → 0.
+    eight = (1000,) * 8
+    assert cpu_deficit((78_400, "G2", eight), 10.9) == pytest.approx(8000 - 78_400 / 10.9)
+    assert cpu_deficit((96_000, "G2", eight), 10.9) == 0.0
+    assert cpu_deficit((0, "G2", eight), 0.0) == 0.0
+
+
+def test_gpuportal_puts_cpu_heavy_pods_where_cpu_is_spare() -> None:
+    # Learned mix: one GPU with 11 000m CPU → ratio 11. A 17-core CPU-only pod on the 96-core
+    # 8-GPU node (first in order) leaves 79 000 / 11 = 7 182 of its 8 000 milli fed: D goes
+    # 0 → 818, Δ = −818 → −800 after rounding. On the 104-core 2-GPU node D stays 0 (Δ = 0),
+    # so it wins; F sees no difference (11 cores still fit on both), so without the CPU term
+    # the tie goes to the first node.
+    cl = ClusterState([node("big", gpus=8, cpu=96_000), node("cpu-rich", gpus=2, cpu=104_000)])
+    cpu_pod = DeviceRequest(cpu_milli=17_000)
+    picks = {}
+    for weight in (1.0, 0.0):
+        gp = GpuPortal(refresh_every=1, weight_cpu=weight)
+        for _ in range(4):
+            gp.observe(whole(1, 11_000), None)
+        assert gp.cpu_ratio == pytest.approx(11.0)
+        big = gp.score(cpu_pod, cl.node("big"), Placement("big", cpu_milli=17_000), cl)
+        rich = gp.score(cpu_pod, cl.node("cpu-rich"), Placement("cpu-rich", cpu_milli=17_000), cl)
+        if weight:
+            assert big == pytest.approx(100 * (0.8 * (1 / (1 + math.exp(0.8))) + 0.2))
+            assert rich == pytest.approx(60.0)
+        got = place(cpu_pod, cl, Policy("gpuportal", [(gp, 1.0)]))
+        assert not isinstance(got, NoFit)
+        picks[weight] = got.node
+    assert picks == {1.0: "cpu-rich", 0.0: "big"}
 
 
 def test_registry() -> None:
