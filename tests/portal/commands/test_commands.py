@@ -4,12 +4,18 @@ exit codes and the server's messages."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from portal.cli import run
 from tests.portal.client.conftest import Served
 from tests.portal.commands.conftest import Gpuportal
+
+GPUPORTAL = Path(sys.executable).parent / "gpuportal"
 
 
 def lines(text: str) -> list[str]:
@@ -222,3 +228,23 @@ def test_tenants_set_creates_then_changes_only_what_is_given(gpuportal: Gpuporta
     refused = gpuportal("tenants", "set", "team-a", "--weight", "9", token="anna")
     assert refused.code == 2
     assert "admin" in refused.err
+
+
+def test_the_console_script_prints_a_table_and_exits_2_on_errors(portal_server: Served) -> None:
+    env = {**os.environ, "GPUPORTAL_URL": portal_server.url, "JUPYTERHUB_API_TOKEN": "alice"}
+    ok = subprocess.run(
+        [str(GPUPORTAL), "usage"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split("\n")[1].split()[:3] == ["team-a", "H100-80GB", "0"]
+    refused = subprocess.run(
+        [str(GPUPORTAL), "usage", "--tenant", "team-b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("gpuportal usage: error: ")
+    assert "team-b" in refused.stderr
