@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from policies.errors import InvalidRequest
 from policies.requests import WorkloadKind
 from portal.commands.common import add_connection_options, call, cell, duration, print_json, table
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
-    from portal.api.schemas import AllocationOut, WorkloadOut
+    from portal.api.schemas import AllocationOut, DevicesIn, WorkloadOut
     from portal.client import Portal
 
 LIVE_STATES = [s.value for s in WorkloadState if not s.terminal]
@@ -39,14 +40,17 @@ def register(commands: Any) -> None:
         help="ask for GPUs: allocated now, or queued with reason, position and ETA",
         description=(
             "Request devices charged to TENANT. FLAVOR is a whole-GPU model (H100-80GB, with "
-            "--count), a MIG profile (H100-80GB/3g.40gb) or a share (T4/share, with --milli). "
+            "--count), a MIG profile (H100-80GB/3g.40gb) or a share (T4/share, with --milli); "
+            "or --option KEY asks for one of `gpuportal offers TENANT` (what the spawn page "
+            "offers). "
             "Prints the workload: running with its devices, or queued with why. A retry with "
             "the same --idempotency-key allocates once. With --wait the exit code is 0 only if "
             "it runs by then."
         ),
     )
     req.add_argument("tenant", help="the tenant charged (you must be a member)")
-    req.add_argument("flavor", help="H100-80GB, H100-80GB/3g.40gb, T4/share, ...")
+    req.add_argument("flavor", nargs="?", help="H100-80GB, H100-80GB/3g.40gb, T4/share, ...")
+    req.add_argument("--option", default=None, metavar="KEY", help="an offer's key, e.g. cpu")
     req.add_argument("--count", type=int, default=1, help="whole GPUs per member (default 1)")
     req.add_argument("--milli", type=int, default=0, help="share of one GPU, 1..999 (share)")
     req.add_argument("--gpu-memory-mib", type=int, default=0, help="GPU memory of a share, MiB")
@@ -141,11 +145,28 @@ def list_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offered(portal: Portal, tenant: str, key: str) -> DevicesIn:
+    """The devices of the offer ``key`` (as the spawn page would request them)."""
+    offers = {o.key: o.devices for o in portal.offers(tenant)}
+    if key not in offers:
+        raise InvalidRequest("--option", repr(key), f"one of {', '.join(sorted(offers))}")
+    return offers[key]
+
+
 def request_workload(args: argparse.Namespace) -> int:
+    if (args.flavor is None) == (args.option is None):
+        raise InvalidRequest(
+            "FLAVOR",
+            f"{args.flavor or 'missing'} with --option {args.option}" if args.option else "missing",
+            "either a flavor (H100-80GB, H100-80GB/3g.40gb, T4/share) or --option KEY",
+        )
+
     def ask(portal: Portal) -> WorkloadOut:
+        devices = None if args.option is None else _offered(portal, args.tenant, args.option)
         w = portal.request(
             args.tenant,
             args.flavor,
+            devices=devices,
             count=args.count,
             milli=args.milli,
             gpu_memory_mib=args.gpu_memory_mib,

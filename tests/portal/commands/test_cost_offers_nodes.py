@@ -94,3 +94,24 @@ def test_nodes_table(gpuportal: Gpuportal) -> None:
     assert [c[-1] for c in cells] == ["yes", "yes", "yes"]
     data = json.loads(gpuportal("nodes", "--json").out)
     assert [n["name"] for n in data] == ["n1", "n2", "t1"]
+
+
+def test_request_an_offer_by_its_key(gpuportal: Gpuportal) -> None:
+    ran = gpuportal(
+        "workloads", "request", "team-a", "--option", "gpu:H100-80GB:2", "--json", token="alice"
+    )
+    assert ran.code == 0, ran.err
+    w = json.loads(ran.out)
+    assert (w["state"], [len(a["gpus"]) for a in w["allocations"]]) == ("running", [2])
+    one = gpuportal("workloads", "request", "team-a", "--option", "gpu:H100-80GB:1", "--json")
+    assert json.loads(one.out)["state"] == "queued"  # team-a's 2 GPUs are in use
+    unknown = gpuportal("workloads", "request", "team-a", "--option", "gpu:H100-80GB:3")
+    assert unknown.code == 2
+    assert "invalid --option 'gpu:H100-80GB:3': expected one of cpu, gpu:H100-80GB:1" in (
+        unknown.err
+    )
+    both = gpuportal("workloads", "request", "team-a", "H100-80GB", "--option", "cpu")
+    neither = gpuportal("workloads", "request", "team-a")
+    assert (both.code, neither.code) == (2, 2)
+    assert "either a flavor" in both.err
+    assert "invalid FLAVOR missing" in neither.err
