@@ -297,11 +297,26 @@ class Binder:
                 return
             raise
         log.info("binder: bound %s to %s (workload %s)", pod, decision.node, decision.workload_id)
+        # Like the kube-scheduler's: KubeSpawner shows it on the spawn page.
+        message = (
+            f"Successfully assigned {pod} to {decision.node} "
+            f"(gpuportal workload {decision.workload_id})"
+        )
+        try:
+            self._event(pod, "Scheduled", "Normal", message)
+        except ApiException as e:  # the pod is bound; a lost Event is only a lost message
+            log.warning("binder: no Scheduled event for %s: %s", pod, _status_message(e))
 
     def _post_event(self, decision: Hold) -> None:
-        pod = decision.pod
+        if self._event(
+            decision.pod, str(decision.reason), decision.reason.event_type, decision.message
+        ):
+            log.info("binder: holding %s: %s", decision.pod, decision.message)
+
+    def _event(self, pod: PodView, reason: str, kind: str, message: str) -> bool:
+        """Post an Event on ``pod``; False when one for this pod and reason exists already."""
         now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        name = f"{pod.name}.{pod.uid[:8]}.{decision.reason.lower()}"
+        name = f"{pod.name}.{pod.uid[:8]}.{reason.lower()}"
         event: Any = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -313,9 +328,9 @@ class Binder:
                 "namespace": pod.namespace,
                 "uid": pod.uid,
             },
-            "reason": str(decision.reason),
-            "message": decision.message,
-            "type": decision.reason.event_type,
+            "reason": reason,
+            "message": message,
+            "type": kind,
             "source": {"component": EVENT_SOURCE},
             "reportingComponent": EVENT_SOURCE,
             "reportingInstance": self._instance,
@@ -327,6 +342,6 @@ class Binder:
             self._core.create_namespaced_event(pod.namespace, event, _preload_content=False)
         except ApiException as e:
             if e.status == 409:
-                return  # posted by an earlier pass: the pod is still held for the same reason
+                return False  # posted by an earlier pass
             raise
-        log.info("binder: holding %s: %s", pod, decision.message)
+        return True

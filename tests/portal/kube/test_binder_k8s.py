@@ -222,6 +222,17 @@ def test_binder_binds_a_gpu_pod_to_the_allocators_node_and_it_runs(
 
     # A second pass finds nothing to do: bound pods are not pending any more.
     assert binder.bind_pending().bound == ()
+    # Told like the kube-scheduler tells it (KubeSpawner shows pod Events while starting).
+    events = events_of(core, namespace, "jupyter-alice")
+    scheduled = [e for e in events if e.reason == "Scheduled"]
+    assert [(e.type, e.source.component, e.message) for e in scheduled] == [
+        (
+            "Normal",
+            "gpuportal-binder",
+            f"Successfully assigned {namespace}/jupyter-alice to {chosen} "
+            f"(gpuportal workload {status.id})",
+        )
+    ]
     delete_and_wait(core, namespace, "jupyter-alice")
 
 
