@@ -230,6 +230,9 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
         """``user_options`` checked against the live offers; raises ``web.HTTPError`` 400
         (invalid) or 403 (forbidden) with the reason, or 503 if the portal does not answer."""
         try:
+            quick = await self._quick_choice(user_options)
+            if quick is not None:
+                return quick
             tenants = await self.tenant_offers()
             return forms.choose(
                 user_options,
@@ -239,6 +242,30 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
             )
         except PortalError as exc:
             raise _http_error(exc) from exc
+
+    async def _quick_choice(self, user_options: Mapping[str, Any]) -> forms.Choice | None:
+        """The common case on the spawn path, decided with one offer: well-formed options
+        naming one of the user's groups (or the only one) and an option the operator offers.
+        None when anything is off: the full check then says what and why."""
+        groups = self.user_groups()
+        tenant, key = user_options.get("tenant") or "", user_options.get("option")
+        if not tenant and len(groups) == 1:
+            tenant = groups[0]
+        offered = not self.offered_options or key in self.offered_options
+        if set(user_options) - set(forms.USER_OPTION_KEYS) or tenant not in groups:
+            return None
+        if not isinstance(key, str) or not offered:
+            return None
+        async with self.portal() as portal:
+            try:
+                got = await portal.offers(tenant, [key])
+            except NotFound:
+                return None
+        picked = {"tenant": tenant, "option": key}
+        try:
+            return forms.choose(picked, [tenant], {tenant: got}, user=self.user.name)
+        except PortalError:
+            return None
 
     # ------------------------------------------------------------------ lifecycle
 

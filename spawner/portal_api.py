@@ -7,8 +7,9 @@ membership of the tenant, which the spawner checks against the user's hub groups
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from portal.api.offers import OfferOut
 from portal.api.schemas import DevicesIn, WorkloadOut
@@ -16,8 +17,11 @@ from portal.client.aio import AsyncPortal
 from portal.client.core import API, Call, Op, checked, one
 
 
-def _offers(tenant: str) -> Op[list[OfferOut]]:
-    call = Call("GET", f"{API}/tenants/{quote(tenant, safe='')}/offers", idempotent=True)
+def _offers(tenant: str, keys: Sequence[str] | None) -> Op[list[OfferOut]]:
+    path = f"{API}/tenants/{quote(tenant, safe='')}/offers"
+    if keys is not None:
+        path += "?" + urlencode([("option", k) for k in keys])
+    call = Call("GET", path, idempotent=True)
     response = yield call
     body: list[Any] = checked(response)
     return [OfferOut.model_validate(item) for item in body]
@@ -51,9 +55,10 @@ class SpawnerPortal(AsyncPortal):
     async def __aenter__(self) -> SpawnerPortal:
         return self
 
-    async def offers(self, tenant: str) -> list[OfferOut]:
-        """Every option for ``tenant`` with its state (``GET /tenants/{tenant}/offers``)."""
-        return await self._run(_offers(tenant))
+    async def offers(self, tenant: str, keys: Sequence[str] | None = None) -> list[OfferOut]:
+        """Every option for ``tenant`` with its state (``GET /tenants/{tenant}/offers``); only
+        the options named in ``keys`` when given."""
+        return await self._run(_offers(tenant, keys))
 
     async def request_for(
         self, owner: str, tenant: str, devices: DevicesIn, *, name: str, idempotency_key: str

@@ -153,13 +153,20 @@ def find(options: Iterable[Option], key: str) -> Option:
         raise InvalidRequest("GPU option", repr(key), "one of " + ", ".join(by_key)) from None
 
 
-def offers(alloc: Allocator, tenant: str, options: Iterable[Option] | None = None) -> list[Offer]:
-    """Decide every option (default: the inventory's catalogue) for ``tenant``.
+def offers(
+    alloc: Allocator,
+    tenant: str,
+    options: Iterable[Option] | None = None,
+    *,
+    keys: frozenset[str] | None = None,
+) -> list[Offer]:
+    """Decide every option (default: the inventory's catalogue) for ``tenant``; only those
+    named in ``keys`` when given (unknown keys are skipped).
 
     Raises:
         NotFound: no such tenant.
     """
-    return alloc.inspect(lambda cluster: _decide_all(alloc, cluster, tenant, options))
+    return alloc.inspect(lambda cluster: _decide_all(alloc, cluster, tenant, options, keys))
 
 
 @dataclass(slots=True)
@@ -186,11 +193,17 @@ def _inventory_view(alloc: Allocator) -> _Cached:
 
 
 def _decide_all(
-    alloc: Allocator, cluster: ClusterState, tenant: str, options: Iterable[Option] | None
+    alloc: Allocator,
+    cluster: ClusterState,
+    tenant: str,
+    options: Iterable[Option] | None,
+    keys: frozenset[str] | None,
 ) -> list[Offer]:
     rec = alloc._tenant(tenant)
     view = _inventory_view(alloc)
     opts = list(options) if options is not None else view.options
+    if keys is not None:
+        opts = [o for o in opts if o.key in keys]
     now = alloc._clock()
     ctx = PlacementContext(pools=frozenset(rec.pools), avoid=alloc._reserved)
     reachable = view.reachable.get(ctx.pools)

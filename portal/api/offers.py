@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import Field
 
 from portal.allocator import Allocator
@@ -97,7 +97,18 @@ def list_offers(
     tenant: Annotated[str, Path(max_length=63, description="The tenant (a JupyterHub group).")],
     caller: Annotated[Caller, requires(Scope.QUEUE_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
+    option: Annotated[
+        list[str] | None,
+        Query(
+            max_length=64,
+            description=(
+                "Only these option keys (repeatable; unknown keys are left out of the answer). "
+                "Absent: every option."
+            ),
+        ),
+    ] = None,
 ) -> list[OfferOut]:
     """Every option of the inventory's catalogue, decided for ``tenant`` (queue:read on it)."""
     caller.require(Scope.QUEUE_READ, tenant)
-    return [offer_out(o) for o in decide.offers(alloc, tenant)]
+    keys = frozenset(option) if option is not None else None
+    return [offer_out(o) for o in decide.offers(alloc, tenant, keys=keys)]

@@ -43,6 +43,16 @@ def test_a_member_sees_each_option_with_its_state(client: TestClient) -> None:
     assert "2/2 gpus in use" in str(one["message"])
 
 
+def test_offers_can_be_asked_for_named_options_only(client: TestClient) -> None:
+    r = client.get(
+        "/api/v1/tenants/team-a/offers",
+        params=[("option", "gpu:H100-80GB:2"), ("option", "cpu"), ("option", "nope")],
+        headers=auth("alice"),
+    )
+    assert r.status_code == 200, r.text
+    assert [o["key"] for o in r.json()] == ["gpu:H100-80GB:2", "cpu"]
+
+
 def test_the_offer_devices_are_a_valid_workload_request(client: TestClient) -> None:
     offer = offers(client, "team-a", "alice")["gpu:H100-80GB:2"]
     body = {"tenant": "team-a", "name": "from-offer", "devices": offer["devices"]}
