@@ -213,7 +213,8 @@ class GPUKubeSpawner(GPUPortalMixin, KubeSpawner):  # type: ignore[misc]
                 "kind": "Pod",
                 "name": meta["name"],
                 "uid": meta["uid"],
-                "blockOwnerDeletion": True,
+                # No blockOwnerDeletion: where OwnerReferencesPermissionEnforcement runs it
+                # would need update on pods/finalizers, more than the hub's role grants.
                 "controller": False,
             }
         ]
