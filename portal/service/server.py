@@ -79,9 +79,13 @@ def plan(settings: Settings, environ: Mapping[str, str]) -> Plan:
     service_url = environ.get("JUPYTERHUB_SERVICE_URL")
     if service_url:
         parts = urlsplit(service_url)
-        if not parts.hostname:
+        try:
+            port = parts.port or 80
+        except ValueError:  # a port out of range or not a number
+            port = 0
+        if not parts.hostname or not port:
             raise InvalidRequest("JUPYTERHUB_SERVICE_URL", repr(service_url), "http://HOST:PORT")
-        ip, port = parts.hostname, parts.port or 80
+        ip = parts.hostname
     prefix = settings.service_prefix or environ.get("JUPYTERHUB_SERVICE_PREFIX") or "/"
     if not prefix.startswith("/") or "//" in prefix:
         raise InvalidRequest(

@@ -61,6 +61,12 @@ def test_without_a_tokens_file_or_a_hub_it_refuses_to_serve() -> None:
         plan(load_settings(), {"JUPYTERHUB_API_URL": "http://hub/api"})  # no hub token
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://:80", "nonsense"])
+def test_a_malformed_hub_service_url_is_named(url: str) -> None:
+    with pytest.raises(InvalidRequest, match="JUPYTERHUB_SERVICE_URL"):
+        plan(load_settings(), {**HUB_ENV, "JUPYTERHUB_SERVICE_URL": url})
+
+
 @pytest.mark.parametrize("prefix", ["services/x", "/a//b"])
 def test_a_prefix_must_be_an_absolute_path(prefix: str) -> None:
     with pytest.raises(InvalidRequest, match="GPUPORTAL_SERVICE_PREFIX"):
