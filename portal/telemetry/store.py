@@ -39,7 +39,7 @@ from sqlalchemy.sql import ColumnElement
 from policies.alerts.samples import ShareKind
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU
-from portal.store.db import RawStatement, RawTransaction, compile_raw, raw_write
+from portal.store.db import RawStatement, compile_raw, raw_write
 from portal.telemetry.attribution import AllocationIndex, Holder
 from portal.telemetry.tables import (
     DIRTY,
@@ -134,12 +134,10 @@ class TelemetryStore:
         self._insert_samples = ignore(SAMPLES, _SAMPLE_COLUMNS)
         self._insert_workload_samples = ignore(WORKLOAD_SAMPLES, _WORKLOAD_COLUMNS)
         self._insert_dirty = ignore(DIRTY, ["step_s", "bucket_ms"])
-        # PostgreSQL: one statement per table and batch, the rows as one array per column
-        # (``unnest``); executemany costs a round trip and a pipeline sync per row.
-        self._unnest: dict[str, str] = {}
-        if dialect.name == "postgresql":
-            for table in (SAMPLES, WORKLOAD_SAMPLES, DIRTY):
-                self._unnest[table.name] = _unnest_insert(table)
+        # PostgreSQL: one statement per batch, the rows as one array per column (``unnest``),
+        # the three inserts as data-modifying CTEs: one round trip where executemany costs one
+        # (and a pipeline sync) per row.
+        self._pg_insert = _unnest_inserts() if dialect.name == "postgresql" else None
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -183,10 +181,18 @@ class TelemetryStore:
         if b.rows:
             dirty = [(MINUTE_S, m) for m in sorted(b.minutes)]
             with raw_write(self.engine) as tx:
-                if self._unnest:
-                    inserted = self._insert_unnest(tx, SAMPLES, b.rows)
-                    self._insert_unnest(tx, WORKLOAD_SAMPLES, b.workload_rows)
-                    self._insert_unnest(tx, DIRTY, dirty)
+                if self._pg_insert is not None:
+                    params = [
+                        column
+                        for rows, table in (
+                            (b.rows, SAMPLES),
+                            (b.workload_rows, WORKLOAD_SAMPLES),
+                            (dirty, DIRTY),
+                        )
+                        for column in _columns(rows, len(table.columns))
+                    ]
+                    tx.cursor.execute(self._pg_insert, params)
+                    inserted = int(tx.cursor.fetchone()[0])
                 else:
                     tx.executemany_values(self._insert_samples, b.rows)
                     inserted = max(tx.cursor.rowcount, 0)
@@ -200,13 +206,6 @@ class TelemetryStore:
             rejected=b.rejected,
             rejections=b.rejections,
         )
-
-    def _insert_unnest(self, tx: RawTransaction, table: Table, rows: list[tuple[Any, ...]]) -> int:
-        if not rows:
-            return 0
-        columns = [list(c) for c in zip(*rows, strict=True)]
-        tx.cursor.execute(self._unnest[table.name], columns)
-        return max(int(tx.cursor.rowcount), 0)
 
     # -- roll-ups and retention -------------------------------------------------------------
 
@@ -356,15 +355,26 @@ class TelemetryStore:
 _PG_TYPES = {"STRING": "text", "BIGINTEGER": "int8", "INTEGER": "int4", "FLOAT": "float8"}
 
 
-def _unnest_insert(table: Table) -> str:
-    """``INSERT … SELECT * FROM unnest(%s::type[], …) ON CONFLICT DO NOTHING`` for ``table``."""
-    names = [c.name for c in table.columns]
-    arrays = ", ".join(f"%s::{_PG_TYPES[type(c.type).__name__.upper()]}[]" for c in table.columns)
-    key = ", ".join(c.name for c in table.primary_key.columns)
-    return (
-        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) "
-        f"ON CONFLICT ({key}) DO NOTHING"
-    )
+def _unnest_inserts() -> str:
+    """One PostgreSQL statement inserting raw, workload and dirty rows, each given as one array
+    per column, skipping rows already there; it returns how many raw rows were new."""
+    parts = []
+    for alias, table in (("s", SAMPLES), ("w", WORKLOAD_SAMPLES), ("d", DIRTY)):
+        names = ", ".join(c.name for c in table.columns)
+        arrays = ", ".join(
+            f"%s::{_PG_TYPES[type(c.type).__name__.upper()]}[]" for c in table.columns
+        )
+        key = ", ".join(c.name for c in table.primary_key.columns)
+        parts.append(
+            f"{alias} AS (INSERT INTO {table.name} ({names}) SELECT * FROM unnest({arrays}) "
+            f"ON CONFLICT ({key}) DO NOTHING RETURNING 1)"
+        )
+    return "WITH " + ", ".join(parts) + " SELECT count(*) FROM s"
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as one list per column (``width`` empty lists for no rows)."""
+    return [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
 def _weighted(avg: ColumnElement[Any], n: ColumnElement[Any]) -> ColumnElement[Any]:
