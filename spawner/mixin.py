@@ -169,6 +169,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
     _queued = False
     _events_changed: asyncio.Event | None = None
     _backend_start_timeout: float | None = None
+    _raised_start_timeout: int | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -278,15 +279,21 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
             return QUEUED
         return got
 
-    def run_pre_spawn_hook(self) -> Any:
+    async def run_pre_spawn_hook(self) -> None:
         # The hub bounds start() by start_timeout, read right after this hook: make room for
-        # the queue wait, and keep the configured value for the backend's own start.
-        if self._backend_start_timeout is None:
-            self._backend_start_timeout = float(getattr(self, "start_timeout", 60))
-        setattr(self, "start_timeout", int(self.max_queue_wait + self._backend_start_timeout))  # noqa: B010
+        # the queue wait, and keep the configured value (or the one an operator's
+        # pre_spawn_hook just set) for the backend's own start.
+        got = super().run_pre_spawn_hook()
+        if asyncio.iscoroutine(got) or isinstance(got, asyncio.Future):
+            await got
+        current = float(getattr(self, "start_timeout", 60))
+        if self._raised_start_timeout is None or current != self._raised_start_timeout:
+            self._backend_start_timeout = current
+        backend = self._backend_start_timeout or current
+        self._raised_start_timeout = int(self.max_queue_wait + backend)
+        setattr(self, "start_timeout", self._raised_start_timeout)  # noqa: B010
         self._events = []
         self._events_changed = asyncio.Event()
-        return super().run_pre_spawn_hook()
 
     async def start(self) -> Any:
         choice = await self.checked_choice(self.user_options)

@@ -50,6 +50,8 @@ tenants:
 GROUPS = {"team-a": ["alice", "anna"], "team-b": ["bob", "bea"]}
 SHORT_WAIT_USER = "bea"
 SHORT_WAIT_S = 3
+SHORT_START_USER = "anna"  # her server must start within 5 s; her queue waits are longer
+SHORT_START_S = 5
 
 
 @dataclass
@@ -178,12 +180,15 @@ def portal_hub_config(
             "GPUPortalMixin.queue_poll_interval": 0.3,
             "JupyterHub.cleanup_servers": False,
         }
-        # One user whose spawns may wait only a few seconds in the queue.
+        # One user whose spawns may wait only a few seconds in the queue, one whose server
+        # has only a few seconds to start (a queue wait must not count against that).
         short_wait = (
-            "def _short_wait(spawner):\n"
+            "def _short_waits(spawner):\n"
             f"    if spawner.user.name == {SHORT_WAIT_USER!r}:\n"
             f"        spawner.max_queue_wait = {SHORT_WAIT_S}\n"
-            "c.Spawner.pre_spawn_hook = _short_wait\n"
+            f"    if spawner.user.name == {SHORT_START_USER!r}:\n"
+            f"        spawner.start_timeout = {SHORT_START_S}\n"
+            "c.Spawner.pre_spawn_hook = _short_waits\n"
         )
         return "".join(f"c.{k} = {v!r}\n" for k, v in settings.items()) + short_wait + extra
 

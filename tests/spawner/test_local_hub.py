@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.spawner.conftest import PASSWORD, PortalHub
+from tests.spawner.conftest import PASSWORD, SHORT_START_S, PortalHub
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
@@ -56,6 +57,9 @@ def test_spawn_is_pinned_queues_with_progress_and_starts_when_the_first_stops(
     assert "estimated wait" in queued["message"]
     (waiting,) = ph.portal("/queue?tenant=team-a")["items"]
     assert (waiting["owner"], waiting["reason"], waiting["position"]) == ("anna", "quota", 1)
+    # anna's start_timeout is 5 s: waiting longer in the queue does not fail her spawn.
+    time.sleep(SHORT_START_S + 2)
+    assert ph.server("anna").get("pending") == "queued"
 
     # 3. Stopping alice's server releases her GPU; anna's spawn then starts on it.
     ph.stop("alice")
