@@ -166,6 +166,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
     allocation: GPUAllocation | None = None
     workload_id: str | None = None
     spawn_key: str | None = None
+    spawn_for: str | None = None  # "<tenant>/<option key>" the spawn key was made for
     _queued = False
     _events_changed: asyncio.Event | None = None
     _backend_start_timeout: float | None = None
@@ -314,8 +315,17 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
 
     async def _allocate(self, choice: forms.Choice) -> WorkloadOut:
         """Request the devices and wait until they are allocated, reporting the queue."""
+        wanted = f"{choice.tenant}/{choice.offer.key}"
+        if self.spawn_key is not None and self.spawn_for != wanted:
+            # A spawn interrupted (hub restart) left a request for something else: withdraw it.
+            await self._release(f"replaced by a request for {wanted}")
+            if self.spawn_key is not None:
+                raise web.HTTPError(
+                    503, "The GPU portal did not withdraw this server's earlier request; retry"
+                )
         if self.spawn_key is None:
             self.spawn_key = f"{self.user.name}/{self.name or 'default'}/{uuid.uuid4().hex}"
+            self.spawn_for = wanted
         started = time.monotonic()
         last = ""
         try:
@@ -406,6 +416,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
     def _forget(self) -> None:
         self.workload_id = None
         self.spawn_key = None
+        self.spawn_for = None
         self.allocation = None
 
     # ------------------------------------------------------------------ progress
@@ -444,6 +455,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
             ours["workload_id"] = self.workload_id
         if self.spawn_key:
             ours["spawn_key"] = self.spawn_key
+            ours["spawn_for"] = self.spawn_for
         if self.allocation is not None:
             ours["allocation"] = self.allocation.to_state()
         if ours:
@@ -455,6 +467,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
         ours = state.get(STATE_KEY) or {}
         self.workload_id = ours.get("workload_id")
         self.spawn_key = ours.get("spawn_key")
+        self.spawn_for = ours.get("spawn_for")
         got = ours.get("allocation")
         self.allocation = GPUAllocation.from_state(got) if got else None
 

@@ -173,3 +173,15 @@ def test_hub_restart_keeps_allocations_and_queue_places(portal_hub: PortalHub) -
     ph.stop("alice")
     ph.wait_ready("anna")
     assert [w["owner"] for w in workloads(ph)] == ["anna"]
+
+    # alice queues behind anna; after another restart she asks for something else: her old
+    # request is withdrawn, not left in the queue, and the new one runs.
+    assert ph.spawn("alice", A100).status_code in (201, 202)
+    ph.wait(lambda: ph.portal("/queue")["total"] == 1, "alice queued")
+    (old,) = ph.portal("/queue")["items"]
+    ph.hub.restart()
+    assert ph.spawn("alice", {"option": "share:T4:250"}).status_code in (201, 202)
+    ph.wait_ready("alice")
+    assert ph.portal(f"/workloads/{old['workload_id']}")["state"] == "cancelled"
+    assert ph.portal("/queue")["total"] == 0
+    assert ph.server_env("alice")["GPUPORTAL_FLAVOR"] == "T4/share"
