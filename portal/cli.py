@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+from dashboards.command import register as register_dashboards
 from policies.errors import PortalError
 from portal.agent import command as agent_command
 from portal.commands import register as register_api_commands
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_command.register(commands)
     register_hub_roles(commands)
     register_api_commands(commands)
+    register_dashboards(commands)
     return parser
 
 
