@@ -1,6 +1,7 @@
 """Telemetry ingest cost: N GPUs reporting every 10 s through the real ingest path.
 
-``python -m benchmarks.ingest [--gpus 10000] [--interval 10] [--minutes 3] [--db-url URL]``
+``python -m benchmarks.ingest [--gpus 10000] [--interval 10] [--minutes 3] [--db-url URL |
+--postgres]``
 builds N H100 GPUs as 8-GPU nodes, allocates about half of them to workloads (so attribution
 does real work), then replays ``--minutes`` of simulated time: every ``--interval`` seconds each
 node sends one batch of its 8 samples as JSON bytes, and the portal parses and validates it
@@ -9,13 +10,15 @@ rolls up the closed minutes once a simulated minute (``Telemetry.maintain``).
 
 The figure is CPU seconds of this process (every thread, the SQLite checkpointer included) per
 simulated wall second: the fraction of one core the portal spends keeping up. Building the JSON
-(the agents' work) is done before the clock starts.
+(the agents' work) is done before the clock starts. ``--postgres`` starts a throwaway local
+PostgreSQL server (durable: fsync on) and also reports the CPU its processes spent.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -48,9 +51,7 @@ def build(url: str, gpus: int) -> tuple[Store, Allocator, list[Node]]:
     nodes = [
         Node(
             f"n{i}",
-            tuple(
-                GPU(g, "H100-80GB", 81920, uuid=f"GPU-n{i}-{g}") for g in range(GPUS_PER_NODE)
-            ),
+            tuple(GPU(g, "H100-80GB", 81920, uuid=f"GPU-n{i}-{g}") for g in range(GPUS_PER_NODE)),
             cpu_milli=128_000,
             memory_mib=1_048_576,
             topology=Topology.uniform(GPUS_PER_NODE, LinkClass.NVSWITCH),
@@ -95,28 +96,50 @@ def payloads(nodes: Sequence[Node], at: float) -> list[bytes]:
     return out
 
 
-def run(url: str, gpus: int, interval_s: float, minutes: int) -> dict[str, float]:
+def server_cpu_s(data_dir: Path | None) -> float:
+    """CPU seconds of a PostgreSQL server's postmaster and its children (Linux /proc)."""
+    if data_dir is None:
+        return 0.0
+    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if postmaster in (pid, ppid):
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def run(
+    url: str, gpus: int, interval_s: float, minutes: int, pg_data: Path | None = None
+) -> dict[str, float]:
     store, alloc, nodes = build(url, gpus)
     clock = SimClock(START)
     telemetry = Telemetry(alloc, clock=clock)
     rounds = int(minutes * 60 / interval_s)
     accepted = 0
-    cpu = wall = 0.0
+    cpu = wall = db_cpu = 0.0
     try:
         for r in range(rounds):
             at = START + r * interval_s
             raw = payloads(nodes, at)  # the agents' work, not timed
             clock.now = at + 1.0
-            c0, w0 = time.process_time(), time.perf_counter()
+            c0, w0, d0 = time.process_time(), time.perf_counter(), server_cpu_s(pg_data)
             for body in raw:
                 accepted += telemetry.ingest(SampleBatch.model_validate_json(body)).accepted
             if int(at) % 60 + interval_s >= 60:  # once a simulated minute
                 telemetry.maintain()
             cpu += time.process_time() - c0
             wall += time.perf_counter() - w0
+            db_cpu += server_cpu_s(pg_data) - d0
     finally:
         store.close()
     simulated = rounds * interval_s
+    extra = {"db_server_cpu_s": db_cpu, "db_server_core_fraction": db_cpu / simulated}
     return {
         "gpus": gpus,
         "samples": accepted,
@@ -125,6 +148,7 @@ def run(url: str, gpus: int, interval_s: float, minutes: int) -> dict[str, float
         "wall_s": wall,
         "core_fraction": cpu / simulated,
         "cpu_us_per_sample": cpu / accepted * 1e6,
+        **(extra if pg_data is not None else {}),
     }
 
 
@@ -134,13 +158,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--minutes", type=int, default=3, help="simulated minutes")
     parser.add_argument("--db-url", default="", help="default: SQLite in a temporary directory")
+    parser.add_argument("--postgres", action="store_true", help="a throwaway local PostgreSQL")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db_url or f"sqlite:///{Path(tmp) / 'portal.db'}"
-        result = run(url, args.gpus, args.interval, args.minutes)
+        if args.postgres:
+            from tests.support.postgres import start_server, stop_server
+
+            server = start_server(durable=True)
+            try:
+                url = server.url(server.create_database("ingest"))
+                result = run(url, args.gpus, args.interval, args.minutes, server.root / "data")
+            finally:
+                stop_server(server)
+        else:
+            result = run(url, args.gpus, args.interval, args.minutes)
     engine = url.split(":", 1)[0]
-    print(f"machine: {platform.machine()}, {platform.python_implementation()} "
-          f"{platform.python_version()}, database {engine}")
+    print(
+        f"machine: {platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}, database {engine}"
+    )
     for key, value in result.items():
         print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
     print(
