@@ -6,7 +6,8 @@ builds N H100 GPUs as 8-GPU nodes, allocates about half of them to workloads (so
 does real work), then replays ``--minutes`` of simulated time: every ``--interval`` seconds each
 node sends one batch of its 8 samples as JSON bytes, and the portal parses and validates it
 (``SampleBatch.model_validate_json``), attributes and stores it (``Telemetry.ingest``), and
-rolls up the closed minutes once a simulated minute (``Telemetry.maintain``).
+rolls up the closed minutes once a simulated minute (``Telemetry.maintain``). At the end it
+times one alert evaluation over the last minute (``AlertService.evaluate``, every rule).
 
 The figure is CPU seconds of this process (every thread, the SQLite checkpointer included) per
 simulated wall second: the fraction of one core the portal spends keeping up. Building the JSON
@@ -30,6 +31,7 @@ from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
 from policies.requests import DeviceRequest, WorkloadRequest
 from policies.topology import LinkClass, Topology
+from portal.alerting.service import AlertService
 from portal.allocator import Allocator
 from portal.store.writer import Store
 from portal.telemetry.service import Telemetry
@@ -136,6 +138,11 @@ def run(
             cpu += time.process_time() - c0
             wall += time.perf_counter() - w0
             db_cpu += server_cpu_s(pg_data) - d0
+        # One alert evaluation over the last minute of samples, every device allocated or not.
+        service = AlertService(alloc, interval_s=60.0, clock=clock)
+        c0 = time.process_time()
+        service.evaluate(START + rounds * interval_s)
+        alert_cpu = time.process_time() - c0
     finally:
         store.close()
     simulated = rounds * interval_s
@@ -148,6 +155,7 @@ def run(
         "wall_s": wall,
         "core_fraction": cpu / simulated,
         "cpu_us_per_sample": cpu / accepted * 1e6,
+        "alert_evaluation_cpu_s": alert_cpu,
         **(extra if pg_data is not None else {}),
     }
 
