@@ -1,0 +1,386 @@
+"""The chart in helm/gpuportal rendered by the pinned helm: lint, what it renders with the
+default and the production values, the values schema's refusals, and that the chart agrees with
+the code it deploys (the portal's ClusterRole, settings, version, hub roles)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from importlib.metadata import entry_points
+from typing import Any
+
+import pytest
+import yaml
+from traitlets.config import Config
+
+from policies.isolation import IsolationSettings
+from policies.isolation.rbac import portal_cluster_role
+from portal.agent.run import AgentSettings
+from portal.hubroles import HubRolesSpec, custom_scopes, load_roles, render_config
+from portal.settings import Settings
+from spawner.hubconfig import spawner_role
+from tests.helm.chart import (
+    CHART,
+    PRODUCTION_VALUES,
+    Z2JH_VALUES,
+    Helm,
+    Manifest,
+    env_of,
+    kinds_and_names,
+    load_yaml,
+    named,
+    pod_templates,
+)
+from tests.support.k8s import REPO_ROOT
+
+
+def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """RBAC rules as (apiGroup, resource, verb) triples: what they grant, whatever their order."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+# --- lint and render ---------------------------------------------------------------------------
+
+
+def test_lint_passes_strict_with_default_and_production_values(helm: Helm) -> None:
+    for extra in ([], ["--values", str(PRODUCTION_VALUES)]):
+        proc = helm.run("lint", "--strict", str(CHART), *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_default_values_render_the_portal_agent_dashboards_and_their_policies(
+    helm: Helm,
+) -> None:
+    objects = helm.render()
+    assert kinds_and_names(objects) == {
+        ("ServiceAccount", "gpuportal"),
+        ("ClusterRole", "gpuportal"),
+        ("ClusterRoleBinding", "gpuportal"),
+        ("ClusterRole", "gpuportal-hub"),
+        ("ClusterRoleBinding", "gpuportal-hub"),
+        ("Deployment", "gpuportal"),
+        ("Service", "gpuportal"),
+        ("ServiceAccount", "gpuportal-agent"),
+        ("ClusterRole", "gpuportal-agent"),
+        ("ClusterRoleBinding", "gpuportal-agent"),
+        ("ValidatingAdmissionPolicy", "gpuportal-agent-own-node"),
+        ("ValidatingAdmissionPolicyBinding", "gpuportal-agent-own-node"),
+        ("DaemonSet", "gpuportal-agent"),
+        ("Deployment", "gpuportal-dashboards"),
+        ("Service", "gpuportal-dashboards"),
+        ("NetworkPolicy", "gpuportal"),
+        ("NetworkPolicy", "gpuportal-dashboards"),
+    }
+    # No database, prices, seed or tokens given: nothing to put in a ConfigMap or Secret.
+    portal = named(objects, "Deployment", "gpuportal")["spec"]["template"]
+    assert "GPUPORTAL_DATABASE_URL" not in env_of(portal, "portal")
+    assert portal["spec"]["volumes"][0] == {"name": "state", "emptyDir": {}}
+
+
+def test_production_values_render_postgres_prices_seed_and_the_prometheus_source(
+    helm: Helm,
+) -> None:
+    objects = helm.render(release="prod", namespace="gpu", values_files=[PRODUCTION_VALUES])
+    names = kinds_and_names(objects)
+    assert {
+        ("ConfigMap", "prod-gpuportal-pricing"),
+        ("ConfigMap", "prod-gpuportal-seed"),
+        ("Deployment", "prod-gpuportal-prometheus-source"),
+        ("NetworkPolicy", "prod-gpuportal-prometheus-source"),
+    } <= names
+    # The database URL and tokens come from Secrets made outside the chart.
+    assert not [n for k, n in names if k == "Secret"]
+
+    portal = named(objects, "Deployment", "prod-gpuportal")["spec"]["template"]
+    env = env_of(portal, "portal")
+    assert env["GPUPORTAL_DATABASE_URL"] == {
+        "secretKeyRef": {"name": "gpuportal-database", "key": "url"}
+    }
+    assert env["GPUPORTAL_PRICING_FILE"] == "/etc/gpuportal/pricing/pricing.yaml"
+    assert env["JUPYTERHUB_API_TOKEN"] == {
+        "secretKeyRef": {"name": "gpuportal-tokens", "key": "portal"}
+    }
+    (container,) = portal["spec"]["containers"]
+    assert container["args"] == ["serve", "--seed", "/etc/gpuportal/seed/seed.yaml"]
+
+    production = load_yaml(PRODUCTION_VALUES)
+    pricing = named(objects, "ConfigMap", "prod-gpuportal-pricing")["data"]["pricing.yaml"]
+    assert yaml.safe_load(pricing) == production["pricing"]
+    seed = named(objects, "ConfigMap", "prod-gpuportal-seed")["data"]["seed.yaml"]
+    assert yaml.safe_load(seed) == production["portal"]["seed"]
+
+    source = named(objects, "Deployment", "prod-gpuportal-prometheus-source")
+    (src,) = source["spec"]["template"]["spec"]["containers"]
+    assert src["args"] == ["agent", "--prometheus", "http://prometheus-server.monitoring.svc:80"]
+    assert env_of(source["spec"]["template"], "prometheus-source")[
+        "GPUPORTAL_AGENT_PORTAL_URL"
+    ] == ("http://prod-gpuportal.gpu.svc:8000/services/gpuportal")
+
+
+def test_a_database_url_value_goes_into_a_secret_not_the_pod(helm: Helm) -> None:
+    url = "postgresql+psycopg://gp:s3cret@db:5432/gpuportal"
+    objects = helm.render(sets={"database.url": json.dumps(url)})
+    secret = named(objects, "Secret", "gpuportal-database")
+    assert secret["stringData"] == {"url": url}
+    portal = named(objects, "Deployment", "gpuportal")["spec"]["template"]
+    assert env_of(portal, "portal")["GPUPORTAL_DATABASE_URL"] == {
+        "secretKeyRef": {"name": "gpuportal-database", "key": "url"}
+    }
+    assert "s3cret" not in yaml.safe_dump(named(objects, "Deployment", "gpuportal"))
+
+
+def test_optional_parts_can_be_turned_off(helm: Helm) -> None:
+    off = {
+        "agent.enabled": "false",
+        "dashboards.enabled": "false",
+        "networkPolicy.enabled": "false",
+        "hubRbac.enabled": "false",
+    }
+    names = kinds_and_names(helm.render(sets=off))
+    assert names == {
+        ("ServiceAccount", "gpuportal"),
+        ("ClusterRole", "gpuportal"),
+        ("ClusterRoleBinding", "gpuportal"),
+        ("Deployment", "gpuportal"),
+        ("Service", "gpuportal"),
+    }
+
+
+# --- the portal: one writer, probes, settings ---------------------------------------------------
+
+
+def test_portal_is_one_replica_replaced_with_recreate_and_probed_on_ready_and_health(
+    helm: Helm,
+) -> None:
+    deployment = named(helm.render(), "Deployment", "gpuportal")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/services/gpuportal/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/services/gpuportal/health"
+    assert c["command"] == ["gpuportal"] and c["args"] == ["serve"]
+    # The tenant NetworkPolicies let notebooks reach the portal by this label and port.
+    isolation = IsolationSettings()
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert dict(isolation.portal_pod_labels).items() <= labels.items()
+    assert c["ports"][0]["containerPort"] == isolation.portal_api_port
+
+
+def test_every_gpuportal_variable_the_chart_sets_is_a_setting_of_the_process_it_configures(
+    helm: Helm,
+) -> None:
+    objects = helm.render(release="prod", namespace="gpu", values_files=[PRODUCTION_VALUES])
+    templates = pod_templates(objects)
+    checks = {
+        ("prod-gpuportal", "portal"): ("GPUPORTAL_", set(Settings.model_fields)),
+        ("prod-gpuportal-agent", "agent"): ("GPUPORTAL_AGENT_", set(AgentSettings.model_fields)),
+        ("prod-gpuportal-prometheus-source", "prometheus-source"): (
+            "GPUPORTAL_AGENT_",
+            set(AgentSettings.model_fields),
+        ),
+    }
+    for (workload, container), (prefix, fields) in checks.items():
+        names = [n for n in env_of(templates[workload], container) if n.startswith(prefix)]
+        assert names, f"{workload} sets no {prefix}* variable"
+        unknown = {n for n in names if n.removeprefix(prefix).lower() not in fields}
+        assert not unknown, f"{workload} sets variables its settings do not have: {unknown}"
+
+
+def test_the_schema_accepts_only_portal_settings_that_exist() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    keys = set(schema["properties"]["portal"]["properties"]["settings"]["properties"])
+    assert keys <= set(Settings.model_fields)
+    assert keys <= set(load_yaml(CHART / "values.yaml")["portal"]["settings"])
+
+
+def test_app_version_is_the_package_version() -> None:
+    chart = load_yaml(CHART / "Chart.yaml")
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["apiVersion"] == "v2"
+    assert chart["version"] == "0.1.0"
+    assert chart["appVersion"] == project["version"]
+
+
+# --- RBAC ----------------------------------------------------------------------------------------
+
+
+def test_portal_cluster_role_is_exactly_what_policies_isolation_says_the_portal_needs(
+    helm: Helm,
+) -> None:
+    objects = helm.render()
+    chart_role = named(objects, "ClusterRole", "gpuportal")
+    wanted = portal_cluster_role(IsolationSettings())
+    assert rule_set(chart_role["rules"]) == rule_set(wanted["rules"])
+    # Same rules, same grouping: a rule widened on either side fails here too.
+    assert sorted(map(json.dumps, chart_role["rules"])) == sorted(map(json.dumps, wanted["rules"]))
+    binding = named(objects, "ClusterRoleBinding", "gpuportal")
+    assert binding["roleRef"]["name"] == "gpuportal"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuportal", "namespace": "gpuportal"}
+    ]
+    portal = named(objects, "Deployment", "gpuportal")["spec"]["template"]["spec"]
+    assert portal["serviceAccountName"] == "gpuportal"
+
+
+def test_the_role_comparison_notices_a_widened_rule() -> None:
+    wanted = portal_cluster_role(IsolationSettings())["rules"]
+    widened = [dict(r) for r in wanted]
+    widened[3] = {**widened[3], "verbs": [*widened[3]["verbs"], "patch"]}  # pods: patch
+    assert rule_set(widened) != rule_set(wanted)
+
+
+def test_agent_may_only_patch_nodes_and_list_pods(helm: Helm) -> None:
+    objects = helm.render()
+    role = named(objects, "ClusterRole", "gpuportal-agent")
+    assert rule_set(role["rules"]) == {("", "nodes", "patch"), ("", "pods", "list")}
+    policy = named(objects, "ValidatingAdmissionPolicy", "gpuportal-agent-own-node")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpuportal:gpuportal-agent" in condition["expression"]
+
+
+# --- pods: security context and placement -------------------------------------------------------
+
+
+def test_every_pod_claims_the_restricted_security_context(helm: Helm) -> None:
+    objects = helm.render(release="prod", namespace="gpu", values_files=[PRODUCTION_VALUES])
+    templates = pod_templates(objects)
+    assert set(templates) == {
+        "prod-gpuportal",
+        "prod-gpuportal-agent",
+        "prod-gpuportal-dashboards",
+        "prod-gpuportal-prometheus-source",
+    }
+    for name, template in templates.items():
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert c["resources"]["requests"], name
+            assert c["image"] == "registry.example.org/platform/gpuportal:0.1.0", name
+    # Only the agent departs from "restricted", and only by hostPID (process attribution).
+    assert templates["prod-gpuportal-agent"]["spec"]["hostPID"] is True
+    assert all("hostPID" not in t["spec"] for n, t in templates.items() if "agent" not in n)
+
+
+def test_agent_runs_on_gpu_nodes_through_the_nvidia_runtime_without_a_gpu(helm: Helm) -> None:
+    objects = helm.render()
+    daemonset = named(objects, "DaemonSet", "gpuportal-agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["runtimeClassName"] == "nvidia"
+    (c,) = spec["containers"]
+    assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+    env = env_of(daemonset["spec"]["template"], "agent")
+    assert env["GPUPORTAL_AGENT_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["GPUPORTAL_AGENT_PORTAL_URL"] == (
+        "http://gpuportal.gpuportal.svc:8000/services/gpuportal"
+    )
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    without = helm.render(sets={"agent.hostPID": "false"})
+    assert (
+        "hostPID" not in named(without, "DaemonSet", "gpuportal-agent")["spec"]["template"]["spec"]
+    )
+
+
+# --- values schema --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("portal.replicas", "2", "at '/portal/replicas': value must be 1"),
+        (
+            "portal.settings.inventory",
+            '"everything"',
+            "at '/portal/settings/inventory': 'everything' does not match pattern",
+        ),
+        (
+            "portal.settings.log_level",
+            '"loud"',
+            "at '/portal/settings/log_level': value must be one of 'debug', 'info', 'warning'",
+        ),
+        (
+            "image.pullPolicy",
+            '"Sometimes"',
+            "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
+        ),
+        ("portal.replica", "1", "at '/portal': additional properties 'replica' not allowed"),
+        ("agent.intervalSeconds", "0", "at '/agent/intervalSeconds': exclusiveMinimum"),
+        (
+            "networkPolicy.apiServerCIDRs",
+            '["everywhere"]',
+            "at '/networkPolicy/apiServerCIDRs/0': 'everywhere' does not match pattern",
+        ),
+        (
+            "tokens.dashboardsCookieSecret",
+            '"short"',
+            "at '/tokens/dashboardsCookieSecret': 'short' does not match pattern",
+        ),
+        ("prometheusSource.enabled", "true", "at '/prometheusSource/url': minLength"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_where_it_is_and_what_is_valid(
+    helm: Helm, key: str, value: str, message: str
+) -> None:
+    proc = helm.template(sets={key: value})
+    assert proc.returncode != 0
+    assert proc.stdout == ""  # nothing rendered
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_every_value_in_values_yaml_has_a_comment() -> None:
+    """Keys of the first two levels each have a comment right above them; deeper keys are the
+    members of a documented map (labels, resources) or list."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not stripped or stripped.startswith(("#", "-")) or indent > 2:
+            continue
+        above = lines[i - 1].strip() if i else ""
+        assert above.startswith("#"), f"values.yaml line {i + 1} has no comment: {line}"
+
+
+# --- next to z2jh ---------------------------------------------------------------------------------
+
+
+def test_z2jh_values_configure_the_spawner_services_and_the_hub_roles(helm: Helm) -> None:
+    hub = load_yaml(Z2JH_VALUES)["hub"]
+    config = Config()
+    config.JupyterHub.load_roles = []
+    exec(hub["extraConfig"]["gpuportal"], {"c": config})  # the chart's own example file
+
+    assert config.JupyterHub.spawner_class == "gpuportal-kube"
+    (spawner,) = entry_points(group="jupyterhub.spawners", name="gpuportal-kube")
+    assert spawner.value == "spawner.kube:GPUKubeSpawner"
+
+    spec = HubRolesSpec(("team-a", "team-b"), oauth_services=("gpuportal-dashboards",))
+    assert render_config(spec) in hub["extraConfig"]["gpuportal"]  # pasted as printed
+    assert config.JupyterHub.custom_scopes == custom_scopes()
+    roles = config.JupyterHub.load_roles
+    assert roles[: len(load_roles(spec))] == load_roles(spec)
+    assert spawner_role() in roles
+    agent_role = next(r for r in roles if r["name"] == "gpuportal-agent")
+    assert agent_role["scopes"] == ["custom:gpuportal:telemetry:write"]
+    assert set(hub["services"]) >= {r for role in roles for r in role.get("services", [])}
+
+    # The services point at the chart's Services (release "gpuportal", same namespace).
+    objects = helm.render()
+    for service_name, url in (
+        ("gpuportal", hub["services"]["gpuportal"]["url"]),
+        ("gpuportal-dashboards", hub["services"]["gpuportal-dashboards"]["url"]),
+    ):
+        service: Manifest = named(objects, "Service", service_name)
+        assert url == f"http://{service_name}:{service['spec']['ports'][0]['port']}"
