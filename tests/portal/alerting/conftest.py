@@ -88,8 +88,18 @@ class Scenario:
 
 
 @pytest.fixture
-def scenario(tmp_path: Path) -> Iterator[Scenario]:
-    p = make_portal(f"sqlite:///{tmp_path / 'portal.db'}")
+def scenario(db_url: str) -> Iterator[Scenario]:
+    """A scenario on SQLite, then on PostgreSQL."""
+    yield from _scenario(db_url)
+
+
+@pytest.fixture
+def sqlite_scenario(tmp_path: Path) -> Iterator[Scenario]:
+    yield from _scenario(f"sqlite:///{tmp_path / 'portal.db'}")
+
+
+def _scenario(url: str) -> Iterator[Scenario]:
+    p = make_portal(url)
     clock = Clock()
     app = create_app(p.alloc, StaticAuthenticator({"agent": AGENT}))
     use_telemetry(app, Telemetry(p.alloc, clock=clock, attribution_ttl_s=0))

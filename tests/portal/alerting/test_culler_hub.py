@@ -79,8 +79,9 @@ def wait_for(check: object, what: str, timeout_s: float = 60) -> None:
 
 
 def test_an_idle_gpu_server_is_warned_then_stopped_and_others_are_not(
-    hub_factory: HubFactory, scenario: Scenario, tmp_path: Path
+    hub_factory: HubFactory, sqlite_scenario: Scenario, tmp_path: Path
 ) -> None:
+    scenario = sqlite_scenario
     (tmp_path / "home").mkdir()
     hub = hub_factory(hub_config(tmp_path / "home"))
     for user in USERS:
