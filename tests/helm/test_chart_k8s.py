@@ -220,7 +220,9 @@ def test_the_agent_may_annotate_only_its_own_node(
         # A pod of the agent's ServiceAccount on `own`; its bound token names that node.
         template = pod_templates(installed.objects)["gpuportal-agent"]
         spec = {**template["spec"], "nodeName": own}
-        agent_pod = as_pod("agent-own", {**template, "spec": spec}, installed.namespace)
+        # Labels of its own: with the DaemonSet's, its controller would adopt and delete it.
+        probe = {"metadata": {"labels": {"probe": "agent-own"}}, "spec": spec}
+        agent_pod = as_pod("agent-own", probe, installed.namespace)
         pod = installed.core.create_namespaced_pod(installed.namespace, agent_pod)
         request = client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(
