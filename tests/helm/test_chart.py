@@ -5,6 +5,7 @@ the code it deploys (the portal's ClusterRole, settings, version, hub roles)."""
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from importlib.metadata import entry_points
 from typing import Any
@@ -15,9 +16,9 @@ from traitlets.config import Config
 
 from policies.isolation import IsolationSettings
 from policies.isolation.rbac import portal_cluster_role
-from portal.agent.run import AgentSettings
+from portal.agent.run import AgentSettings, load_agent_settings
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles, render_config
-from portal.settings import Settings
+from portal.settings import Settings, load_settings
 from spawner.hubconfig import spawner_role
 from tests.helm.chart import (
     CHART,
@@ -105,7 +106,7 @@ def test_production_values_render_postgres_prices_seed_and_the_prometheus_source
     }
     assert env["GPUPORTAL_PRICING_FILE"] == "/etc/gpuportal/pricing/pricing.yaml"
     assert env["JUPYTERHUB_API_TOKEN"] == {
-        "secretKeyRef": {"name": "gpuportal-tokens", "key": "portal"}
+        "secretKeyRef": {"name": "gpuportal-tokens", "key": "portal", "optional": True}
     }
     (container,) = portal["spec"]["containers"]
     assert container["args"] == ["serve", "--seed", "/etc/gpuportal/seed/seed.yaml"]
@@ -191,6 +192,36 @@ def test_every_gpuportal_variable_the_chart_sets_is_a_setting_of_the_process_it_
         assert names, f"{workload} sets no {prefix}* variable"
         unknown = {n for n in names if n.removeprefix(prefix).lower() not in fields}
         assert not unknown, f"{workload} sets variables its settings do not have: {unknown}"
+
+
+def test_the_rendered_settings_load(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values the chart puts in the environment are valid for the code that reads them."""
+    objects = helm.render(
+        release="prod",
+        namespace="gpu",
+        values_files=[PRODUCTION_VALUES],
+        sets={"portal.settings.tick_interval_s": "0.5", "portal.settings.log_format": '"text"'},
+    )
+    templates = pod_templates(objects)
+    for var in [v for v in os.environ if v.startswith(("GPUPORTAL_", "JUPYTERHUB_"))]:
+        monkeypatch.delenv(var)
+    for name, value in env_of(templates["prod-gpuportal"], "portal").items():
+        if name.startswith("GPUPORTAL_") and isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.inventory == "kubernetes"
+    assert settings.tick_interval_s == 0.5 and settings.log_format == "text"
+    assert settings.service_ip == "0.0.0.0" and settings.service_port == 8000
+    assert settings.service_prefix == "/services/gpuportal/"
+    assert str(settings.pricing_file) == "/etc/gpuportal/pricing/pricing.yaml"
+
+    for name, value in env_of(templates["prod-gpuportal-agent"], "agent").items():
+        if name.startswith("GPUPORTAL_AGENT_") and isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    agent = load_agent_settings()
+    assert agent.kubernetes is True
+    assert agent.interval_s == 10.0
+    assert agent.portal_url == "http://prod-gpuportal.gpu.svc:8000/services/gpuportal"
 
 
 def test_the_schema_accepts_only_portal_settings_that_exist() -> None:
