@@ -5,7 +5,6 @@ viewer. ``build_view`` makes a view without a server (tests); ``serve`` serves t
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -129,9 +128,16 @@ def _session_page(view: str, settings: Settings) -> Any:
 
 def applications(settings: Settings) -> dict[str, Callable[[], Any]]:
     """The landing page at ``/`` and one application per view."""
-    apps: dict[str, Callable[[], Any]] = {"/": lambda: _session_page("landing", settings)}
-    for view in VIEWS:
-        apps[f"/{view}"] = functools.partial(_session_page, view, settings)
+
+    # Plain functions: Panel serves a function per session, not other callables.
+    def app_of(view: str) -> Callable[[], Any]:
+        def page() -> Any:
+            return _session_page(view, settings)
+
+        return page
+
+    apps = {"/": app_of("landing")}
+    apps |= {f"/{view}": app_of(view) for view in VIEWS}
     return apps
 
 

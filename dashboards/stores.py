@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import httpx
 import param
 
 from dashboards.sources import (
@@ -50,6 +51,9 @@ class Store(param.Parameterized):
             self._read()
         except SourceError as exc:
             self.error = exc.message
+            return
+        except httpx.HTTPError as exc:
+            self.error = f"the portal did not answer ({type(exc).__name__}: {exc}); retrying"
             return
         self.error = ""
         self.updated = datetime.now(UTC)

@@ -126,10 +126,12 @@ class TenantView(Viewer):
                 height=240,
                 tools=["hover"],
                 toolbar=None,
+                show_legend=False,
             )
             for flavor in dict.fromkeys(f for f, _, _ in rows)
         ]
-        return hv.Layout(plots).cols(4)
+        # Flavors count in different units (GPUs, instances, milli-GPU): one scale each.
+        return hv.Layout(plots).cols(4).opts(shared_axes=False)
 
     def numbers(self, *_: object) -> pn.viewable.Viewable:
         rows = [

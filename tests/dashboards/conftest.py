@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +90,10 @@ class Portal:
         return [e for e in self.recorder.seen if e.token == token]
 
 
-@pytest.fixture
-def portal(tmp_path: Path) -> Iterator[Portal]:
-    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+@contextmanager
+def running_portal(folder: Path) -> Iterator[Portal]:
+    """The seeded portal API on SQLite in ``folder``, served by uvicorn on loopback."""
+    store = Store(f"sqlite:///{folder / 'portal.db'}")
     clock = SeedClock()
     alloc = Allocator(store, clock=clock)
     seed(alloc, clock)
@@ -103,15 +105,23 @@ def portal(tmp_path: Path) -> Iterator[Portal]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the portal API did not start")
-        time.sleep(0.02)
-    yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder)
-    server.should_exit = True
-    thread.join(timeout=10)
-    store.close()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the portal API did not start")
+            time.sleep(0.02)
+        yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        store.close()
+
+
+@pytest.fixture
+def portal(tmp_path: Path) -> Iterator[Portal]:
+    with running_portal(tmp_path) as p:
+        yield p
 
 
 @pytest.fixture

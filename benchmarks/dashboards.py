@@ -1,0 +1,298 @@
+"""Dashboard render and live-update times at scale.
+
+``python -m benchmarks.dashboards [--nodes 1250] [--days 30] [--workloads 3000] [--repeat 5]
+[--browser]`` starts a real allocator on SQLite with ``--nodes`` 8-GPU HGX H100 nodes
+(1,250 nodes = 10,000 GPUs), 20 tenants with quotas, and ``--workloads`` whole-GPU workloads
+started and released over ``--days`` days of simulated time (hourly steps), so the cost routes
+price a month of allocation history. The portal API is served by uvicorn on loopback, as in
+production; the dashboards read it over HTTP with a viewer's token.
+
+Server side, per view: **first render** = build the page (its stores read the portal) and
+create its Bokeh models (``get_root``), what a new session costs before anything is sent;
+**live update** = one periodic ``refresh()`` of a rendered page (read again, re-render the
+parts whose data changed). With ``--browser``, the served app is also loaded in Debian's
+Chromium and the time from navigation to the view's headline being visible is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import panel as pn
+import uvicorn
+
+from dashboards.app import Settings, build_view, serve
+from dashboards.auth import TokenArgIdentity
+from dashboards.sources import ApiSource
+from policies.flavors import FlavorKind
+from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
+from portal.accounting.prices import price_config
+from portal.accounting.service import Accounting
+from portal.allocator import Allocator
+from portal.api import create_app
+from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
+from portal.api.cost import use_accounting
+from portal.inventory.simulated import generate
+from portal.store.records import WorkloadState
+from portal.store.writer import Store
+
+TENANTS = [f"team-{i:02d}" for i in range(20)]
+START = datetime(2026, 11, 1, tzinfo=UTC)
+S = Scope
+
+
+@dataclass
+class Clock:
+    now: datetime = START
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+VIEWERS: dict[str, Caller] = {
+    # Leadership and operators: every tenant, read only.
+    "lead": Caller(
+        "lead",
+        CallerKind.USER,
+        frozenset(
+            {
+                S.QUOTAS_READ,
+                S.USAGE_READ,
+                S.QUEUE_READ,
+                S.WORKLOADS_READ,
+                S.COST_READ,
+                S.INVENTORY_READ,
+            }
+        ),
+    ),
+    # team-00's admin, who also runs workloads as "user-00".
+    "admin": Caller(
+        "user-00",
+        CallerKind.USER,
+        frozenset(
+            {
+                S.WORKLOADS_WRITE,
+                f"{S.WORKLOADS_READ}!group=team-00",
+                f"{S.QUEUE_READ}!group=team-00",
+                f"{S.QUOTAS_READ}!group=team-00",
+                f"{S.USAGE_READ}!group=team-00",
+                f"{S.QUOTAS_WRITE}!group=team-00",
+                f"{S.COST_READ}!group=team-00",
+            }
+        ),
+        frozenset({"team-00"}),
+    ),
+}
+
+CASES: list[tuple[str, str]] = [
+    ("cluster", "lead"),
+    ("tenant", "admin"),
+    ("my_work", "admin"),
+    ("cost", "lead"),
+    ("landing", "lead"),
+]
+
+
+def seed(
+    alloc: Allocator, clock: Clock, nodes: int, days: int, workloads: int, rng: random.Random
+) -> int:
+    """Start the cluster and replay ``workloads`` arrivals over ``days`` days; returns how many
+    were running at the end."""
+    alloc.start(generate({"hgx-h100-8": nodes}))
+    gpus = nodes * 8
+    for t in TENANTS:
+        alloc.set_tenant(t, cohort="all")
+        alloc.set_quota(t, "H100-80GB", guaranteed=gpus // 25, limit=gpus // 10)
+    hours = days * 24
+    per_hour = max(1, workloads // hours)
+    live: list[str] = []
+    for _hour in range(hours):
+        for _ in range(per_hour):
+            tenant = rng.choice(TENANTS)
+            owner = f"user-{TENANTS.index(tenant):02d}"
+            count = rng.choice((1, 1, 2, 4, 8))
+            st = alloc.request(
+                WorkloadRequest(
+                    tenant,
+                    owner,
+                    f"w{len(live)}",
+                    DeviceRequest(FlavorKind.GPU, count=count, models=frozenset({"H100-80GB"})),
+                    kind=WorkloadKind.JOB,
+                )
+            )
+            live.append(st.id)
+        # Each hour some work ends: about a day's lifetime on average.
+        ending = [w for w in live if rng.random() < 1 / 24]
+        for w in ending:
+            alloc.release(w)
+            live.remove(w)
+        clock.now += timedelta(hours=1)
+    return sum(1 for w in alloc.workloads() if w.state is WorkloadState.RUNNING)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@dataclass
+class Timing:
+    first_render_s: list[float] = field(default_factory=list)
+    live_update_s: list[float] = field(default_factory=list)
+    browser_s: list[float] = field(default_factory=list)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def server_side(url: str, repeat: int) -> dict[str, Timing]:
+    out: dict[str, Timing] = {}
+    for view, who in CASES:
+        tm = out.setdefault(f"{view} ({who})", Timing())
+        for _ in range(repeat):
+            holder: dict[str, Any] = {}
+
+            def first(view: str = view, who: str = who, holder: dict[str, Any] = holder) -> None:
+                page = build_view(view, ApiSource(url, who), VIEWERS[who], {})
+                holder["root"] = pn.panel(page.view).get_root()  # type: ignore[attr-defined]
+                holder["page"] = page
+
+            tm.first_render_s.append(timed(first))
+            if holder["page"].stores:
+                tm.live_update_s.append(timed(holder["page"].refresh))
+    return out
+
+
+HEADLINES = {
+    "cluster": "GPUs 10,000",
+    "tenant": "Tenant team-00",
+    "my_work": "My work",
+    "cost": "GPU-hours",
+    "landing": "Hello",
+}
+
+
+def browser_side(url: str, repeat: int, timings: dict[str, Timing]) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    port = free_port()
+    settings = Settings(url, TokenArgIdentity(VIEWERS), refresh_s=3600)
+    server: Any = serve(settings, port=port, threaded=True)
+    time.sleep(1)
+    try:
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(
+                executable_path=shutil.which("chromium"),
+                args=[
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                ],
+            )
+            for view, who in CASES:
+                path = "" if view == "landing" else view
+                for _ in range(repeat):
+                    page = b.new_page(viewport={"width": 1400, "height": 1000})
+                    t = time.perf_counter()
+                    page.goto(f"http://127.0.0.1:{port}/{path}?token={who}")
+                    expect(page.get_by_text(HEADLINES[view]).first).to_be_visible(timeout=120_000)
+                    timings[f"{view} ({who})"].browser_s.append(time.perf_counter() - t)
+                    page.close()
+            b.close()
+    finally:
+        server.stop()
+
+
+def report(
+    args: argparse.Namespace, running: int, seed_s: float, timings: dict[str, Timing]
+) -> str:
+    def cell(xs: list[float]) -> str:
+        if not xs:
+            return "—"
+        return f"{statistics.median(xs) * 1000:,.0f} / {max(xs) * 1000:,.0f}"
+
+    lines = [
+        f"{args.nodes:,} nodes / {args.nodes * 8:,} GPUs, {args.days} days of hourly history, "
+        f"{args.workloads:,} workloads ({running:,} running at the end); seeding took "
+        f"{seed_s:.0f} s. Times in ms, median / max of {args.repeat}.",
+        "",
+        "| view (viewer) | first render, server | live update, server | load in Chromium |",
+        "|---|---|---|---|",
+    ]
+    for name, t in timings.items():
+        lines.append(
+            f"| {name} | {cell(t.first_render_s)} | {cell(t.live_update_s)} | {cell(t.browser_s)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.dashboards", description=__doc__)
+    ap.add_argument("--nodes", type=int, default=1250)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--workloads", type=int, default=3000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--browser", action="store_true", help="also time page loads in Chromium")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(f"sqlite:///{Path(tmp) / 'portal.db'}")
+        clock = Clock()
+        alloc = Allocator(store, clock=clock)
+        t0 = time.perf_counter()
+        running = seed(
+            alloc, clock, args.nodes, args.days, args.workloads, random.Random(args.seed)
+        )
+        seed_s = time.perf_counter() - t0
+        app = create_app(alloc, StaticAuthenticator(VIEWERS))
+        prices = price_config({"prices": {"H100-80GB": "4.00"}, "budgets": {"team-00": "50000"}})
+        use_accounting(app, Accounting(store, prices, clock=clock))
+        with serving(app) as url:
+            timings = server_side(url, args.repeat)
+            if args.browser:
+                browser_side(url, max(1, args.repeat // 2), timings)
+        store.close()
+    text = report(args, running, seed_s, timings)
+    print(text, flush=True)
+    print(f"\n{platform.platform()}, Python {platform.python_version()}")
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The served dashboards in Debian's Chromium (Playwright, no browser download): every view
+loads without JavaScript errors and shows the seeded dataset's numbers; a live update arrives
+without a reload; the quota editor round-trips through the UI. Screenshots are saved in the
+test's directory and copied to ``docs/images/``.
+
+Viewers are named by the development setting (``?token=``, ``TokenArgIdentity``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+
+from dashboards.app import Settings, serve
+from dashboards.auth import TokenArgIdentity
+from tests.dashboards.conftest import Portal, free_port, running_portal
+from tests.dashboards.seed import VIEWERS
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+WAIT_MS = 120_000  # two shared CPUs: a first render may take a while under load
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@dataclass
+class Served:
+    portal: Portal
+    url: str
+    shots: Path
+
+
+@dataclass
+class Console:
+    """JavaScript errors of a page: console errors and uncaught exceptions."""
+
+    errors: list[str] = field(default_factory=list)
+
+    def watch(self, page: Page) -> None:
+        def on_console(msg: ConsoleMessage) -> None:
+            if msg.type == "error":
+                self.errors.append(msg.text)
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("dashboards")
+    with running_portal(folder) as portal:
+        port = free_port()
+        settings = Settings(portal.url, TokenArgIdentity(VIEWERS), refresh_s=1.0)
+        server: Any = serve(settings, port=port, threaded=True)
+        try:
+            yield Served(portal, f"http://127.0.0.1:{port}", folder)
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium package is required for the browser tests"
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[tuple[Page, Console]]:
+    p = browser.new_page(viewport={"width": 1400, "height": 1000})
+    console = Console()
+    console.watch(p)
+    yield p, console
+    p.close()
+
+
+def open_view(page: Page, served: Served, view: str, token: str) -> None:
+    page.goto(f"{served.url}/{view}?token={token}", timeout=WAIT_MS)
+
+
+def shoot(page: Page, served: Served, name: str) -> None:
+    shot = served.shots / f"dashboard-{name}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, DOCS_IMAGES / shot.name)
+
+
+def row(page: Page, first_cell: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first_cell``."""
+    exact = re.compile(f"^{re.escape(first_cell)}$")
+    cells = page.locator("table.gp-table tr").filter(
+        has=page.locator("td:first-child", has_text=exact)
+    )
+    expect(cells.first).to_be_visible(timeout=WAIT_MS)
+    texts: list[str] = cells.first.locator("td").all_inner_texts()
+    return [t.strip() for t in texts]
+
+
+def test_cluster_view(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "cluster", "tok-ops")
+    expect(p.get_by_text("GPUs 24").first).to_be_visible(timeout=WAIT_MS)
+    expect(p.get_by_text("allocated 7.6 GPUs (32%)").first).to_be_visible()
+    expect(p.get_by_text("fragmentation 14%").first).to_be_visible()
+    assert row(p, "H100-80GB") == ["H100-80GB", "16", "9"]
+    assert row(p, "T4/share") == ["T4/share", "4,000", "3,750"]
+    # The selected node (a100-1, first by name): its MIG instances, GPU 0's first.
+    assert row(p, "0") == ["0", "3g.40gb", "0", "free"]
+    shoot(p, served, "cluster")
+    assert console.errors == []
+
+
+def test_tenant_view_for_its_admin(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "tenant", "tok-anna")
+    expect(p.get_by_text("Tenant team-a").first).to_be_visible(timeout=WAIT_MS)
+    assert row(p, "H100-80GB") == ["H100-80GB", "4", "8", "5", "1", "0"]
+    assert row(p, "T4/share") == ["T4/share", "500", "1,000", "250", "0", "0"]
+    expect(p.get_by_role("button", name="Save quota")).to_be_visible()
+    assert "team-b" not in p.content()
+    shoot(p, served, "tenant")
+    assert console.errors == []
+
+
+def test_tenant_view_for_a_member_has_no_editor(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "tenant", "tok-bob")
+    expect(p.get_by_text("Tenant team-b").first).to_be_visible(timeout=WAIT_MS)
+    assert row(p, "1")[:5] == ["1", "1", "train-b", "bob", "quota"]
+    expect(p.get_by_text("Changing quotas needs").first).to_be_visible()
+    assert p.get_by_role("button", name="Save quota").count() == 0
+    assert console.errors == []
+
+
+def test_my_work_view(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "my_work", "tok-alice")
+    expect(p.get_by_text("running 3").first).to_be_visible(timeout=WAIT_MS)
+    expect(p.get_by_text("whole GPUs held 5").first).to_be_visible()
+    expect(p.get_by_text("hgx-1: GPU 4,5,6,7 (H100-80GB ×4) borrowed").first).to_be_visible()
+    assert p.get_by_role("button", name="Stop").count() == 3
+    shoot(p, served, "my-work")
+    assert console.errors == []
+
+
+def test_cost_view(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "cost", "tok-lead")
+    expect(p.get_by_text("cost 681.26 USD").first).to_be_visible(timeout=WAIT_MS)
+    assert row(p, "team-a")[:2] == ["team-a", "482.40"]
+    assert row(p, "team-b")[:2] == ["team-b", "198.86"]
+    assert row(p, "H100-80GB")[:2] == ["H100-80GB", "672.00"]
+    expect(p.get_by_role("button", name="Chargeback CSV")).to_be_visible()
+    shoot(p, served, "cost")
+    assert console.errors == []
+
+
+def test_landing_routes_by_scopes(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "", "tok-lead")
+    expect(p.get_by_text("Hello lead").first).to_be_visible(timeout=WAIT_MS)
+    links = p.locator("a.gp-link").all_inner_texts()
+    assert links == ["My work", "Tenant", "Cost"]
+    shoot(p, served, "landing")
+    p.locator("a.gp-link", has_text="Cost").click()
+    expect(p.get_by_text("cost 681.26 USD").first).to_be_visible(timeout=WAIT_MS)
+    assert console.errors == []
+
+
+def test_live_update_without_reload(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "my_work", "tok-bob")
+    expect(p.get_by_text("queued 1").first).to_be_visible(timeout=WAIT_MS)
+    p.evaluate("window.__not_reloaded = true")
+    queued = next(w.id for w in served.portal.allocator.workloads() if w.name == "train-b")
+    served.portal.allocator.release(queued)
+    expect(p.get_by_text("queued 0").first).to_be_visible(timeout=WAIT_MS)
+    assert p.evaluate("window.__not_reloaded") is True
+    assert console.errors == []
+
+
+def test_quota_edit_through_the_ui(page: tuple[Page, Console], served: Served) -> None:
+    p, console = page
+    open_view(p, served, "tenant", "tok-anna")
+    save = p.get_by_role("button", name="Save quota")
+    expect(save).to_be_visible(timeout=WAIT_MS)
+    limit = p.locator(".bk-input-group", has_text="limit").locator("input")
+    guaranteed = p.locator(".bk-input-group", has_text="guaranteed").locator("input")
+
+    # Invalid: limit below guaranteed. A clear message; the portal keeps the quota.
+    limit.fill("3")
+    limit.press("Enter")
+    save.click()
+    expect(p.get_by_text("invalid limit 3: expected at least guaranteed (4)").first).to_be_visible(
+        timeout=WAIT_MS
+    )
+    q = next(q for q in served.portal.allocator.quotas("team-a") if q.flavor == "H100-80GB")
+    assert (q.guaranteed, q.limit) == (4, 8)
+
+    # Valid: saved with the ETag, then shown in the Tenant view's numbers.
+    guaranteed.fill("3")
+    guaranteed.press("Enter")
+    limit.fill("6")
+    limit.press("Enter")
+    save.click()
+    expect(p.get_by_text("saved H100-80GB: guaranteed 3, limit 6").first).to_be_visible(
+        timeout=WAIT_MS
+    )
+    q = next(q for q in served.portal.allocator.quotas("team-a") if q.flavor == "H100-80GB")
+    assert (q.guaranteed, q.limit) == (3, 6)
+    expect(
+        p.locator("table.gp-table tr").filter(has=p.locator("td", has_text="H100-80GB")).first
+    ).to_contain_text("6", timeout=WAIT_MS)
+    assert row(p, "H100-80GB")[:3] == ["H100-80GB", "3", "6"]
+    shoot(p, served, "quota-editor")
+    assert console.errors == []
