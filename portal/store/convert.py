@@ -162,11 +162,14 @@ def claims(a: AllocationRecord) -> list[Claim]:
     """The exclusive claims of an allocation: every MIG memory slice it occupies.
 
     A whole GPU occupies all memory slices of its model (one slot for a model without MIG), a
-    MIG instance the run of slices its profile spans from ``mig_start``, a share nothing.
+    MIG instance the run of slices its profile spans from ``mig_start``, a share or a CPU-only
+    allocation (no flavor, no GPUs) nothing.
 
     Raises:
         InvalidRequest: the flavor, MIG profile or placement does not describe real devices.
     """
+    if not a.flavor and not a.gpus:
+        return []  # CPU-only: CPU and memory are counted, no device is claimed
     flavor = _parse_flavor(a.flavor) if isinstance(a.flavor, str) else Flavor.parse(a.flavor)
     if flavor.kind is FlavorKind.SHARE:
         return []

@@ -289,3 +289,21 @@ def test_an_exhausted_gpu_hour_budget_queues_new_work_with_the_budget_reason(
     a.release(s.id)
     later = a.request(wl("team-a", gpus(1)))
     assert later.state is WorkloadState.QUEUED and later.reason == "budget"
+
+
+def test_a_cpu_only_request_runs_without_gpus_and_survives_a_restart(
+    make_allocator: Make,
+) -> None:
+    a = make_allocator([hgx("n1")])
+    two_tenants(a)
+    s = a.request(wl("team-a", DeviceRequest(cpu_milli=2_000, memory_mib=4_096)))
+    assert s.state is WorkloadState.RUNNING
+    (alloc,) = s.allocations
+    assert alloc.node == "n1" and alloc.gpus == () and alloc.flavor == ""
+    assert a.capacity == {"H100-80GB": 8}
+    stored = a._store.load()
+    assert [x.id for x in stored.allocations] == [alloc.id]
+    again = Allocator(a._store, clock=a._clock)
+    again.start([hgx("n1")])
+    assert again.status(s.id).state is WorkloadState.RUNNING
+    assert again.release(s.id).state is WorkloadState.RELEASED
