@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
-from policies.errors import Conflict, InvalidRequest, NotFound
+from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from policies.flavors import Flavor
 from policies.inventory import Node
 from policies.placement.framework import Policy
@@ -489,12 +489,32 @@ class Allocator:
                 f"{dev.cpu_milli}m/{dev.memory_mib}Mi",
                 f"at most {biggest_cpu}m/{biggest_mem}Mi (the largest node)",
             )
-        if dev.kind is not None and not self._models_for(req):
+        models = self._models_for(req) if dev.kind is not None else []
+        if dev.kind is not None and not models:
             raise InvalidRequest(
                 "request",
                 f"{dev.kind.value} on {sorted(dev.models) or 'any model'}",
                 "a flavor the inventory offers: " + ", ".join(sorted(self._capacity)),
             )
+        if models:
+            self._check_quota_allows(req, models)
+
+    def _check_quota_allows(self, req: WorkloadRequest, models: list[str]) -> None:
+        """Refuse what no quota of the tenant could ever admit (no quota for any candidate
+        flavor, or more than its limit) instead of queueing it forever; the spawner's
+        offers call the same cases "not allowed"."""
+        amount = req.devices.amount() * req.gang_size
+        why = []
+        for m in models:
+            fl = str(req.devices.flavor(m))
+            q = self._quotas.get((req.tenant, fl))
+            if q is not None and 0 < amount <= q.limit:
+                return
+            why.append(f"{fl}: " + (f"limit {q.limit}" if q is not None else "no quota"))
+        raise Forbidden(
+            f"{req.tenant} can never be given {amount} of what {req.name or 'this request'} "
+            f"asks for ({'; '.join(why)}); ask a tenant admin for quota"
+        )
 
     def _models_for(self, req: WorkloadRequest) -> list[str]:
         """Models whose flavor for this request exists in the inventory."""

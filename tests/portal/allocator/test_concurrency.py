@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from policies.errors import Forbidden
 from policies.inventory import Node
 from portal.allocator import Allocator, WorkloadStatus
 from portal.store.records import WorkloadState
@@ -24,14 +25,21 @@ def test_concurrent_requests_never_double_allocate_or_exceed_a_quota(make_alloca
     rng = random.Random(7)
     jobs = [(tenants[rng.randrange(20)], rng.choice([1, 1, 1, 2, 4])) for _ in range(1000)]
 
-    def ask(job: tuple[str, int]) -> WorkloadStatus:
+    def ask(job: tuple[str, int]) -> WorkloadStatus | Forbidden:
         tenant, count = job
-        return a.request(wl(tenant, gpus(count), name=f"w-{tenant}-{count}", owner=tenant))
+        try:
+            return a.request(wl(tenant, gpus(count), name=f"w-{tenant}-{count}", owner=tenant))
+        except Forbidden as refused:  # more than the tenant's limit: never admissible
+            return refused
 
     with ThreadPoolExecutor(max_workers=32) as pool:
-        answers = list(pool.map(ask, jobs))
+        results = list(pool.map(ask, jobs))
 
-    assert len(answers) == 1000
+    assert len(results) == 1000
+    limit_of = {t: 3 + i % 5 for i, t in enumerate(tenants)}
+    for (tenant, count), r in zip(jobs, results, strict=True):
+        assert isinstance(r, Forbidden) == (count > limit_of[tenant]), (tenant, count, r)
+    answers = [r for r in results if not isinstance(r, Forbidden)]
     held: Counter[tuple[str, int]] = Counter()
     used: Counter[str] = Counter()
     for s in answers:

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from policies.errors import Forbidden
 from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
 from policies.mig import MigInstance
@@ -119,7 +120,21 @@ class AllocatorHistory(RuleBasedStateMachine):
                 models=dev.models,
                 topology=TopologyRequirement.SAME_RACK,
             )
-        s = self.alloc.request(wl(tenant, dev, name=f"w{self.n}", gang=gang, priority=priority))
+        req = wl(tenant, dev, name=f"w{self.n}", gang=gang, priority=priority)
+        limits = {q.flavor: q.limit for q in self.alloc.quotas(tenant)}
+        admissible = any(
+            0 < dev.amount() * gang <= limits.get(str(dev.flavor(m)), 0)
+            for m in (dev.models or {H100})
+        )
+        before = self._snapshot(self.alloc)
+        try:
+            s = self.alloc.request(req)
+        except Forbidden:
+            # Refused only when no quota of the tenant could ever admit it, changing nothing.
+            assert not admissible
+            assert self._snapshot(self.alloc) == before
+            return
+        assert admissible
         if s.state is WorkloadState.RUNNING:
             self._assert_within_limits(only=(tenant, s.allocations[0].flavor))
         else:
