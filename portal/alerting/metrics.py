@@ -1,6 +1,6 @@
 """Prometheus metrics of the alerts, as a collector the service's ``/metrics`` registers::
 
-    registry.register(AlertCollector.of_store(engine))  # the stored pending/firing alerts
+    registry.register(AlertCollector.of_store(lambda: engine))  # the stored pending/firing alerts
 
 | metric | type | labels |
 |---|---|---|
@@ -30,10 +30,30 @@ class AlertCollector(Collector):
         self._active = active
 
     @classmethod
-    def of_store(cls, engine: Engine) -> AlertCollector:
-        """Counting the alerts stored in ``engine``'s database (whichever process raised them)."""
-        store = AlertStore(engine)
-        return cls(store.active)
+    def of_store(cls, engine: Callable[[], Engine]) -> AlertCollector:
+        """Counting the alerts stored in the database of ``engine()`` (whichever process raised
+        them); the engine is looked up at the first scrape, so building the app needs none."""
+        stores: list[AlertStore] = []
+
+        def active() -> list[Alert]:
+            if not stores:
+                stores.append(AlertStore(engine()))
+            return list(stores[0].active())
+
+        return cls(active)
+
+    def describe(self) -> Iterator[Metric]:
+        # Registering a collector without describe() runs collect() at once, which would read
+        # the database while the app is still being built.
+        yield self._family()
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gpuportal_alerts",
+            "Alerts pending or firing, by rule, state and tenant.",
+            labels=["rule", "state", "tenant"],
+        )
 
     def collect(self) -> Iterator[Metric]:
         counts = Counter(
@@ -41,11 +61,7 @@ class AlertCollector(Collector):
             for a in self._active()
             if a.state in (AlertState.PENDING, AlertState.FIRING)
         )
-        gauge = GaugeMetricFamily(
-            "gpuportal_alerts",
-            "Alerts pending or firing, by rule, state and tenant.",
-            labels=["rule", "state", "tenant"],
-        )
+        gauge = self._family()
         for (rule, state, tenant), n in sorted(counts.items()):
             gauge.add_metric([rule, state, tenant], n)
         yield gauge

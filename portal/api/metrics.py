@@ -81,7 +81,7 @@ class ServiceMetrics:
         for outcome in Outcome:  # every series exists from the start, at 0
             self.decisions.labels(outcome.value)
         self.registry.register(AllocatorCollector(alloc))
-        self.registry.register(AlertCollector.of_store(alloc.store.engine))
+        self.registry.register(AlertCollector.of_store(lambda: alloc.store.engine))
 
     def decided(self, outcome: Outcome, count: int = 1) -> None:
         self.decisions.labels(outcome.value).inc(count)
