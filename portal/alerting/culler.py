@@ -77,6 +77,7 @@ class Culler:
         hub_token: a hub token with ``admin:servers``.
         firing: the alerts firing now (``lambda: service.state.firing()``).
         policies: per-tenant policies; others get ``default``.
+        notify: actions told of each warning and its resolution (the webhook).
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class Culler:
         *,
         policies: Mapping[str, CullPolicy] | None = None,
         default: CullPolicy | None = None,
+        notify: Sequence[Callable[[Sequence[Transition], float], None]] = (),
         client: httpx.Client | None = None,
     ) -> None:
         self.alloc = alloc
@@ -95,6 +97,7 @@ class Culler:
         self.firing = firing
         self.policies = dict(policies or {})
         self.default = default or CullPolicy()
+        self.notify = list(notify)
         self.store = AlertStore(alloc.store.engine)
         self._client = client or httpx.Client(
             timeout=10.0, headers={"Authorization": f"token {hub_token}"}
@@ -162,6 +165,7 @@ class Culler:
         self.store.save([warning])
         self.warnings[status.id] = warning
         log.warning("idle GPU server warned: %s", warning.summary)
+        self._tell(Transition(None, warning, now))
 
     def _resolve(self, wid: str, now: float, why: str) -> None:
         warning = self.warnings.pop(wid)
@@ -173,6 +177,14 @@ class Culler:
         )
         self.store.save([done])
         log.info("idle GPU server warning resolved: %s", done.summary)
+        self._tell(Transition(AlertState.FIRING, done, now))
+
+    def _tell(self, transition: Transition) -> None:
+        for action in self.notify:
+            try:
+                action([transition], transition.at)
+            except Exception:  # a broken notifier must not stop culling
+                log.exception("notifying %r of %s failed", action, transition.alert.key)
 
     def _stop(self, status: WorkloadStatus, now: float) -> None:
         user = quote(status.owner, safe="")

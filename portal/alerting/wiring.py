@@ -77,6 +77,7 @@ def build_actions(
     actions: list[Action] = []
     if settings.alerts_webhook_url:
         actions.append(WebhookAction(settings.alerts_webhook_url))
+    webhooks = list(actions)
     if settings.cull_idle_gpu_servers:
         hub, token = environ.get("JUPYTERHUB_API_URL"), environ.get("JUPYTERHUB_API_TOKEN")
         if not hub or not token:
@@ -96,6 +97,7 @@ def build_actions(
                     for t, p in settings.cull_policies.items()
                 },
                 default=CullPolicy(True, settings.cull_warn_after_s, settings.cull_grace_s),
+                notify=webhooks,
             )
         )
     return actions

@@ -98,12 +98,14 @@ def test_an_idle_gpu_server_is_warned_then_stopped_and_others_are_not(
     (ga,), (gb,), (gc,) = p.devices_of(alice), p.devices_of(bob), p.devices_of(carol)
 
     service = scenario.start()
+    told: list[tuple[str | None, AlertState]] = []  # what a webhook would have been sent
     culler = Culler(
         p.alloc,
         hub.api_url,
         CULLER_TOKEN,
         lambda: service.state.firing(),  # the state is replaced at every evaluation
         default=CullPolicy(warn_after_s=0, grace_s=600),
+        notify=[lambda ts, now: told.extend((t.alert.owner, t.alert.state) for t in ts)],
     )
     service.actions.append(culler)
 
@@ -139,4 +141,11 @@ def test_an_idle_gpu_server_is_warned_then_stopped_and_others_are_not(
     # Still allocated (no spawner here releases it): never warned or stopped twice.
     scenario.run(range(41, 43), minute)
     assert len(service.store.alerts(rule=RULE)) == 2
+    firing, resolved = AlertState.FIRING, AlertState.RESOLVED
+    assert told == [
+        ("alice", firing),
+        ("carol", firing),
+        ("carol", resolved),
+        ("alice", resolved),
+    ]
     culler.close()
