@@ -407,6 +407,21 @@ def test_z2jh_values_configure_the_spawner_services_and_the_hub_roles(helm: Helm
     assert agent_role["scopes"] == ["custom:gpuportal:telemetry:write"]
     assert set(hub["services"]) >= {r for role in roles for r in role.get("services", [])}
 
+    # z2jh's own NetworkPolicies let tenant notebooks reach the hub API, and the proxy reach the
+    # notebooks and the chart's Services, on the ports the chart and the isolation use.
+    values = load_yaml(CHART / "values.yaml")
+    (ingress,) = hub["networkPolicy"]["ingress"]
+    tenants = {"matchLabels": values["networkPolicy"]["tenantNamespaceLabels"]}
+    assert ingress["from"] == [{"namespaceSelector": tenants}]
+    assert ingress["ports"] == [{"port": IsolationSettings().hub_api_port}]
+    to_notebooks, to_chart = load_yaml(Z2JH_VALUES)["proxy"]["chp"]["networkPolicy"]["egress"]
+    assert to_notebooks["to"] == [{"namespaceSelector": tenants}]
+    assert to_notebooks["ports"] == [{"port": IsolationSettings().notebook_port}]
+    assert to_chart["ports"] == [
+        {"port": values["portal"]["port"]},
+        {"port": values["dashboards"]["port"]},
+    ]
+
     # The services point at the chart's Services (release "gpuportal", same namespace).
     objects = helm.render()
     for service_name, url in (
