@@ -9,10 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies.errors import InvalidRequest
+
+# Placement policies the service can run: every named one except FGD, which needs the request
+# distribution of a trace up front (gpuportal learns it instead).
+SERVICE_POLICIES = ("gpuportal", "binpack", "bestfit", "dotprod", "gpupacking", "random")
 
 ENV_PREFIX = "GPUPORTAL_"
 
@@ -124,6 +128,15 @@ class Settings(BaseSettings):
         le=3600,
         description="On SIGTERM, how long in-flight requests may take before they are cut.",
     )
+    placement_policy: str = Field(
+        default="gpuportal",
+        description=(
+            "The allocator's placement scorer: `gpuportal` (fragmentation-, topology- and "
+            "MIG-aware, learns the request mix; the default), `binpack` (fullest node first, "
+            "best-connected sets; cheaper per decision), or a published baseline "
+            "(`bestfit`, `dotprod`, `gpupacking`, `random`) for comparison."
+        ),
+    )
     pricing_file: Path | None = Field(
         default=None,
         description=(
@@ -131,6 +144,13 @@ class Settings(BaseSettings):
             "(docs/cost.md). Unset: cost shows GPU-hours with every model unpriced."
         ),
     )
+
+    @field_validator("placement_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        if name not in SERVICE_POLICIES:
+            raise ValueError("one of " + ", ".join(SERVICE_POLICIES))
+        return name
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:
@@ -163,5 +183,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 def _valid(message: str) -> str:
     # pydantic says "Input should be a valid integer"; InvalidRequest says "expected ...".
-    prefix = "Input should be "
-    return message[len(prefix) :] if message.startswith(prefix) else message
+    for prefix in ("Input should be ", "Value error, "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message

@@ -36,6 +36,7 @@ from starlette.types import ASGIApp
 
 from policies.errors import InvalidRequest
 from policies.inventory import Node
+from policies.placement.scorers import policy as named_policy
 from portal.alerting import wiring as alerting
 from portal.allocator import Allocator
 from portal.api import cost as cost_api
@@ -161,7 +162,7 @@ def _run(
     loops: Loops,
     signals: StopSignals,
 ) -> int:
-    allocator = Allocator(store)
+    allocator = Allocator(store, policy=named_policy(settings.placement_policy))
     report = allocator.start(nodes)
     log.info(
         "allocator started on %d node(s); %d workload(s) lost with their nodes",

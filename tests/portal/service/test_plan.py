@@ -91,3 +91,15 @@ def test_a_bad_tokens_file_names_the_entry_and_never_shows_a_token(
     with pytest.raises(InvalidRequest, match=names) as err:
         tokens.load(path)
     assert TOKEN not in str(err.value)
+
+
+def test_the_placement_policy_defaults_to_gpuportal_and_names_the_valid_ones() -> None:
+    from policies.placement.scorers import POLICIES
+    from portal.settings import SERVICE_POLICIES
+
+    assert load_settings().placement_policy == "gpuportal"
+    assert load_settings(placement_policy="binpack").placement_policy == "binpack"
+    # Every named policy the service can build without a trace's distribution is offered.
+    assert set(SERVICE_POLICIES) == set(POLICIES) - {"fgd"}
+    with pytest.raises(InvalidRequest, match=r"placement_policy.*'fgd'.*one of gpuportal, binpack"):
+        load_settings(placement_policy="fgd")
