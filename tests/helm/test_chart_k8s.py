@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from tests.helm.chart import PRODUCTION_VALUES, Helm, Manifest, named, pod_templates
+from tests.helm.chart import CHART, PRODUCTION_VALUES, Helm, Manifest, named, pod_templates
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 
@@ -276,3 +276,34 @@ def test_the_agent_may_annotate_only_its_own_node(
     finally:
         for name in (own, other):
             installed.core.delete_node(name)
+
+
+# --- helm itself against the apiserver ----------------------------------------------------------
+
+
+def test_helm_installs_and_uninstalls_the_release(
+    k8s_cluster: K8sCluster, helm: Helm, installed: Installed
+) -> None:
+    namespace = f"chart-helm-{uuid.uuid4().hex[:6]}"
+    k8s_cluster.create_namespace(namespace, PRIVILEGED)
+    kubeconfig = ["--kubeconfig", str(k8s_cluster.admin_kubeconfig), "--namespace", namespace]
+    try:
+        done = helm.run("install", "nb", str(CHART), *kubeconfig)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # NOTES.txt: where the portal is, and what the default values leave to the operator.
+        assert f"http://nb-gpuportal.{namespace}.svc:8000/services/gpuportal" in done.stdout
+        assert "which is LOST when the pod is replaced" in done.stdout
+        assert "the namespace\n" + namespace in done.stdout  # the hostPID warning names it
+        listed = helm.run("list", "--output", "json", *kubeconfig)
+        assert [r["status"] for r in json.loads(listed.stdout)] == ["deployed"]
+        assert installed.core.read_namespaced_service("nb-gpuportal", namespace)
+
+        gone = helm.run("uninstall", "nb", *kubeconfig)
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        roles = installed.dyn.resources.get(
+            api_version="rbac.authorization.k8s.io/v1", kind="ClusterRole"
+        )
+        assert not [r for r in roles.get().items if r.metadata.name.startswith("nb-gpuportal")]
+    finally:
+        helm.run("uninstall", "nb", "--ignore-not-found", *kubeconfig)
+        installed.core.delete_namespace(namespace)
