@@ -18,7 +18,7 @@ from policies.isolation import IsolationSettings
 from policies.isolation.rbac import portal_cluster_role
 from portal.agent.run import AgentSettings, load_agent_settings
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles, render_config
-from portal.settings import Settings, load_settings
+from portal.settings import SERVICE_POLICIES, Settings, load_settings
 from spawner.hubconfig import spawner_role
 from tests.helm.chart import (
     CHART,
@@ -200,7 +200,11 @@ def test_the_rendered_settings_load(helm: Helm, monkeypatch: pytest.MonkeyPatch)
         release="prod",
         namespace="gpu",
         values_files=[PRODUCTION_VALUES],
-        sets={"portal.settings.tick_interval_s": "0.5", "portal.settings.log_format": '"text"'},
+        sets={
+            "portal.settings.tick_interval_s": "0.5",
+            "portal.settings.log_format": '"text"',
+            "portal.settings.placement_policy": '"binpack"',
+        },
     )
     templates = pod_templates(objects)
     for var in [v for v in os.environ if v.startswith(("GPUPORTAL_", "JUPYTERHUB_"))]:
@@ -211,6 +215,7 @@ def test_the_rendered_settings_load(helm: Helm, monkeypatch: pytest.MonkeyPatch)
     settings = load_settings()
     assert settings.inventory == "kubernetes"
     assert settings.tick_interval_s == 0.5 and settings.log_format == "text"
+    assert settings.placement_policy == "binpack"
     assert settings.service_ip == "0.0.0.0" and settings.service_port == 8000
     assert settings.service_prefix == "/services/gpuportal/"
     assert str(settings.pricing_file) == "/etc/gpuportal/pricing/pricing.yaml"
@@ -226,9 +231,11 @@ def test_the_rendered_settings_load(helm: Helm, monkeypatch: pytest.MonkeyPatch)
 
 def test_the_schema_accepts_only_portal_settings_that_exist() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
-    keys = set(schema["properties"]["portal"]["properties"]["settings"]["properties"])
-    assert keys <= set(Settings.model_fields)
-    assert keys <= set(load_yaml(CHART / "values.yaml")["portal"]["settings"])
+    settings = schema["properties"]["portal"]["properties"]["settings"]["properties"]
+    assert set(settings) <= set(Settings.model_fields)
+    assert set(settings) <= set(load_yaml(CHART / "values.yaml")["portal"]["settings"])
+    # The placement policies the chart accepts are those the service accepts.
+    assert settings["placement_policy"]["enum"] == list(SERVICE_POLICIES)
 
 
 def test_app_version_is_the_package_version() -> None:
@@ -347,6 +354,11 @@ def test_agent_runs_on_gpu_nodes_through_the_nvidia_runtime_without_a_gpu(helm: 
             "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
         ),
         ("portal.replica", "1", "at '/portal': additional properties 'replica' not allowed"),
+        (
+            "portal.settings.placement_policy",
+            '"firstfit"',
+            "at '/portal/settings/placement_policy': value must be one of 'gpuportal', 'binpack'",
+        ),
         ("agent.intervalSeconds", "0", "at '/agent/intervalSeconds': exclusiveMinimum"),
         (
             "networkPolicy.apiServerCIDRs",
