@@ -135,8 +135,9 @@ def seed(
                 )
             )
             live.append(st.id)
-        # Each hour some work ends: about a day's lifetime on average.
-        ending = [w for w in live if rng.random() < 1 / 24]
+        # Each hour some work ends: ten days' lifetime on average, so the cluster fills to
+        # about a third (what a busy month leaves running) and the history is a month long.
+        ending = [w for w in live if rng.random() < 1 / 240]
         for w in ending:
             alloc.release(w)
             live.remove(w)
