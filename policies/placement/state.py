@@ -170,7 +170,10 @@ class NodeState:
             (g,) = p.gpus
             self._check_gpu(g)
             inst = self._instance(g, p.mig_start)
-            existing = mig.MigInstance(p.mig_profile, p.mig_start or 0) in node.gpus[g].mig_layout
+            existing = any(  # by place, not identity: discovered instances carry UUIDs
+                i.profile == p.mig_profile and i.start == p.mig_start
+                for i in node.gpus[g].mig_layout
+            )
             if (
                 inst is None
                 or inst.profile != p.mig_profile

@@ -686,7 +686,7 @@ class Allocator:
                 amount=live.req.devices.amount(),
                 gpu_equivalent=gpu_eq,
                 gpus=p.gpus,
-                gpu_uuids=tuple(node.gpus[g].uuid for g in p.gpus),
+                gpu_uuids=_device_uuids(node, p),
                 milli=p.milli,
                 gpu_memory_mib=p.gpu_memory_mib,
                 mig_profile=p.mig_profile,
@@ -820,3 +820,14 @@ class Allocator:
     def grace_for(self, kind: str) -> timedelta:
         notice = self._preemption.notice("", WorkloadKind(kind), 0.0)
         return timedelta(seconds=notice.deadline_at)
+
+
+def _device_uuids(node: Node, p: Placement) -> tuple[str, ...]:
+    """The UUIDs a process uses to see ``p``'s devices: the MIG instance's own when the
+    inventory knows it (an existing instance discovered with its UUID), else the GPUs'."""
+    if p.mig_profile is not None and not p.mig_created:
+        (g,) = p.gpus
+        for inst in node.gpus[g].mig_layout:
+            if inst.start == p.mig_start and inst.profile == p.mig_profile and inst.uuid:
+                return (inst.uuid,)
+    return tuple(node.gpus[g].uuid for g in p.gpus)

@@ -307,3 +307,29 @@ def test_a_cpu_only_request_runs_without_gpus_and_survives_a_restart(
     again.start([hgx("n1")])
     assert again.status(s.id).state is WorkloadState.RUNNING
     assert again.release(s.id).state is WorkloadState.RELEASED
+
+
+def test_a_mig_instance_discovered_with_its_uuid_is_handed_out_by_that_uuid(
+    make_allocator: Make,
+) -> None:
+    from policies.inventory import GPU
+    from policies.mig import MigInstance
+
+    layout = (MigInstance("3g.40gb", 0, "MIG-aaa"), MigInstance("3g.40gb", 4, "MIG-bbb"))
+    node = Node(
+        "m1",
+        (GPU(0, "A100-80GB", 81_920, uuid="GPU-m1-0", mig_enabled=True, mig_layout=layout),),
+        cpu_milli=64_000,
+        memory_mib=262_144,
+    )
+    a = make_allocator([node])
+    a.set_tenant("team-a")
+    a.set_quota("team-a", "A100-80GB/3g.40gb", guaranteed=2, limit=2)
+    mig = DeviceRequest(FlavorKind.MIG, mig_profile="3g.40gb", models=frozenset({"A100-80GB"}))
+    first = a.request(wl("team-a", mig))
+    second = a.request(wl("team-a", mig))
+    got = {x.allocations[0].mig_start: x.allocations[0].gpu_uuids for x in (first, second)}
+    assert got == {0: ("MIG-aaa",), 4: ("MIG-bbb",)}
+    # Releasing gives the instance back (it was refused as "not held" when compared by UUID).
+    assert a.release(first.id).state is WorkloadState.RELEASED
+    assert a.request(wl("team-a", mig)).allocations[0].gpu_uuids == ("MIG-aaa",)
