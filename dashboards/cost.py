@@ -42,12 +42,13 @@ class CostView(Viewer):
         if not rows:
             return hv.Text(0, 0, "no cost in this window")
         common = {"stacked": True, "tools": ["hover"], "width": 520, "height": 300}
-        money = hv.Bars(rows, kdims=["day", "tenant"], vdims=["cost", "GPU-hours"]).opts(
-            title="Cost by tenant per day", **common
-        )
-        hours = hv.Bars(rows, kdims=["day", "tenant"], vdims=["GPU-hours", "cost"]).opts(
-            title="GPU-hours by tenant per day", **common
-        )
+        # Columns map to dimensions by position: one value column per chart.
+        money = hv.Bars(
+            [(d, t, cost) for d, t, cost, _ in rows], kdims=["day", "tenant"], vdims=["cost"]
+        ).opts(title="Cost by tenant per day", **common)
+        hours = hv.Bars(
+            [(d, t, h) for d, t, _, h in rows], kdims=["day", "tenant"], vdims=["GPU-hours"]
+        ).opts(title="GPU-hours by tenant per day", **common)
         return (money + hours).opts(shared_axes=False)
 
     def tenants(self, *_: object) -> pn.viewable.Viewable:
