@@ -23,7 +23,7 @@ from spawner.mixin import GPUAllocation, GPUPortalMixin, allocation_env
 
 def device_env(a: GPUAllocation) -> dict[str, str]:
     """The CUDA variables that confine a process to ``a``'s devices."""
-    known = a.gpu_uuids and all(a.gpu_uuids)  # a simulated inventory has no UUIDs
+    known = a.gpu_uuids and all(a.gpu_uuids)  # some inventories (Kubernetes labels) lack UUIDs
     visible = ",".join(a.gpu_uuids) if known else ",".join(map(str, a.gpus))
     env = {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible or "void"}
     if a.workload_id and 0 < a.milli < MILLI_PER_GPU:

@@ -109,7 +109,7 @@ def loads(text: str, *, source: str = "<inventory>") -> list[Node]:
                     f"a name not already used by {seen[node.name]}",
                 )
             seen[node.name] = where
-            nodes.append(node)
+            nodes.append(with_uuids(node))
     return nodes
 
 
@@ -128,8 +128,21 @@ def generate(nodes_by_preset: Mapping[str, int], *, nodes_per_rack: int = 8) -> 
         base = _base_node(preset, "generate()")
         for i in range(1, n + 1):
             rack = f"r{len(nodes) // nodes_per_rack + 1}"
-            nodes.append(replace(base, name=f"{preset_name}-{i}", rack=rack))
+            nodes.append(with_uuids(replace(base, name=f"{preset_name}-{i}", rack=rack)))
     return nodes
+
+
+def with_uuids(node: Node) -> Node:
+    """``node`` with a stable UUID on every GPU that has none: ``GPU-sim-<node>-<index>``.
+
+    Simulated GPUs need names like real ones so everything keyed by GPU UUID works in the
+    demo too: the spawner's ``CUDA_VISIBLE_DEVICES``, telemetry samples, alerts."""
+    if all(g.uuid for g in node.gpus):
+        return node
+    gpus = tuple(
+        g if g.uuid else replace(g, uuid=f"GPU-sim-{node.name}-{g.index}") for g in node.gpus
+    )
+    return replace(node, gpus=gpus)
 
 
 class SimulatedInventory:

@@ -444,8 +444,10 @@ def test_spawned_jupyterlab_loads_and_stopping_leaves_no_process(
     (lab_pid,) = [pid for pid, _ in demo.seen if "jupyterhub.singleuser" in _cmdline(pid)]
     env = _environ(lab_pid)
     assert env["GPUPORTAL_TENANT"] == "team-b" and env["GPUPORTAL_FLAVOR"] == "H100-80GB"
-    assert env["CUDA_VISIBLE_DEVICES"] == env["GPUPORTAL_GPUS"]
-    assert env["CUDA_VISIBLE_DEVICES"] in {str(i) for i in range(8)}
+    assert env["CUDA_VISIBLE_DEVICES"] == env["GPUPORTAL_GPU_UUIDS"]
+    # Simulated GPUs carry stable UUIDs (GPU-sim-<node>-<index>), as real ones do.
+    assert re.fullmatch(r"GPU-sim-[a-z0-9-]+-[0-7]", env["CUDA_VISIBLE_DEVICES"])
+    assert env["CUDA_VISIBLE_DEVICES"].endswith(f"-{env['GPUPORTAL_GPUS']}")
     demo.stop()
     assert demo.process.returncode is not None, "the hub ignored SIGTERM"
     assert demo.alive() == [], f"left running after SIGTERM:\n{demo.log_tail()}"

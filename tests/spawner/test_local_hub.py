@@ -37,10 +37,12 @@ def test_spawn_is_pinned_queues_with_progress_and_starts_when_the_first_stops(
     (running,) = workloads(ph, "running")
     (allocation,) = running["allocations"]
     assert running["owner"] == "alice" and running["tenant"] == "team-a"
-    # The simulated inventory has no UUIDs: the process sees the GPU by its index.
+    # The simulated inventory names its GPUs GPU-sim-<node>-<index>; the process gets the UUID.
     assert allocation["node"] == "a100-1" and len(allocation["gpus"]) == 1
-    assert env["CUDA_VISIBLE_DEVICES"] == str(allocation["gpus"][0])
-    assert env["GPUPORTAL_GPUS"] == env["CUDA_VISIBLE_DEVICES"]
+    assert env["CUDA_VISIBLE_DEVICES"] == f"GPU-sim-a100-1-{allocation['gpus'][0]}"
+    assert allocation["gpu_uuids"] == [env["CUDA_VISIBLE_DEVICES"]]
+    assert env["GPUPORTAL_GPUS"] == str(allocation["gpus"][0])
+    assert env["GPUPORTAL_GPU_UUIDS"] == env["CUDA_VISIBLE_DEVICES"]
     assert env["GPUPORTAL_WORKLOAD_ID"] == running["id"]
     assert (env["GPUPORTAL_TENANT"], env["GPUPORTAL_FLAVOR"]) == ("team-a", "A100-80GB")
     assert env["GPUPORTAL_OPTION_LABEL"] == "1 × A100-80GB"
@@ -67,7 +69,7 @@ def test_spawn_is_pinned_queues_with_progress_and_starts_when_the_first_stops(
     env = ph.server_env("anna")
     (running,) = workloads(ph, "running")
     assert running["owner"] == "anna"
-    assert env["CUDA_VISIBLE_DEVICES"] == str(running["allocations"][0]["gpus"][0])
+    assert env["CUDA_VISIBLE_DEVICES"] == running["allocations"][0]["gpu_uuids"][0]
     assert ph.portal(f"/workloads/{alice_first}")["state"] == "released"
 
     # 4. alice queues behind anna, then cancels: her queue entry is gone.
