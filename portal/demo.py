@@ -135,6 +135,8 @@ def hub_config(
             "GPUPORTAL_STATE_DIR": str(state / "portal"),
             "GPUPORTAL_DATABASE_URL": f"sqlite:///{state / 'portal' / 'portal.sqlite'}",
             "GPUPORTAL_INVENTORY": inventory,
+            # Synthetic utilization for simulated GPUs (ignored when NVML finds real ones).
+            "GPUPORTAL_SIMULATED_SAMPLES": "true",
         },
         cwd=state,
     )

@@ -137,6 +137,14 @@ class Settings(BaseSettings):
             "(`bestfit`, `dotprod`, `gpupacking`, `random`) for comparison."
         ),
     )
+    simulated_samples: bool = Field(
+        default=False,
+        description=(
+            "With a simulated inventory (`demo`, `preset:`, `file:`), feed synthetic GPU "
+            "samples (a slow wave per device) into telemetry every 10 s, so dashboards, alerts "
+            "and efficiency have data without GPUs. The demo turns it on."
+        ),
+    )
     pricing_file: Path | None = Field(
         default=None,
         description=(

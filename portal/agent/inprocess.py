@@ -2,7 +2,8 @@
 
 No HTTP and no token: each round's batches go straight to the service's ``Telemetry.ingest``,
 the same path the API route takes. The service calls ``register`` when its inventory is
-``nvml``; a host without a driver gets one log line and no loop.
+``nvml`` (a host without a driver gets one log line and no loop), and ``register_simulated``
+for a simulated inventory when ``GPUPORTAL_SIMULATED_SAMPLES`` is on (the demo).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from policies.inventory import Node
 from portal.agent.attribution import ProcessAttributor
+from portal.agent.demo import DemoSource
 from portal.agent.run import Agent, NvmlSource
 from portal.inventory import nvml
 from portal.telemetry.wire import IngestResult, SampleBatch
@@ -67,3 +70,24 @@ def register(
 
     loops.add(LOOP_NAME, interval_s, one_round)
     return source
+
+
+def register_simulated(
+    loops: LoopRegistry,
+    telemetry: Ingest,
+    nodes: Callable[[], list[Node]],
+    *,
+    interval_s: float = 10.0,
+) -> None:
+    """Add the ``agent`` loop feeding synthetic samples of the simulated ``nodes()`` (the
+    demo's GPUs, named ``GPU-sim-<node>-<index>``) into ``telemetry``, so dashboards, alerts
+    and cost efficiency have data on a machine without GPUs."""
+
+    def one_round() -> None:
+        rejected = 0
+        for batch in DemoSource(nodes()).batches():
+            rejected += telemetry.ingest(batch).rejected
+        if rejected:
+            log.warning("%d simulated samples rejected", rejected)
+
+    loops.add(LOOP_NAME, interval_s, one_round)

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp
 from policies.errors import InvalidRequest
 from policies.inventory import Node
 from policies.placement.scorers import policy as named_policy
+from portal.agent import inprocess
 from portal.alerting import wiring as alerting
 from portal.allocator import Allocator
 from portal.api import cost as cost_api
@@ -51,6 +52,7 @@ from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
 from portal.service.loops import Loops, LoopsCollector
 from portal.settings import Settings
+from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
 
@@ -118,6 +120,18 @@ def register_loops(loops: Loops, allocator: Allocator, settings: Settings) -> No
     isolation_loop.register_for_service(loops, allocator, settings)
     kube_loops.register_for_service(loops, allocator, settings)
     alerting.register_for_service(loops, allocator)
+    _register_agent(loops, allocator, settings)
+
+
+def _register_agent(loops: Loops, allocator: Allocator, settings: Settings) -> None:
+    """On one GPU server the node agent runs inside the service: NVML samples of this host,
+    or synthetic ones of a simulated inventory when asked for."""
+    if settings.inventory == "nvml":
+        inprocess.register(loops, Telemetry(allocator))
+    elif settings.simulated_samples and settings.inventory != "kubernetes":
+        inprocess.register_simulated(
+            loops, Telemetry(allocator), lambda: allocator.inspect(lambda c: [s.node for s in c])
+        )
 
 
 def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
