@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import mig
+from policies.errors import Forbidden
 from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
 from policies.placement.scorers import policy as named_policy
@@ -290,13 +291,20 @@ def run(
         n_req = 0
         offered = [p for p in MIG_PROFILES if f"A100-80GB/{p}" in alloc.capacity]
 
-        def submit() -> WorkloadState:
+        def submit() -> str:
+            """The request's outcome: a workload state, or ``refused`` when no quota of the
+            tenant could ever admit it (a gang above its limit)."""
             nonlocal n_req
             n_req += 1
             dur = rng.uniform(600, 8 * 3600)
-            s = alloc.request(random_request(rng, tenants, n_req, offered), expected_duration_s=dur)
+            try:
+                s = alloc.request(
+                    random_request(rng, tenants, n_req, offered), expected_duration_s=dur
+                )
+            except Forbidden:
+                return "refused"
             live.append(s.id)
-            return s.state
+            return s.state.value
 
         def pick(want: WorkloadState | None) -> str | None:
             for _ in range(20):
@@ -350,8 +358,8 @@ def run(
                 dt = time.perf_counter_ns() - t
                 req_ns.append(dt)
                 req_commit_ns.append(store.commit_ns - c0)
-                outcomes[f"request->{state.value}"] += 1
-                if state is WorkloadState.QUEUED:
+                outcomes[f"request->{state}"] += 1
+                if state == WorkloadState.QUEUED.value:
                     queued_est += 1
             else:
                 want = WorkloadState.QUEUED if queued_est >= MAX_QUEUED else WorkloadState.RUNNING
