@@ -321,11 +321,16 @@ class CostStore(Store):
         daily = self.source.cost(["tenant", "period"], step="day")
         # One window for all three, so the tables add up to the same total.
         flavors = self.source.cost(["flavor"], start=daily.start, end=daily.end)
-        owners = self.source.cost(["tenant", "owner"], start=daily.start, end=daily.end)
+        # Idle spend per owner exists only with utilization data: skip the read without it.
+        owners = (
+            self.source.cost(["tenant", "owner"], start=daily.start, end=daily.end).groups
+            if daily.measured
+            else ()
+        )
         budgets = self.source.budgets()
         with param.parameterized.batch_call_watchers(self):
             self.daily, self.flavors = list(daily.groups), list(flavors.groups)
-            self.owners, self.budgets = list(owners.groups), budgets
+            self.owners, self.budgets = list(owners), budgets
             self.report = daily
 
     def stacked(self) -> list[tuple[str, str, float, float]]:
