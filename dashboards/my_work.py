@@ -3,8 +3,6 @@ reason and ETA, and a button to stop (running) or cancel (queued) each."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import panel as pn
 from panel.viewable import Viewer
 
@@ -35,12 +33,11 @@ class MyWorkView(Viewer):
     def __init__(self, store: MyWorkStore, **params: object) -> None:
         super().__init__(**params)
         self.store = store
-
-    def _stopper(self, workload_id: str) -> Callable[[object], None]:
-        def stop(_event: object) -> None:
-            self.store.stop(workload_id)
-
-        return stop
+        self.choose = pn.widgets.Select(label="workload", options={}, width=320)
+        self.stop_button = pn.widgets.Button(label="Stop / cancel", color="danger", width=140)
+        self.stop_button.on_click(self._stop)
+        store.param.watch(self._choices, ["workloads"])
+        self._choices()
 
     def headline(self, *_: object) -> str:
         ws = self.store.workloads
@@ -58,19 +55,23 @@ class MyWorkView(Viewer):
     def rows(self, *_: object) -> pn.viewable.Viewable:
         if not self.store.workloads:
             return pn.pane.Markdown("*You have no running or queued workloads.*")
-        header = pn.pane.HTML(
-            "<b>workload · tenant · kind · state · devices / queue</b>", margin=(0, 5)
-        )
-        out: list[pn.viewable.Viewable] = [header]
-        for w in self.store.workloads:
-            label = "Cancel" if w.state == "queued" else "Stop"
-            button = pn.widgets.Button(label=label, color="danger", width=80)
-            button.on_click(self._stopper(w.id))
-            text = f"**{w.name}** · {w.tenant} · {w.kind} · {w.state} · " + (
-                waiting(w) or devices(w)
-            )
-            out.append(pn.Row(button, pn.pane.Markdown(text, css_classes=["gp-workload"])))
-        return pn.Column(*out, sizing_mode="stretch_width")
+        rows = [
+            (w.name, w.tenant, w.kind, w.state, waiting(w) or devices(w))
+            for w in self.store.workloads
+        ]
+        return c.table(rows, ["workload", "tenant", "kind", "state", "devices / queue"])
+
+    def _choices(self, *_: object) -> None:
+        # One picker and one button, not a button per row: re-rendering hundreds of widget
+        # rows on every live update costs seconds.
+        self.choose.options = {
+            f"{w.name} ({'cancel' if w.state == 'queued' else 'stop'})": w.id
+            for w in self.store.workloads
+        }
+
+    def _stop(self, _event: object) -> None:
+        if self.choose.value:
+            self.store.stop(self.choose.value)
 
     def __panel__(self) -> pn.viewable.Viewable:
         st = self.store.param
@@ -79,6 +80,7 @@ class MyWorkView(Viewer):
             pn.pane.Markdown(pn.bind(self.headline, st.workloads)),
             c.status_line(self.store),
             pn.bind(self.rows, st.workloads),
+            pn.Row(self.choose, self.stop_button, align="end"),
             c.message(self.store),
             sizing_mode="stretch_width",
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import holoviews as hv
 
 from dashboards.cost import CostView
-from dashboards.stores import CostStore
+from dashboards.my_work import MyWorkView
+from dashboards.stores import CostStore, MyWorkStore
 from tests.dashboards.conftest import Portal
 
 
@@ -19,3 +20,19 @@ def test_cost_charts_stack_cost_and_gpu_hours_per_tenant_and_day(portal: Portal)
     # team-a: 5.25 GPUs (1 + 4 + 0.25) x 15 h on Nov 2, x 9 h on Nov 3.
     assert hours.select(day="11-02", tenant="team-a") == 78.75
     assert hours.select(day="11-03", tenant="team-a") == 47.25
+
+
+def test_my_work_stop_button_releases_the_chosen_workload(portal: Portal) -> None:
+    store = MyWorkStore(portal.source("tok-alice"), owner="alice")
+    store.refresh()
+    view = MyWorkView(store)
+    assert list(view.choose.options) == [
+        "nb-alice (stop)",
+        "train-a (stop)",
+        "infer-a (stop)",
+    ]
+    infer = view.choose.options["infer-a (stop)"]
+    view.choose.value = infer
+    view.stop_button.clicks += 1
+    assert portal.allocator.status(infer).state.value != "running"
+    assert list(view.choose.options) == ["nb-alice (stop)", "train-a (stop)"]
