@@ -64,10 +64,13 @@ class MyWorkView(Viewer):
     def _choices(self, *_: object) -> None:
         # One picker and one button, not a button per row: re-rendering hundreds of widget
         # rows on every live update costs seconds.
-        self.choose.options = {
+        options = {
             f"{w.name} ({'cancel' if w.state == 'queued' else 'stop'})": w.id
             for w in self.store.workloads
         }
+        self.choose.options = options
+        if self.choose.value not in options.values():
+            self.choose.value = next(iter(options.values()), None)
 
     def _stop(self, _event: object) -> None:
         if self.choose.value:
@@ -80,7 +83,7 @@ class MyWorkView(Viewer):
             pn.pane.Markdown(pn.bind(self.headline, st.workloads)),
             c.status_line(self.store),
             pn.bind(self.rows, st.workloads),
-            pn.Row(self.choose, self.stop_button, align="end"),
+            pn.Row(self.choose, self.stop_button),
             c.message(self.store),
             sizing_mode="stretch_width",
         )
