@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
-from urllib.parse import quote
 
 import httpx
 
 from policies.errors import PortalError
+from portal.client import Portal
 
 PAGE = 500  # the API's largest page: 1,250 nodes take three requests
 
@@ -321,7 +321,8 @@ def _workload(w: Mapping[str, Any]) -> Workload:
 
 
 class ApiSource:
-    """``Source`` over the portal's REST API, authenticated with the viewer's hub token.
+    """``Source`` over the portal, authenticated with the viewer's hub token: the Python client
+    (``portal.client.Portal``) for everything it covers, ``/api/v1/cost`` directly.
 
     Args:
         base_url: the portal's root, e.g. ``http://127.0.0.1:8090`` (``/api/v1`` is appended).
@@ -331,6 +332,7 @@ class ApiSource:
     """
 
     def __init__(self, base_url: str, token: str, *, client: httpx.Client | None = None) -> None:
+        self._portal = Portal(base_url, token)
         self._api = base_url.rstrip("/") + "/api/v1"
         self._headers = {"Authorization": f"token {token}"}
         self._client = client or httpx.Client(timeout=30.0)
@@ -362,32 +364,29 @@ class ApiSource:
     def _list(self, path: str, parse: Callable[[Mapping[str, Any]], Any], **params: Any) -> Any:
         return [parse(x) for x in self._pages(path, **params)]
 
+    # Everything but cost goes through the portal's Python client; its typed answers are
+    # turned into the dashboards' records through their JSON form.
+
     def tenants(self) -> list[str]:
-        return sorted(str(t["name"]) for t in self._pages("/tenants"))
+        return sorted(t.name for t in self._portal.tenants())
 
     def nodes(self) -> list[NodeInfo]:
-        out: list[NodeInfo] = self._list("/nodes", _node)
-        return out
+        return [_node(n.model_dump(mode="json")) for n in self._portal.nodes()]
 
     def capacity(self) -> list[Capacity]:
-        rows = self._send("GET", "/capacity").json()
-        return [Capacity(str(r["flavor"]), int(r["capacity"])) for r in rows]
+        return [Capacity(c.flavor, c.capacity) for c in self._portal.capacity()]
 
     def quotas(self, tenant: str | None = None) -> list[Quota]:
-        out: list[Quota] = self._list("/quotas", _quota, tenant=tenant)
-        return out
+        return [_quota(q.model_dump(mode="json")) for q in self._portal.quotas(tenant)]
 
     def usage(self, tenant: str | None = None) -> list[Usage]:
-        out: list[Usage] = self._list("/usage", _usage, tenant=tenant)
-        return out
+        return [_usage(u.model_dump(mode="json")) for u in self._portal.usage(tenant)]
 
     def queue(self, tenant: str | None = None) -> list[QueueEntry]:
-        out: list[QueueEntry] = self._list("/queue", _queue_entry, tenant=tenant)
-        return out
+        return [_queue_entry(e.model_dump(mode="json")) for e in self._portal.queue(tenant)]
 
     def workloads(self, tenant: str | None = None) -> list[Workload]:
-        out: list[Workload] = self._list("/workloads", _workload, tenant=tenant)
-        return out
+        return [_workload(w.model_dump(mode="json")) for w in self._portal.workloads(tenant)]
 
     def set_quota(
         self,
@@ -399,14 +398,18 @@ class ApiSource:
         budget_gpu_hours: float | None,
         version: int,
     ) -> Quota:
-        body = {"guaranteed": guaranteed, "limit": limit, "budget_gpu_hours": budget_gpu_hours}
-        path = f"/tenants/{quote(tenant, safe='')}/quotas/{quote(flavor, safe='/')}"
-        reply = self._send("PUT", path, json=body, headers={"If-Match": f'"{version}"'})
-        return _quota(reply.json())
+        saved = self._portal.set_quota(
+            tenant,
+            flavor,
+            guaranteed=guaranteed,
+            limit=limit,
+            budget_gpu_hours=budget_gpu_hours,
+            if_match=f'"{version}"',
+        )
+        return _quota(saved.value.model_dump(mode="json"))
 
     def release(self, workload_id: str) -> Workload:
-        reply = self._send("DELETE", f"/workloads/{quote(workload_id, safe='')}")
-        return _workload(reply.json())
+        return _workload(self._portal.release(workload_id).model_dump(mode="json"))
 
     def cost(
         self,

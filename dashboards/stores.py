@@ -25,10 +25,10 @@ from dashboards.sources import (
     QueueEntry,
     Quota,
     Source,
-    SourceError,
     Usage,
     Workload,
 )
+from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 from portal.api.auth import Caller, Scope
 
@@ -49,7 +49,7 @@ class Store(param.Parameterized):
         """Read the data again; a portal error lands in ``error`` instead of raising."""
         try:
             self._read()
-        except SourceError as exc:
+        except PortalError as exc:
             self.error = exc.message
             return
         except httpx.HTTPError as exc:
@@ -267,7 +267,7 @@ class TenantStore(Store):
                 budget_gpu_hours=draft.budget_gpu_hours,
                 version=current.version,
             )
-        except SourceError as exc:
+        except PortalError as exc:
             self.message = f"not saved: {exc.message}"
             return False
         self.message = (
@@ -296,7 +296,7 @@ class MyWorkStore(Store):
         """Release a running workload's devices or take a queued one out of the queue."""
         try:
             w = self.source.release(workload_id)
-        except SourceError as exc:
+        except PortalError as exc:
             self.message = f"not stopped: {exc.message}"
             return False
         self.message = f"{w.name} ({w.id}): {w.state}"
