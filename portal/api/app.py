@@ -13,9 +13,9 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from portal.allocator import Allocator
+from portal.api import alerts as alert_routes
 from portal.api import cost, errors, inventory, offers, queue, quotas, tenants, usage, workloads
 from portal.api import metrics as service_metrics
-from portal.api import alerts as alert_routes
 from portal.api import telemetry as telemetry_routes
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator

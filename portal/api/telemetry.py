@@ -22,6 +22,7 @@ from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
 from portal.api.deps import allocator, requires
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.schemas import ErrorBody
 from portal.telemetry.reads import MAX_POINTS, Point, Resolution, series
 from portal.telemetry.service import Telemetry
 from portal.telemetry.wire import IngestResult, SampleBatch
@@ -120,7 +121,12 @@ def _point(p: Point) -> PointOut:
     )
 
 
-@router.get("/series", response_model=SeriesPage, summary="Utilization series")
+@router.get(
+    "/series",
+    response_model=SeriesPage,
+    responses={404: {"model": ErrorBody, "description": "no such workload"}},
+    summary="Utilization series",
+)
 def get_series(
     caller: Annotated[Caller, requires(Scope.USAGE_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],

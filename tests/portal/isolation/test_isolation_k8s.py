@@ -3,6 +3,7 @@ the reconciler has applied a tenant, drift repair, idempotence and guarded delet
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -100,14 +101,27 @@ def core(admin: client.ApiClient) -> client.CoreV1Api:
 
 
 @pytest.fixture(scope="module")
-def tenants(admin: client.ApiClient, core: client.CoreV1Api) -> tuple[TenantSpec, ...]:
-    """Tenants A and B reconciled once, with a notebook pod in each namespace."""
+def tenants(admin: client.ApiClient, core: client.CoreV1Api) -> Iterator[tuple[TenantSpec, ...]]:
+    """Tenants A and B reconciled once, with a notebook pod in each namespace; at the end every
+    tenant namespace of this module is deleted, pods first, so later modules reconciling their
+    own tenants on the same cluster find nothing of these (the reconciler would refuse to delete
+    namespaces that still run pods)."""
     first = reconcile([A, B], SETTINGS, admin)
     assert first.created and not (first.updated or first.deleted)
     for ns in (NS_A, NS_B):
         wait_for_quota(core, ns)
         core.create_namespaced_pod(ns, notebook_pod("nb"))  # type: ignore[arg-type]
-    return (A, B)
+    yield (A, B)
+    for ns in (NS_A, NS_B, NS_C):
+        with contextlib.suppress(ApiException):
+            core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    reconcile([], SETTINGS, admin, force=True)
+
+    def gone() -> bool | None:
+        names = {n.metadata.name for n in core.list_namespace().items if n.metadata}
+        return True if not names & {NS_A, NS_B, NS_C} else None
+
+    eventually(gone, "the tenant namespaces deleted", timeout_s=90)
 
 
 def test_reconcile_creates_every_object_and_a_second_run_changes_nothing(
