@@ -6,6 +6,7 @@ viewer. ``build_view`` makes a view without a server (tests); ``serve`` serves t
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,6 +165,19 @@ def serve(
     )
 
 
+def _for_panel(handler: Any, url: str) -> str:
+    """``url`` as Panel's page handlers need it: they put a ``.`` before the login URL (to
+    stay under a prefix), so a path from the server root becomes one relative to the page."""
+    from panel.io.server import LoginUrlMixin
+
+    request: Any = handler.request  # before isinstance narrows the handler's type
+    if not isinstance(handler, LoginUrlMixin) or not url.startswith("/"):
+        return url
+    here = posixpath.dirname(urlsplit(request.uri).path) or "/"
+    path, mark, query = url.partition("?")
+    return f"/{posixpath.relpath(path, here)}{mark}{query}" if here != "/" else url
+
+
 def serve_hub_service(portal_url: str, *, refresh_s: float = 10.0) -> None:
     """Run as a JupyterHub service behind HubOAuth (the hub sets the ``JUPYTERHUB_*``
     environment variables); blocks."""
@@ -194,7 +208,7 @@ def serve_hub_service(portal_url: str, *, refresh_s: float = 10.0) -> None:
                     handler, next_url=handler.request.uri, code_verifier=verifier
                 )
                 url: str = url_concat(hub_auth.login_url, params)
-                return url
+                return _for_panel(handler, url)
 
             return login_url
 

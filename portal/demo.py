@@ -36,6 +36,7 @@ from policies.capacity import flavor_capacity
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 from policies.inventory import Node
+from portal.api.auth import Scope
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from portal.settings import Settings
 from spawner import hubconfig
@@ -65,6 +66,7 @@ class HubPorts:
     hub_api: int
     proxy_api: int
     portal: int
+    dashboards: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,17 +191,50 @@ def hub_config(
 
 
 # ---- the dashboards service ------------------------------------------------------------
-# PLACE FOR THE DASHBOARDS: the dashboards issue adds its hub-managed service here (Panel apps
-# reading the portal API with the hub's OAuth); its name in ``_dashboards_names`` gives every
-# portal role access to it.
+# The dashboards (Panel apps) run as a hub-managed service behind the hub's OAuth, under
+# /services/dashboards/, listed on the hub's home page; every portal role may access them.
+
+DASHBOARDS_SERVICE = "dashboards"
+
+# The portal scopes a viewer's OAuth token for the dashboards may carry: the hub intersects
+# them with the viewer's own (group filters included), so nobody gains anything by them.
+DASHBOARDS_OAUTH_SCOPES: tuple[Scope, ...] = (
+    Scope.WORKLOADS_READ,
+    Scope.WORKLOADS_WRITE,
+    Scope.QUOTAS_READ,
+    Scope.QUOTAS_WRITE,
+    Scope.QUEUE_READ,
+    Scope.USAGE_READ,
+    Scope.COST_READ,
+    Scope.INVENTORY_READ,
+)
+
+
+def dashboards_service(
+    url: str, portal_url: str, python: str, name: str = DASHBOARDS_SERVICE
+) -> dict[str, object]:
+    """An entry of ``c.JupyterHub.services`` running ``gpuportal dashboards`` at ``url``,
+    reading the portal at ``portal_url`` with each viewer's own OAuth token."""
+    return {
+        "name": name,
+        "url": url,
+        "command": [python, "-m", "portal.cli", "dashboards", "--portal-url", portal_url],
+        "display": True,  # listed under Services on the hub's home page
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": [
+            *(s.value for s in DASHBOARDS_OAUTH_SCOPES),
+            f"access:services!service={name}",
+        ],
+    }
 
 
 def _dashboards_names() -> tuple[str, ...]:
-    return ()
+    return (DASHBOARDS_SERVICE,)
 
 
 def _dashboards_services(settings: Settings, ports: HubPorts, python: str) -> list[object]:
-    return []
+    portal_url = f"http://127.0.0.1:{ports.portal}/services/{hubconfig.PORTAL_SERVICE}/"
+    return [dashboards_service(f"http://127.0.0.1:{ports.dashboards}", portal_url, python)]
 
 
 def render_config(config: Mapping[str, Mapping[str, object]]) -> str:
@@ -250,6 +285,7 @@ def prepare(settings: Settings) -> DemoPlan:
             hub_api=_free_port(),
             proxy_api=_free_port(),
             portal=_free_port(),
+            dashboards=_free_port(),
         )
         seed = yaml.safe_dump(demo_seed(inventory.nodes), sort_keys=False)
         (state / SEED_FILE).write_text(seed, encoding="utf-8")

@@ -58,7 +58,7 @@ def _config(tmp_path: Path, *, run_as_root: bool) -> dict[str, dict[str, object]
         Settings(state_dir=tmp_path, demo_port=8123, demo_ip="127.0.0.1"),
         password="pw",
         proxy_command=Path("/opt/chp/bin/configurable-http-proxy"),
-        ports=HubPorts(public=8123, hub_api=18081, proxy_api=18001, portal=18002),
+        ports=HubPorts(public=8123, hub_api=18081, proxy_api=18001, portal=18002, dashboards=18003),
         python="/venv/bin/python",
         run_as_root=run_as_root,
         spawner_token="tok",
@@ -114,7 +114,7 @@ def test_the_portal_runs_as_a_hub_service_and_the_spawner_has_its_own_token(
     config = _config(tmp_path, run_as_root=False)
     hub = config["JupyterHub"]
     assert hub["spawner_class"] == "spawner.local.GPUSimpleLocalSpawner"
-    portal, spawner_svc = services(config)
+    portal, spawner_svc, _dashboards = services(config)
     assert portal["name"] == "gpuportal"
     assert portal["command"] == [
         "/venv/bin/python", "-m", "portal.cli", "serve", "--seed", str(tmp_path / SEED_FILE)
@@ -128,6 +128,32 @@ def test_the_portal_runs_as_a_hub_service_and_the_spawner_has_its_own_token(
         "custom:gpuportal:queue:read",
     ]
     assert "custom:gpuportal:workloads:write" in hub["custom_scopes"]  # type: ignore[operator]
+
+
+def test_the_dashboards_run_as_a_hub_service_behind_oauth_for_every_portal_role(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, run_as_root=False)
+    dashboards = services(config)[2]
+    assert dashboards["name"] == "dashboards"
+    assert dashboards["url"] == "http://127.0.0.1:18003"
+    assert dashboards["command"] == [
+        "/venv/bin/python", "-m", "portal.cli", "dashboards",
+        "--portal-url", "http://127.0.0.1:18002/services/gpuportal/",
+    ]  # fmt: skip
+    assert dashboards["display"] is True  # listed on the hub's home page
+    assert "--dev-identities" not in dashboards["command"]
+    # The OAuth token may carry the portal's read and write scopes, never admin.
+    allowed = dashboards["oauth_client_allowed_scopes"]
+    assert "custom:gpuportal:quotas:write" in allowed
+    assert "custom:gpuportal:admin" not in allowed
+    roles = cast(list[dict[str, Any]], config["JupyterHub"]["load_roles"])
+    with_access = {r["name"] for r in roles if "access:services!service=dashboards" in r["scopes"]}
+    assert with_access == {
+        "gpuportal-member-team-a", "gpuportal-tenant-admin-team-a",
+        "gpuportal-member-team-b", "gpuportal-tenant-admin-team-b",
+        "gpuportal-leadership", "gpuportal-platform-admin",
+    }  # fmt: skip
 
 
 def test_demo_seed_gives_team_a_every_flavor_and_team_b_one_whole_gpu_per_model() -> None:
@@ -386,6 +412,27 @@ def test_the_portal_runs_as_a_hub_service_with_the_demo_tenants(demo: Demo) -> N
     assert re.search(r"8 × H100-80GB NVLink <span[^>]*>available now", form.text)
     assert re.search(r"MIG 3g.40gb on A100-80GB <span[^>]*>available now", form.text)
     assert re.search(r"0.25 × T4 \(3 GiB\) <span[^>]*>available now", form.text)
+
+
+@pytest.mark.hub
+def test_the_demo_serves_the_dashboards_behind_the_hubs_oauth(demo: Demo) -> None:
+    dashboards = f"{demo.url}/services/dashboards/"
+    with _login(demo.url, "alice") as client:
+        home = client.get("/hub/home")
+        # Up once the hub's OAuth round trip ends on the dashboards' own page (the service may
+        # still be starting right after the hub answered).
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            page = client.get("/services/dashboards/", follow_redirects=True)
+            if page.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    assert 'href="/services/dashboards/"' in home.text  # under Services on the home page
+    assert page.status_code == 200, page.text[:500]
+    assert str(page.url) == dashboards
+    # To the hub's authorize, to the service's callback, back to the page.
+    assert [r.status_code for r in page.history] == [302, 302, 302]
+    assert "bokeh" in page.text.lower()
 
 
 @pytest.mark.hub
