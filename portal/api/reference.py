@@ -43,6 +43,8 @@ TAG_ORDER = (
 """Sections in reading order; a tag not listed here follows them, alphabetically."""
 METHOD_ORDER = ("get", "head", "post", "put", "patch", "delete", "options", "trace")
 REF_PREFIX = "#/components/schemas/"
+CODE_SPAN = re.compile(r"(`+[^`]*`+)")
+TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
 BOUND_WORDS = (
     ("minimum", ">= {}"),
     ("exclusiveMinimum", "> {}"),
@@ -94,8 +96,11 @@ def operation_anchor(method: str, path: str) -> str:
 
 
 def cell(text: object) -> str:
-    """``text`` on one line, safe inside a Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """``text`` on one line, safe inside a Markdown table cell; outside code spans, ``<n>``
+    is escaped so that renderers do not take it for an HTML tag."""
+    flat = " ".join(str(text).split()).replace("|", "\\|")
+    parts = CODE_SPAN.split(flat)
+    return "".join(p if i % 2 else TAG_START.sub("&lt;", p) for i, p in enumerate(parts))
 
 
 def literal(value: object) -> str:
@@ -254,7 +259,31 @@ def render_operation(method: str, path: str, op: Schema, components: Mapping[str
     return "\n".join(lines)
 
 
-def render_schema(name: str, schema: Schema, components: Mapping[str, Schema]) -> str:
+def request_schemas(document: Schema) -> frozenset[str]:
+    """Names of the component schemas a request body can contain, directly or nested."""
+    components: Mapping[str, Schema] = document.get("components", {}).get("schemas", {})
+    found: set[str] = set()
+    todo: list[object] = [
+        op["requestBody"] for _, _, _, op in operations(document) if "requestBody" in op
+    ]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(REF_PREFIX):
+                name = ref.removeprefix(REF_PREFIX)
+                if name not in found and name in components:
+                    found.add(name)
+                    todo.append(components[name])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return frozenset(found)
+
+
+def render_schema(
+    name: str, schema: Schema, components: Mapping[str, Schema], *, in_requests: bool
+) -> str:
     lines = [f'<a id="{anchor(name)}"></a>', f"### {name}", ""]
     title = schema.get("title")
     if title and title != name:
@@ -265,8 +294,8 @@ def render_schema(name: str, schema: Schema, components: Mapping[str, Schema]) -
         lines += [f"A {schema.get('type', 'value')}, " + type_text(schema) + ".", ""]
     fields = fields_table(schema, components)
     if fields:
-        if schema.get("additionalProperties") is False:
-            lines += ["Unknown fields are refused.", ""]
+        if in_requests and schema.get("additionalProperties") is False:
+            lines += ["In a request, unknown fields are refused.", ""]
         lines += [*fields, ""]
     elif "enum" not in schema:
         lines += [f"Type: {type_text(schema)}.", ""]
@@ -311,8 +340,10 @@ def render(document: Schema) -> str:
             current = tag
         out.append(render_operation(method, path, op, components))
     out += ["## Schemas", ""]
+    requested = request_schemas(document)
     for name in sorted(components):
-        out.append(render_schema(name, components[name], components))
+        schema = components[name]
+        out.append(render_schema(name, schema, components, in_requests=name in requested))
     return "\n".join(out).rstrip("\n") + "\n"
 
 

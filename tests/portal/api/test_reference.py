@@ -117,3 +117,21 @@ def test_check_exits_1_naming_the_command_when_the_file_differs(
 def test_rendering_is_deterministic(document: dict[str, Any], page: str) -> None:
     assert reference.render(reference.openapi_document()) == page
     assert not re.search(r"\d{4}-\d{2}-\d{2}T\d{2}:", page), "no timestamps"
+
+
+def test_a_cell_stays_on_one_line_and_escapes_pipes_and_tags_outside_code() -> None:
+    text = "Where: node:<n>,\n a `token <t>` | b"
+    assert reference.cell(text) == "Where: node:&lt;n>, a `token <t>` \\| b"
+
+
+def test_only_request_schemas_say_unknown_fields_are_refused(
+    document: dict[str, Any], page: str
+) -> None:
+    requested = reference.request_schemas(document)
+    assert {"QuotaIn", "WorkloadIn", "DevicesIn"} <= requested  # DevicesIn: nested
+    assert "WorkloadOut" not in requested
+    schemas = page[page.index("## Schemas") :]
+    blocks = dict(re.findall(r"### (\S+)\n\n(.*?)(?=<a id=|\Z)", schemas, flags=re.S))
+    refused = {name for name, text in blocks.items() if "unknown fields are refused" in text}
+    closed = {n for n in requested if "properties" in document["components"]["schemas"][n]}
+    assert refused == closed
