@@ -1,13 +1,17 @@
 """My work (data scientists): the viewer's workloads with their devices, queue position,
-reason and ETA, and a button to stop (running) or cancel (queued) each."""
+reason and ETA, GPU utilization and memory over the last hour (1-minute telemetry), the alerts
+about them (idle, noisy neighbour, ...), and a button to stop (running) or cancel (queued)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import holoviews as hv
 import panel as pn
 from panel.viewable import Viewer
 
 from dashboards import components as c
-from dashboards.sources import Workload
+from dashboards.sources import AlertInfo, UsagePoint, Workload
 from dashboards.stores import MyWorkStore
 
 
@@ -27,6 +31,24 @@ def waiting(w: Workload) -> str:
     if w.state != "queued":
         return ""
     return f"#{w.position} · {w.reason} · ETA {c.eta(w.eta_s)} — {w.message}"
+
+
+def _pct(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.0f}%"
+
+
+def usage_row(name: str, points: list[UsagePoint]) -> tuple[str, str, str, str, str]:
+    """Workload, utilization now and averaged over the hour (of its allocation), memory now
+    and at most (MiB); the hour's average weighs every measured minute alike."""
+    measured = [p.utilization for p in points if p.utilization is not None]
+    last = points[-1]
+    average = sum(measured) / len(measured) if measured else None
+    peak = max(p.memory_mib for p in points)
+    return (name, _pct(last.utilization), _pct(average), f"{last.memory_mib:,.0f}", f"{peak:,.0f}")
+
+
+def alert_row(a: AlertInfo) -> tuple[str, str, str]:
+    return (a.rule.replace("_", " "), a.state, a.summary)
 
 
 class MyWorkView(Viewer):
@@ -61,6 +83,47 @@ class MyWorkView(Viewer):
         ]
         return c.table(rows, ["workload", "tenant", "kind", "state", "devices / queue"])
 
+    def usage_table(self, *_: object) -> pn.viewable.Viewable:
+        names = {w.id: w.name for w in self.store.workloads}
+        rows = [
+            usage_row(names[wid], points)
+            for wid, points in sorted(self.store.usage.items(), key=lambda kv: names[kv[0]])
+            if points and wid in names
+        ]
+        return c.table(
+            rows,
+            ["workload", "GPU util now", "avg (1 h)", "memory MiB now", "max MiB (1 h)"],
+            empty="no GPU samples in the last hour",
+        )
+
+    def usage_plot(self, *_: object) -> hv.Overlay | hv.Text:
+        names = {w.id: w.name for w in self.store.workloads}
+        curves = []
+        for metric, label in (("utilization", "GPU utilization %"), ("memory_mib", "memory MiB")):
+            per_workload = [
+                hv.Curve(
+                    [
+                        (datetime.fromtimestamp(p.at, UTC), getattr(p, metric))
+                        for p in points
+                        if getattr(p, metric) is not None
+                    ],
+                    kdims=["time"],
+                    vdims=[label],
+                    label=names.get(wid, wid),
+                )
+                for wid, points in sorted(self.store.usage.items())
+                if points
+            ]
+            if per_workload:
+                curves.append(hv.Overlay(per_workload).opts(title=label, width=520, height=260))
+        if not curves:
+            return hv.Text(0, 0, "no GPU samples in the last hour")
+        return hv.Layout(curves).opts(shared_axes=False)
+
+    def alert_table(self, *_: object) -> pn.viewable.Viewable:
+        rows = [alert_row(a) for a in self.store.alerts]
+        return c.table(rows, ["alert", "state", "about"], empty="no alerts about your work")
+
     def _choices(self, *_: object) -> None:
         # One picker and one button, not a button per row: re-rendering hundreds of widget
         # rows on every live update costs seconds.
@@ -85,5 +148,11 @@ class MyWorkView(Viewer):
             pn.bind(self.rows, st.workloads),
             pn.Row(self.choose, self.stop_button),
             c.message(self.store),
+            "### GPU usage, last hour",
+            pn.bind(self.usage_table, st.usage),
+            pn.pane.HoloViews(pn.bind(self.usage_plot, st.usage), linked_axes=False),
+            "### Alerts",
+            pn.bind(self.alert_table, st.alerts),
+            c.message(self.store, "telemetry_note"),
             sizing_mode="stretch_width",
         )

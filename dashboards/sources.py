@@ -184,6 +184,26 @@ class Budget:
     exhausted_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class UsagePoint:
+    """One minute of a workload's GPUs: utilization in % of its allocation (None: not
+    measured) and memory used in MiB, from ``/telemetry/series``."""
+
+    at: float
+    utilization: float | None
+    memory_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class AlertInfo:
+    rule: str
+    state: str
+    summary: str
+    owner: str | None
+    workloads: tuple[str, ...]
+    value: float
+
+
 class Source(Protocol):
     """What the stores read and change. Every call acts as the viewer; errors are
     ``SourceError`` (the portal's error body) or ``httpx.HTTPError`` (no answer)."""
@@ -206,6 +226,8 @@ class Source(Protocol):
         version: int,
     ) -> Quota: ...
     def release(self, workload_id: str) -> Workload: ...
+    def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]: ...
+    def alerts(self) -> list[AlertInfo]: ...
     def cost(
         self,
         group_by: Sequence[str],
@@ -411,6 +433,22 @@ class ApiSource:
     def release(self, workload_id: str) -> Workload:
         return _workload(self._portal.release(workload_id).model_dump(mode="json"))
 
+    def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]:
+        """1-minute points of every live workload the viewer may see, by workload id."""
+        page = self._portal.series(resolution="1m", start=start, end=end)
+        return {
+            s.workload_id: [_point(p.at, p.utilization_avg, p.memory_used_avg) for p in s.points]
+            for s in page.series
+            if s.workload_id is not None
+        }
+
+    def alerts(self) -> list[AlertInfo]:
+        """Pending and firing alerts the viewer may see, newest first."""
+        return [
+            AlertInfo(a.rule, str(a.state), a.summary, a.owner, tuple(a.workloads), a.value)
+            for a in self._portal.alerts(states=("pending", "firing"))
+        ]
+
     def cost(
         self,
         group_by: Sequence[str],
@@ -441,6 +479,10 @@ class ApiSource:
     ) -> str:
         params = {"step": step, **_window(start, end)}
         return self._send("GET", "/cost/chargeback", params=params).text
+
+
+def _point(at: float, utilization: float | None, memory_mib: float) -> UsagePoint:
+    return UsagePoint(at, utilization, memory_mib)
 
 
 def _when(raw: object) -> datetime | None:

@@ -8,6 +8,7 @@ re-render in place (live updates without page reloads).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ import httpx
 import param
 
 from dashboards.sources import (
+    AlertInfo,
     Budget,
     Capacity,
     CostGroup,
@@ -26,6 +28,7 @@ from dashboards.sources import (
     Quota,
     Source,
     Usage,
+    UsagePoint,
     Workload,
 )
 from policies.errors import PortalError
@@ -33,6 +36,7 @@ from policies.flavors import Flavor, FlavorKind
 from portal.api.auth import Caller, Scope
 
 MAX_UNITS = 10_000_000  # the API's bound on guaranteed and limit
+USAGE_WINDOW_S = 3600.0  # My work plots the last hour, by the minute
 
 
 class Store(param.Parameterized):
@@ -287,10 +291,37 @@ class MyWorkStore(Store):
     owner = param.String(default="", doc="The viewer: workloads they own are shown.")
     workloads = param.List(default=[], item_type=Workload, doc="Live workloads of the owner.")
     message = param.String(default="", doc="Result of the last stop or cancel.")
+    usage = param.Dict(default={}, doc="Workload id -> 1-minute points of the last hour.")
+    alerts = param.List(default=[], item_type=AlertInfo, doc="Alerts about the owner's work.")
+    telemetry_note = param.String(default="", doc="Why usage or alerts are not shown.")
+    clock = param.Callable(default=time.time, doc="Epoch seconds: the end of the usage window.")
 
     def _read(self) -> None:
         mine = [w for w in self.source.workloads() if w.owner == self.owner]
+        ids = {w.id for w in mine}
+        usage: dict[str, list[UsagePoint]] = {}
+        alerts: list[AlertInfo] = []
+        notes = []
+        if any(w.state == "running" for w in mine):
+            now = float(self.clock())
+            try:
+                series = self.source.series(start=now - USAGE_WINDOW_S, end=now)
+            except PortalError as exc:  # e.g. no usage:read: the rest of the page still shows
+                notes.append(f"not shown: GPU usage: {exc.message}")
+            else:
+                usage = {wid: points for wid, points in series.items() if wid in ids}
+        try:
+            alerts = [
+                a
+                for a in self.source.alerts()
+                if a.owner == self.owner or ids.intersection(a.workloads)
+            ]
+        except PortalError as exc:
+            notes.append(f"not shown: alerts: {exc.message}")
         self.workloads = mine
+        self.usage = usage
+        self.alerts = alerts
+        self.telemetry_note = "; ".join(notes)
 
     def stop(self, workload_id: str) -> bool:
         """Release a running workload's devices or take a queued one out of the queue."""

@@ -1,5 +1,6 @@
-"""A real portal API (allocator on SQLite, the seeded dataset) served by uvicorn on loopback,
-and sources that speak to it over HTTP as each seeded viewer."""
+"""A real portal API (allocator on SQLite, the seeded dataset, telemetry on the seed's clock)
+served by uvicorn on loopback, and sources that speak to it over HTTP as each seeded viewer.
+``AGENT_TOKEN`` is a node agent's: it posts telemetry samples."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ from dashboards.sources import ApiSource
 from portal.accounting.service import Accounting
 from portal.allocator import Allocator
 from portal.api import create_app
-from portal.api.auth import StaticAuthenticator
+from portal.api.auth import Caller, CallerKind, StaticAuthenticator
+from portal.api.auth import Scope as ApiScope
 from portal.api.cost import use_accounting
+from portal.api.telemetry import use_telemetry
 from portal.store.writer import Store
+from portal.telemetry.service import Telemetry
 from tests.dashboards.seed import PRICES, VIEWERS, SeedClock, seed
+
+AGENT_TOKEN = "tok-agent"
+AGENT = Caller("node-agent", CallerKind.SERVICE, frozenset({ApiScope.TELEMETRY_WRITE.value}))
 
 
 def free_port() -> int:
@@ -80,6 +87,7 @@ class Portal:
     allocator: Allocator
     clock: SeedClock
     recorder: Recorder
+    telemetry: Telemetry
 
     def source(self, token: str) -> ApiSource:
         """A source acting as the viewer of ``token``."""
@@ -97,8 +105,10 @@ def running_portal(folder: Path) -> Iterator[Portal]:
     clock = SeedClock()
     alloc = Allocator(store, clock=clock)
     seed(alloc, clock)
-    app = create_app(alloc, StaticAuthenticator(VIEWERS))
+    app = create_app(alloc, StaticAuthenticator({**VIEWERS, AGENT_TOKEN: AGENT}))
     use_accounting(app, Accounting(store, PRICES, clock=clock))
+    telemetry = Telemetry(alloc, clock=lambda: clock.now.timestamp(), attribution_ttl_s=0)
+    use_telemetry(app, telemetry)
     recorder = Recorder(app)
     port = free_port()
     config = uvicorn.Config(recorder, host="127.0.0.1", port=port, log_level="warning")
@@ -111,7 +121,7 @@ def running_portal(folder: Path) -> Iterator[Portal]:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the portal API did not start")
             time.sleep(0.02)
-        yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder)
+        yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder, telemetry)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -1,0 +1,145 @@
+"""My work's GPU usage and alerts, read through the portal API from telemetry an agent posted.
+
+Samples go in through ``POST /api/v1/telemetry/samples`` (the agent's token), are rolled up by
+the portal's telemetry service, and come back to the store as 1-minute series with the
+viewer's token. nb-alice (1 × H100) is sampled over the three minutes before ``NOW``:
+
+| minute | utilization (6 samples) | memory MiB |
+|---|---|---|
+| NOW-3 min | 30 | 10,240 |
+| NOW-2 min | 60 | 10,240 |
+| NOW-1 min | 90 | 20,480 |
+
+so the view shows 90% now, 60% over the hour, 20,480 MiB now and at most.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import httpx
+import panel as pn
+from panel.viewable import Viewable
+
+from dashboards.my_work import MyWorkView
+from dashboards.stores import MyWorkStore
+from policies.alerts.engine import Alert, AlertKey, AlertState
+from portal.alerting.store import AlertStore
+from tests.dashboards.conftest import AGENT_TOKEN, Portal
+from tests.dashboards.seed import NOW
+
+MINUTES = ((30.0, 10240.0), (60.0, 10240.0), (90.0, 20480.0))
+
+
+def _html(shown: Viewable) -> str:
+    """The text of a table the view rendered (``components.table``: an HTML pane, or a
+    Markdown line when it has no rows)."""
+    assert isinstance(shown, pn.pane.HTML | pn.pane.Markdown), shown
+    return str(shown.object)
+
+
+def _gpu_of(portal: Portal, name: str) -> tuple[str, str, str]:
+    """(workload id, node, GPU UUID) of the seeded workload ``name``'s first GPU."""
+    w = next(w for w in portal.source("tok-root").workloads() if w.name == name)
+    device = w.devices[0]
+    return w.id, device.node, f"GPU-sim-{device.node}-{device.gpus[0]}"
+
+
+def _post_minutes(portal: Portal, node: str, gpu: str) -> None:
+    now = NOW.timestamp()
+    samples = [
+        {
+            "gpu_uuid": gpu,
+            "at": now - 180 + 60 * m + 10 * k,
+            "utilization_pct": util,
+            "memory_used_mib": memory,
+            "memory_total_mib": 81920.0,
+        }
+        for m, (util, memory) in enumerate(MINUTES)
+        for k in range(6)
+    ]
+    reply = httpx.post(
+        f"{portal.url}/api/v1/telemetry/samples",
+        json={"node": node, "source": "nvml", "samples": samples},
+        headers={"Authorization": f"token {AGENT_TOKEN}"},
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["accepted"] == len(samples), reply.text
+    portal.telemetry.maintain()  # the service's loop: roll the closed minutes up
+
+
+def _store(portal: Portal, token: str, owner: str) -> MyWorkStore:
+    store = MyWorkStore(portal.source(token), owner=owner, clock=lambda: NOW.timestamp())
+    store.refresh()
+    assert store.error == ""
+    return store
+
+
+def test_my_work_shows_utilization_and_memory_per_workload_by_the_minute(
+    portal: Portal,
+) -> None:
+    wid, node, gpu = _gpu_of(portal, "nb-alice")
+    _post_minutes(portal, node, gpu)
+    store = _store(portal, "tok-alice", "alice")
+    points = store.usage[wid]
+    assert [p.at for p in points] == [NOW.timestamp() - 180 + 60 * m for m in range(3)]
+    assert [p.utilization for p in points] == [30.0, 60.0, 90.0]
+    assert [p.memory_mib for p in points] == [10240.0, 10240.0, 20480.0]
+    view = MyWorkView(store)
+    table = _html(view.usage_table())
+    assert (
+        "<tr><td>nb-alice</td><td>90%</td><td>60%</td><td>20,480</td><td>20,480</td></tr>" in table
+    )
+    # Workloads with no samples are not listed (not shown as 0%).
+    assert "train-a" not in table
+    plots = view.usage_plot()
+    assert isinstance(plots, hv.Layout)
+    utilization, memory = plots
+    assert list(utilization.get(0).dimension_values("GPU utilization %")) == [30.0, 60.0, 90.0]
+    assert list(memory.get(0).dimension_values("memory MiB")) == [10240.0, 10240.0, 20480.0]
+
+
+def test_another_tenants_viewer_gets_none_of_that_usage(portal: Portal) -> None:
+    wid, node, gpu = _gpu_of(portal, "nb-alice")
+    _post_minutes(portal, node, gpu)
+    store = _store(portal, "tok-bob", "bob")
+    assert wid not in store.usage
+    assert _html(MyWorkView(store).usage_table()) == "*no GPU samples in the last hour*"
+
+
+def test_my_work_lists_the_alerts_about_the_viewers_work_only(portal: Portal) -> None:
+    alice_wid, _, gpu = _gpu_of(portal, "nb-alice")
+    bob_wid, _, bob_gpu = _gpu_of(portal, "nb-bob")
+    now = NOW.timestamp()
+    AlertStore(portal.allocator.store.engine).save(
+        [
+            Alert(
+                AlertKey("idle", gpu, alice_wid),
+                AlertState.FIRING,
+                "team-a",
+                "alice",
+                (alice_wid,),
+                "nb-alice: GPU idle (0% for 2 h)",
+                0.0,
+                now - 7200,
+                now - 3600,
+            ),
+            Alert(
+                AlertKey("noisy_neighbour", bob_gpu, bob_wid),
+                AlertState.FIRING,
+                "team-b",
+                "bob",
+                (bob_wid,),
+                "nb-bob: slows its neighbours",
+                95.0,
+                now - 600,
+                now - 300,
+            ),
+        ]
+    )
+    alice = _html(MyWorkView(_store(portal, "tok-alice", "alice")).alert_table())
+    assert "<tr><td>idle</td><td>firing</td><td>nb-alice: GPU idle (0% for 2 h)</td></tr>" in alice
+    assert "nb-bob" not in alice
+    bob = _html(MyWorkView(_store(portal, "tok-bob", "bob")).alert_table())
+    noisy = "<tr><td>noisy neighbour</td><td>firing</td><td>nb-bob: slows its neighbours</td></tr>"
+    assert noisy in bob
+    assert "nb-alice" not in bob
