@@ -9,6 +9,7 @@ their processes (``workload_id``, or ``user`` + ``server`` for a local notebook 
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -74,14 +75,16 @@ class AllocationIndex:
     servers: Mapping[tuple[str, str], str]  # (owner, hub server name) -> workload id
 
     @classmethod
-    def build(cls, nodes: Iterable[Node], workloads: Iterable[WorkloadStatus]) -> AllocationIndex:
-        """From the inventory and the live workloads (with their active allocations)."""
-        gpus: dict[str, GpuInfo] = {}
-        for node in nodes:
-            for g in node.gpus:
-                if g.uuid:
-                    instances = {i.uuid: (i.profile, i.start) for i in g.mig_layout if i.uuid}
-                    gpus[g.uuid] = GpuInfo(node.name, g.model, g.memory_mib, instances)
+    def build(
+        cls,
+        nodes: Iterable[Node],
+        workloads: Iterable[WorkloadStatus],
+        gpus: Mapping[str, GpuInfo] | None = None,
+    ) -> AllocationIndex:
+        """From the inventory and the live workloads (with their active allocations);
+        ``gpus``: ``gpu_infos(nodes)`` when the caller has it already."""
+        if gpus is None:
+            gpus = gpu_infos(nodes)
         by_id = {w.id: w for w in workloads}
         holders: dict[str, list[Holder]] = {}
         for w in by_id.values():
@@ -106,6 +109,17 @@ class AllocationIndex:
         if user is not None:
             return self.servers.get((user, server or ""))
         return None
+
+
+def gpu_infos(nodes: Iterable[Node]) -> dict[str, GpuInfo]:
+    """The inventory's GPUs by UUID (GPUs without one cannot be reported on)."""
+    gpus: dict[str, GpuInfo] = {}
+    for node in nodes:
+        for g in node.gpus:
+            if g.uuid:
+                instances = {i.uuid: (i.profile, i.start) for i in g.mig_layout if i.uuid}
+                gpus[g.uuid] = GpuInfo(node.name, g.model, g.memory_mib, instances)
+    return gpus
 
 
 def hub_server(owner: str, workload_name: str) -> str:
@@ -172,13 +186,21 @@ class AllocatorIndexSource:
         self._lock = threading.Lock()
         self._index: AllocationIndex | None = None
         self._built_at = 0.0
+        self._nodes: list[Node] = []
+        self._gpus: dict[str, GpuInfo] = {}
 
     def __call__(self) -> AllocationIndex:
         now = self._clock()
         with self._lock:
             if self._index is None or now - self._built_at >= self._ttl_s:
                 nodes = self._alloc.inspect(lambda c: [ns.node for ns in c])
-                self._index = AllocationIndex.build(nodes, self._alloc.workloads())
+                # The GPU map depends on the inventory alone, which rarely changes: it is
+                # rebuilt only when a node object differs (nodes are frozen, so the same
+                # objects mean the same inventory). On 10,000 GPUs that is most of a rebuild.
+                if len(nodes) != len(self._nodes) or not all(map(operator.is_, nodes, self._nodes)):
+                    self._gpus = gpu_infos(nodes)
+                    self._nodes = nodes
+                self._index = AllocationIndex.build(nodes, self._alloc.workloads(), self._gpus)
                 self._built_at = now
             return self._index
 

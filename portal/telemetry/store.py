@@ -17,6 +17,7 @@ incremented, so:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ from sqlalchemy.sql import ColumnElement
 from policies.alerts.samples import ShareKind
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU
-from portal.store.db import RawStatement, compile_raw, raw_write
+from portal.store.db import RawStatement, RawTransaction, compile_raw, raw_write
 from portal.telemetry.attribution import AllocationIndex, Holder
 from portal.telemetry.tables import (
     DIRTY,
@@ -62,6 +63,7 @@ DAY_S = 86_400
 
 _SAMPLE_COLUMNS = [c.name for c in SAMPLES.columns]
 _WORKLOAD_COLUMNS = [c.name for c in WORKLOAD_SAMPLES.columns]
+_DIRTY_COLUMNS = [c.name for c in DIRTY.columns]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +136,10 @@ class TelemetryStore:
         self._insert_samples = ignore(SAMPLES, _SAMPLE_COLUMNS)
         self._insert_workload_samples = ignore(WORKLOAD_SAMPLES, _WORKLOAD_COLUMNS)
         self._insert_dirty = ignore(DIRTY, ["step_s", "bucket_ms"])
-        # PostgreSQL: one statement per batch, the rows as one array per column (``unnest``),
-        # the three inserts as data-modifying CTEs: one round trip where executemany costs one
-        # (and a pipeline sync) per row.
-        self._pg_insert = _unnest_inserts() if dialect.name == "postgresql" else None
+        # PostgreSQL: one statement per batch, each table's rows as one JSON parameter, the
+        # three inserts as data-modifying CTEs: one round trip where executemany costs one (and
+        # a pipeline sync) per row.
+        self._pg_insert = _json_inserts() if dialect.name == "postgresql" else None
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -180,20 +182,10 @@ class TelemetryStore:
         inserted = 0
         if b.rows:
             dirty = [(MINUTE_S, m) for m in sorted(b.minutes)]
-            with raw_write(self.engine) as tx:
-                if self._pg_insert is not None:
-                    params = [
-                        column
-                        for rows, table in (
-                            (b.rows, SAMPLES),
-                            (b.workload_rows, WORKLOAD_SAMPLES),
-                            (dirty, DIRTY),
-                        )
-                        for column in _columns(rows, len(table.columns))
-                    ]
-                    tx.cursor.execute(self._pg_insert, params)
-                    inserted = int(tx.cursor.fetchone()[0])
-                else:
+            if self._pg_insert is not None:
+                inserted = self._pg_ingest(b.rows, b.workload_rows, dirty)
+            else:
+                with raw_write(self.engine) as tx:
                     tx.executemany_values(self._insert_samples, b.rows)
                     inserted = max(tx.cursor.rowcount, 0)
                     if b.workload_rows:
@@ -206,6 +198,45 @@ class TelemetryStore:
             rejected=b.rejected,
             rejections=b.rejections,
         )
+
+    def _pg_ingest(
+        self,
+        rows: list[tuple[Any, ...]],
+        workload_rows: list[tuple[Any, ...]],
+        dirty: list[tuple[int, int]],
+    ) -> int:
+        """Insert a batch's rows with one PostgreSQL statement; returns the new raw rows.
+
+        The statement runs in autocommit mode: being a single statement, it is its own
+        transaction (all three inserts or none), and it costs one round trip where BEGIN,
+        the statement and COMMIT cost three. The rows travel as three JSON texts, which
+        ``json.dumps`` writes in C, where the driver's array adapters spend Python time on
+        every value of every column.
+        """
+        from psycopg.pq import TransactionStatus  # the postgres extra, present on this path
+
+        assert self._pg_insert is not None
+        params = {
+            "samples": _json_rows(_SAMPLE_COLUMNS, rows),
+            "workloads": _json_rows(_WORKLOAD_COLUMNS, workload_rows),
+            "dirty": _json_rows(_DIRTY_COLUMNS, dirty),
+        }
+        connection = self.engine.raw_connection()
+        try:
+            driver: Any = connection.driver_connection
+            driver.autocommit = True
+            try:
+                tx = RawTransaction(self.engine, connection)
+                return int(tx.execute(self._pg_insert, params).fetchone()[0])
+            finally:
+                # Back to what the pool hands out; a connection left in a transaction (it
+                # should not be) or lost is dropped rather than returned.
+                if connection.is_valid and driver.info.transaction_status == TransactionStatus.IDLE:
+                    driver.autocommit = False
+                elif connection.is_valid:
+                    connection.invalidate()
+        finally:
+            connection.close()
 
     # -- roll-ups and retention -------------------------------------------------------------
 
@@ -352,29 +383,27 @@ class TelemetryStore:
         return deleted
 
 
-_PG_TYPES = {"STRING": "text", "BIGINTEGER": "int8", "INTEGER": "int4", "FLOAT": "float8"}
-
-
-def _unnest_inserts() -> str:
-    """One PostgreSQL statement inserting raw, workload and dirty rows, each given as one array
-    per column, skipping rows already there; it returns how many raw rows were new."""
+def _json_inserts() -> RawStatement:
+    """One PostgreSQL statement inserting raw, workload and dirty rows, each table's rows given
+    as one JSON array of objects keyed by column, skipping rows already there; it returns how
+    many raw rows were new."""
     parts = []
     for alias, table in (("s", SAMPLES), ("w", WORKLOAD_SAMPLES), ("d", DIRTY)):
         names = ", ".join(c.name for c in table.columns)
-        arrays = ", ".join(
-            f"%s::{_PG_TYPES[type(c.type).__name__.upper()]}[]" for c in table.columns
-        )
         key = ", ".join(c.name for c in table.primary_key.columns)
         parts.append(
-            f"{alias} AS (INSERT INTO {table.name} ({names}) SELECT * FROM unnest({arrays}) "
+            f"{alias} AS (INSERT INTO {table.name} ({names}) SELECT {names} FROM "
+            f"json_populate_recordset(NULL::{table.name}, %s::json) "
             f"ON CONFLICT ({key}) DO NOTHING RETURNING 1)"
         )
-    return "WITH " + ", ".join(parts) + " SELECT count(*) FROM s"
+    params = ["samples", "workloads", "dirty"]
+    sql = "WITH " + ", ".join(parts) + " SELECT count(*) FROM s"
+    return RawStatement(sql, params, params, [None, None, None], positional=True)
 
 
-def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """Rows as one list per column (``width`` empty lists for no rows)."""
-    return [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+def _json_rows(columns: Sequence[str], rows: list[tuple[Any, ...]]) -> str:
+    """Rows (in ``columns``' order) as a JSON array of objects; floats keep every digit."""
+    return json.dumps([dict(zip(columns, row, strict=True)) for row in rows])
 
 
 def _weighted(avg: ColumnElement[Any], n: ColumnElement[Any]) -> ColumnElement[Any]:
