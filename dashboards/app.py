@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,8 +74,15 @@ def _tenant_page(source: Source, viewer: Caller, args: Mapping[str, str]) -> Pag
     return page
 
 
-def build_view(view: str, source: Source, viewer: Caller, args: Mapping[str, str]) -> Page:
-    """The page of ``view`` for ``viewer``, read once; ``args`` are the page's arguments."""
+def build_view(
+    view: str,
+    source: Source,
+    viewer: Caller,
+    args: Mapping[str, str],
+    clock: Callable[[], float] = time.time,
+) -> Page:
+    """The page of ``view`` for ``viewer``, read once; ``args`` are the page's arguments,
+    ``clock`` (epoch s) ends the time windows of telemetry."""
     page: Page
     if view == "cluster":
         cluster = ClusterStore(source, selected=args.get("node", ""))
@@ -85,7 +93,7 @@ def build_view(view: str, source: Source, viewer: Caller, args: Mapping[str, str
         cost = CostStore(source)
         page = Page("Cost", CostView(cost), [cost])
     elif view == "my_work":
-        work = MyWorkStore(source, owner=viewer.name)
+        work = MyWorkStore(source, owner=viewer.name, clock=clock)
         page = Page("My work", MyWorkView(work), [work])
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""
@@ -102,11 +110,13 @@ class Settings:
         portal_url: the portal's root URL as this process reaches it.
         identify: turns a session's request into the viewer (HubOAuth in production).
         refresh_s: seconds between live updates of an open page.
+        clock: epoch seconds, the end of telemetry windows (tests run on a seeded clock).
     """
 
     portal_url: str
     identify: Identify
     refresh_s: float = 10.0
+    clock: Callable[[], float] = time.time
 
 
 def _session_page(view: str, settings: Settings) -> Any:
@@ -115,7 +125,8 @@ def _session_page(view: str, settings: Settings) -> Any:
     if identity is None:
         return pn.pane.Markdown("## Not logged in\n\nOpen the dashboards from JupyterHub.")
     args = {k: v[0].decode("utf-8", "replace") for k, v in request.arguments.items() if v}
-    page = build_view(view, ApiSource(settings.portal_url, identity.token), identity.viewer, args)
+    source = ApiSource(settings.portal_url, identity.token)
+    page = build_view(view, source, identity.viewer, args, settings.clock)
     if page.stores:
         # Live updates: the stores' parameters change and their views re-render in place.
         pn.state.add_periodic_callback(page.refresh, period=int(settings.refresh_s * 1000))

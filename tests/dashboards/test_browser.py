@@ -21,7 +21,8 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 from dashboards.app import Settings, serve
 from dashboards.auth import TokenArgIdentity
 from tests.dashboards.conftest import Portal, free_port, running_portal
-from tests.dashboards.seed import VIEWERS
+from tests.dashboards.seed import NOW, VIEWERS
+from tests.dashboards.test_telemetry import gpu_of, post_minutes
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -63,7 +64,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("dashboards")
     with running_portal(folder) as portal:
         port = free_port()
-        settings = Settings(portal.url, TokenArgIdentity(VIEWERS), refresh_s=1.0)
+        settings = Settings(
+            portal.url, TokenArgIdentity(VIEWERS), refresh_s=1.0, clock=lambda: NOW.timestamp()
+        )
         server: Any = serve(settings, port=port, threaded=True)
         try:
             yield Served(portal, f"http://127.0.0.1:{port}", folder)
@@ -150,12 +153,18 @@ def test_tenant_view_for_a_member_has_no_editor(page: tuple[Page, Console], serv
 
 def test_my_work_view(page: tuple[Page, Console], served: Served) -> None:
     p, console = page
+    _, node, gpu = gpu_of(served.portal, "nb-alice")
+    post_minutes(served.portal, node, gpu)  # 30, 60, 90 % by the minute; test_telemetry.py
     open_view(p, served, "my_work", "tok-alice")
     expect(p.get_by_text("running 3").first).to_be_visible(timeout=WAIT_MS)
     expect(p.get_by_text("whole GPUs held 5").first).to_be_visible()
     expect(p.get_by_text("hgx-1: GPU 4,5,6,7 (H100-80GB ×4) borrowed").first).to_be_visible()
     assert row(p, "train-a")[3:] == ["running", "hgx-1: GPU 4,5,6,7 (H100-80GB ×4) borrowed"]
     expect(p.get_by_role("button", name="Stop / cancel")).to_be_visible()
+    usage = p.locator("table.gp-table").filter(has_text="GPU util now")
+    expect(usage).to_be_visible()
+    cells = usage.locator("tbody td").all_inner_texts()
+    assert cells == ["nb-alice", "90%", "60%", "20,480", "20,480"]
     shoot(p, served, "my-work")
     assert console.errors == []
 

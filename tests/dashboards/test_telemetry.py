@@ -37,14 +37,14 @@ def _html(shown: Viewable) -> str:
     return str(shown.object)
 
 
-def _gpu_of(portal: Portal, name: str) -> tuple[str, str, str]:
+def gpu_of(portal: Portal, name: str) -> tuple[str, str, str]:
     """(workload id, node, GPU UUID) of the seeded workload ``name``'s first GPU."""
     w = next(w for w in portal.source("tok-root").workloads() if w.name == name)
     device = w.devices[0]
     return w.id, device.node, f"GPU-sim-{device.node}-{device.gpus[0]}"
 
 
-def _post_minutes(portal: Portal, node: str, gpu: str) -> None:
+def post_minutes(portal: Portal, node: str, gpu: str) -> None:
     now = NOW.timestamp()
     samples = [
         {
@@ -77,8 +77,8 @@ def _store(portal: Portal, token: str, owner: str) -> MyWorkStore:
 def test_my_work_shows_utilization_and_memory_per_workload_by_the_minute(
     portal: Portal,
 ) -> None:
-    wid, node, gpu = _gpu_of(portal, "nb-alice")
-    _post_minutes(portal, node, gpu)
+    wid, node, gpu = gpu_of(portal, "nb-alice")
+    post_minutes(portal, node, gpu)
     store = _store(portal, "tok-alice", "alice")
     points = store.usage[wid]
     assert [p.at for p in points] == [NOW.timestamp() - 180 + 60 * m for m in range(3)]
@@ -99,16 +99,16 @@ def test_my_work_shows_utilization_and_memory_per_workload_by_the_minute(
 
 
 def test_another_tenants_viewer_gets_none_of_that_usage(portal: Portal) -> None:
-    wid, node, gpu = _gpu_of(portal, "nb-alice")
-    _post_minutes(portal, node, gpu)
+    wid, node, gpu = gpu_of(portal, "nb-alice")
+    post_minutes(portal, node, gpu)
     store = _store(portal, "tok-bob", "bob")
     assert wid not in store.usage
     assert _html(MyWorkView(store).usage_table()) == "*no GPU samples in the last hour*"
 
 
 def test_my_work_lists_the_alerts_about_the_viewers_work_only(portal: Portal) -> None:
-    alice_wid, _, gpu = _gpu_of(portal, "nb-alice")
-    bob_wid, _, bob_gpu = _gpu_of(portal, "nb-bob")
+    alice_wid, _, gpu = gpu_of(portal, "nb-alice")
+    bob_wid, _, bob_gpu = gpu_of(portal, "nb-bob")
     now = NOW.timestamp()
     AlertStore(portal.allocator.store.engine).save(
         [
