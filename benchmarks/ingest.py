@@ -34,6 +34,7 @@ from policies.topology import LinkClass, Topology
 from portal.alerting.service import AlertService
 from portal.allocator import Allocator
 from portal.store.writer import Store
+from portal.telemetry.attribution import AllocatorIndexSource
 from portal.telemetry.service import Telemetry
 from portal.telemetry.wire import SampleBatch
 
@@ -122,6 +123,10 @@ def run(
     store, alloc, nodes = build(url, gpus)
     clock = SimClock(START)
     telemetry = Telemetry(alloc, clock=clock)
+    # Attribution's snapshot is rebuilt every 2 s of the portal's time, as in production; on
+    # the default monotonic clock it would be rebuilt every 2 s of the replay, which runs
+    # faster than real time and would hide most of that cost.
+    telemetry.index = AllocatorIndexSource(alloc, ttl_s=2.0, clock=clock)
     rounds = int(minutes * 60 / interval_s)
     accepted = 0
     cpu = wall = db_cpu = 0.0
@@ -131,7 +136,8 @@ def run(
             raw = payloads(nodes, at)  # the agents' work, not timed
             clock.now = at + 1.0
             c0, w0, d0 = time.process_time(), time.perf_counter(), server_cpu_s(pg_data)
-            for body in raw:
+            for i, body in enumerate(raw):
+                clock.now = at + 1.0 + (interval_s - 1.0) * i / len(raw)  # spread over the round
                 accepted += telemetry.ingest(SampleBatch.model_validate_json(body)).accepted
             if int(at) % 60 + interval_s >= 60:  # once a simulated minute
                 telemetry.maintain()

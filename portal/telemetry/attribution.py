@@ -188,6 +188,7 @@ class AllocatorIndexSource:
         self._built_at = 0.0
         self._nodes: list[Node] = []
         self._gpus: dict[str, GpuInfo] = {}
+        self._workloads: list[WorkloadStatus] = []
 
     def __call__(self) -> AllocationIndex:
         now = self._clock()
@@ -196,11 +197,19 @@ class AllocatorIndexSource:
                 nodes = self._alloc.inspect(lambda c: [ns.node for ns in c])
                 # The GPU map depends on the inventory alone, which rarely changes: it is
                 # rebuilt only when a node object differs (nodes are frozen, so the same
-                # objects mean the same inventory). On 10,000 GPUs that is most of a rebuild.
-                if len(nodes) != len(self._nodes) or not all(map(operator.is_, nodes, self._nodes)):
+                # objects mean the same inventory).
+                same_nodes = len(nodes) == len(self._nodes) and all(
+                    map(operator.is_, nodes, self._nodes)
+                )
+                if not same_nodes:
                     self._gpus = gpu_infos(nodes)
                     self._nodes = nodes
-                self._index = AllocationIndex.build(nodes, self._alloc.workloads(), self._gpus)
+                # The index is a function of the nodes and the workloads: when both are what
+                # they were (comparing is far cheaper than building), the last one stands.
+                workloads = self._alloc.workloads()
+                if self._index is None or not same_nodes or workloads != self._workloads:
+                    self._index = AllocationIndex.build(nodes, workloads, self._gpus)
+                    self._workloads = workloads
                 self._built_at = now
             return self._index
 
