@@ -1,5 +1,6 @@
 """Cluster view (operators): node × GPU allocation heatmap, free capacity per flavor,
-fragmentation, MIG layouts, and the selected node's GPU link classes."""
+fragmentation, MIG layouts, node health (XID, throttling and ECC alerts), and the selected
+node's GPU link classes."""
 
 from __future__ import annotations
 
@@ -93,6 +94,18 @@ class ClusterView(Viewer):
         rows = [(g, p, s, "free" if f else "in use") for g, p, s, f in self.store.mig_layouts()]
         return c.table(rows, ["GPU", "profile", "start", "state"], empty="no MIG instances")
 
+    def health(self, *_: object) -> pn.viewable.Viewable:
+        rows = [
+            (
+                *self.store.where(a.scope),
+                a.rule.upper() if a.rule == "xid" else a.rule,
+                a.state,
+                a.summary,
+            )
+            for a in self.store.health
+        ]
+        return c.table(rows, ["node", "GPU", "alert", "state", "about"], empty="no health alerts")
+
     def __panel__(self) -> pn.viewable.Viewable:
         choose = pn.widgets.AutocompleteInput.from_param(
             self.store.param.selected,
@@ -113,6 +126,9 @@ class ClusterView(Viewer):
             pn.pane.HoloViews(
                 pn.bind(self.heatmap, st.nodes), sizing_mode="stretch_width", linked_axes=False
             ),
+            "### Node health",
+            pn.bind(self.health, st.health),
+            c.message(self.store, "health_note"),
             pn.Row(
                 pn.Column("### Free capacity by flavor", pn.bind(self.free, st.nodes, st.capacity)),
                 pn.Column("### MIG layouts", pn.bind(self.layouts, st.nodes)),

@@ -55,6 +55,7 @@ class Gpu:
     shareable: bool
     free_milli: int
     mig_layout: tuple[MigSlot, ...]
+    uuid: str = ""  # '' when the inventory does not know it
 
     @property
     def allocated_milli(self) -> int:
@@ -198,6 +199,7 @@ class UsagePoint:
 class AlertInfo:
     rule: str
     state: str
+    scope: str  # where: a device (GPU UUID, or <UUID>/gi<id>), node:<n>, a tenant
     summary: str
     owner: str | None
     workloads: tuple[str, ...]
@@ -258,6 +260,7 @@ def _gpu(node: str, g: Mapping[str, Any]) -> Gpu:
         mig_layout=tuple(
             MigSlot(str(m["profile"]), int(m["start"]), bool(m["free"])) for m in g["mig_layout"]
         ),
+        uuid=str(g.get("uuid") or ""),
     )
 
 
@@ -445,7 +448,9 @@ class ApiSource:
     def alerts(self) -> list[AlertInfo]:
         """Pending and firing alerts the viewer may see, newest first."""
         return [
-            AlertInfo(a.rule, str(a.state), a.summary, a.owner, tuple(a.workloads), a.value)
+            AlertInfo(
+                a.rule, str(a.state), a.scope, a.summary, a.owner, tuple(a.workloads), a.value
+            )
             for a in self._portal.alerts(states=("pending", "firing"))
         ]
 

@@ -36,6 +36,7 @@ from policies.flavors import Flavor, FlavorKind
 from portal.api.auth import Caller, Scope
 
 MAX_UNITS = 10_000_000  # the API's bound on guaranteed and limit
+HEALTH_RULES = ("xid", "throttle", "ecc")  # the alerts about a GPU's health, not its use
 USAGE_WINDOW_S = 3600.0  # My work plots the last hour, by the minute
 
 
@@ -83,15 +84,41 @@ class ClusterStore(Store):
     capacity = param.List(default=[], item_type=Capacity, doc="Units per flavor.")
     selected = param.String(default="", doc="The node whose topology and MIG layout are shown.")
 
+    health = param.List(default=[], item_type=AlertInfo, doc="XID, throttling, ECC alerts.")
+    health_note = param.String(default="", doc="Why node health is not shown.")
+
     def _read(self) -> None:
         nodes = self.source.nodes()
         capacity = self.source.capacity()
+        health, note = self._health()
         with param.parameterized.batch_call_watchers(self):
             self.nodes = nodes
             self.capacity = capacity
+            self.health = health
+            self.health_note = note
             names = {n.name for n in nodes}
             if self.selected not in names:
                 self.selected = nodes[0].name if nodes else ""
+
+    def _health(self) -> tuple[list[AlertInfo], str]:
+        # Device alerts are the platform's: only unfiltered workloads:read holders see them.
+        try:
+            alerts = self.source.alerts()
+        except PortalError as exc:
+            return [], f"not shown: node health: {exc.message}"
+        return [a for a in alerts if a.rule in HEALTH_RULES], ""
+
+    def where(self, scope: str) -> tuple[str, str]:
+        """(node, GPU) an alert's scope names: a device's GPU by its UUID, or ``node:<n>``;
+        the scope itself when the inventory does not know it."""
+        if scope.startswith("node:"):
+            return scope.removeprefix("node:"), "—"
+        uuid, _, instance = scope.partition("/")
+        for n in self.nodes:
+            for g in n.gpus:
+                if g.uuid and g.uuid == uuid:
+                    return n.name, f"{g.index}" + (f" ({instance})" if instance else "")
+        return scope, "—"
 
     def allocation(self) -> list[tuple[str, int, float]]:
         """(node, GPU index, allocated fraction 0..1) for every GPU: the heatmap's cells."""

@@ -1,4 +1,5 @@
-"""My work's GPU usage and alerts, read through the portal API from telemetry an agent posted.
+"""My work's GPU usage and alerts, and Cluster's node health, read through the portal API
+(telemetry an agent posted, alerts the alert service stores).
 
 Samples go in through ``POST /api/v1/telemetry/samples`` (the agent's token), are rolled up by
 the portal's telemetry service, and come back to the store as 1-minute series with the
@@ -20,8 +21,9 @@ import httpx
 import panel as pn
 from panel.viewable import Viewable
 
+from dashboards.cluster import ClusterView
 from dashboards.my_work import MyWorkView
-from dashboards.stores import MyWorkStore
+from dashboards.stores import ClusterStore, MyWorkStore
 from policies.alerts.engine import Alert, AlertKey, AlertState
 from portal.alerting.store import AlertStore
 from tests.dashboards.conftest import AGENT_TOKEN, Portal
@@ -143,3 +145,52 @@ def test_my_work_lists_the_alerts_about_the_viewers_work_only(portal: Portal) ->
     noisy = "<tr><td>noisy neighbour</td><td>firing</td><td>nb-bob: slows its neighbours</td></tr>"
     assert noisy in bob
     assert "nb-alice" not in bob
+
+
+def test_cluster_node_health_lists_xid_and_throttling_alerts_by_node_and_gpu(
+    portal: Portal,
+) -> None:
+    now = NOW.timestamp()
+    idle_wid, _, idle_gpu = gpu_of(portal, "nb-alice")
+
+    def device_alert(rule: str, device: str, summary: str, value: float) -> Alert:
+        key = AlertKey(rule, device, device)
+        return Alert(key, AlertState.FIRING, None, None, (), summary, value, now - 60, now)
+
+    AlertStore(portal.allocator.store.engine).save(
+        [
+            device_alert("xid", "GPU-sim-hgx-2-3", "XID 79: fell off the bus", 79.0),
+            device_alert("throttle", "GPU-sim-a100-1-1/gi2", "thermal slowdown", 64.0),
+            Alert(
+                AlertKey("idle", idle_gpu, idle_wid),
+                AlertState.FIRING,
+                "team-a",
+                "alice",
+                (idle_wid,),
+                "nb-alice: GPU idle",
+                0.0,
+                now - 7200,
+                now - 3600,
+            ),
+        ]
+    )
+    store = ClusterStore(portal.source("tok-root"))
+    store.refresh()
+    assert store.error == "" and store.health_note == ""
+    table = _html(ClusterView(store).health())
+    assert (
+        "<tr><td>hgx-2</td><td>3</td><td>XID</td><td>firing</td>"
+        "<td>XID 79: fell off the bus</td></tr>" in table
+    )
+    assert (
+        "<tr><td>a100-1</td><td>1 (gi2)</td><td>throttle</td><td>firing</td>"
+        "<td>thermal slowdown</td></tr>" in table
+    )
+    assert "idle" not in table  # about a workload's use, not a GPU's health
+
+    # An operator holding inventory:read only: the page says why, the rest still shows.
+    ops = ClusterStore(portal.source("tok-ops"))
+    ops.refresh()
+    assert ops.error == "" and ops.nodes
+    assert ops.health == []
+    assert ops.health_note.startswith("not shown: node health: ")
