@@ -34,34 +34,55 @@ class ClusterView(Viewer):
             c.number("fragmentation", f"{self.store.fragmentation():.0%}"),
         )
 
+    def cells(self) -> list[tuple[str, int, float]]:
+        """(node, GPU index, 0..1) of the chosen metric; NaN: a GPU not measured."""
+        if self.store.metric == "utilization":
+            used = self.store.utilization
+            return [
+                (
+                    g.node,
+                    g.index,
+                    used[(g.node, g.index)] / 100 if (g.node, g.index) in used else float("nan"),
+                )
+                for n in self.store.nodes
+                for g in n.gpus
+            ]
+        return self.store.allocation()
+
     def heatmap(self, *_: object) -> hv.HeatMap | hv.Image:
         nodes = self.store.nodes
+        utilization = self.store.metric == "utilization"
+        vdim = "utilization" if utilization else "allocated"
         style = {
-            "cmap": "Blues",
+            "cmap": "Oranges" if utilization else "Blues",
             "clim": (0, 1),
             "colorbar": True,
             "tools": ["hover"],
             "responsive": True,
             "min_height": 260,
             "height": min(900, 40 + 14 * len(nodes)),
-            "title": "Allocated share per GPU",
+            "title": (
+                "GPU utilization (latest minute; blank: not measured)"
+                if utilization
+                else "Allocated share per GPU"
+            ),
         }
         if len(nodes) <= LABELLED_NODES:
-            cells = [(i, n, a) for n, i, a in self.store.allocation()]
-            return hv.HeatMap(cells, kdims=["GPU", "node"], vdims=["allocated"]).opts(
+            cells = [(i, n, a) for n, i, a in self.cells()]
+            return hv.HeatMap(cells, kdims=["GPU", "node"], vdims=[vdim]).opts(
                 invert_yaxis=True, **style
             )
         # Many nodes: a raster (one row per node, by name) renders in constant time, where
         # categorical axes with thousands of factors do not.
         width = max((len(n.gpus) for n in nodes), default=0)
         grid = np.full((len(nodes), max(width, 1)), np.nan)
-        for row, n in enumerate(nodes):
-            for g in n.gpus:
-                grid[row, g.index] = g.allocated_milli / 1000
+        rows = {n.name: row for row, n in enumerate(nodes)}
+        for node, index, value in self.cells():
+            grid[rows[node], index] = value
         bounds = (-0.5, -0.5, width - 0.5, len(nodes) - 0.5)
-        return hv.Image(
-            grid[::-1], bounds=bounds, kdims=["GPU", "node #"], vdims=["allocated"]
-        ).opts(invert_yaxis=True, **style)
+        return hv.Image(grid[::-1], bounds=bounds, kdims=["GPU", "node #"], vdims=[vdim]).opts(
+            invert_yaxis=True, **style
+        )
 
     def free(self, *_: object) -> pn.viewable.Viewable:
         rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
@@ -104,7 +125,9 @@ class ClusterView(Viewer):
             )
             for a in self.store.health
         ]
-        return c.table(rows, ["node", "GPU", "alert", "state", "about"], empty="no health alerts")
+        # Unread (the note says why) is not the same as healthy.
+        empty = "unknown" if self.store.health_note else "no health alerts"
+        return c.table(rows, ["node", "GPU", "alert", "state", "about"], empty=empty)
 
     def __panel__(self) -> pn.viewable.Viewable:
         choose = pn.widgets.AutocompleteInput.from_param(
@@ -123,11 +146,14 @@ class ClusterView(Viewer):
         return pn.Column(
             pn.pane.Markdown(pn.bind(self.headline, st.nodes)),
             c.status_line(self.store),
+            pn.widgets.RadioButtonGroup.from_param(st.metric, name="heatmap"),
             pn.pane.HoloViews(
-                pn.bind(self.heatmap, st.nodes), sizing_mode="stretch_width", linked_axes=False
+                pn.bind(self.heatmap, st.nodes, st.metric, st.utilization),
+                sizing_mode="stretch_width",
+                linked_axes=False,
             ),
             "### Node health",
-            pn.bind(self.health, st.health),
+            pn.bind(self.health, st.health, st.health_note),
             c.message(self.store, "health_note"),
             pn.Row(
                 pn.Column("### Free capacity by flavor", pn.bind(self.free, st.nodes, st.capacity)),

@@ -38,6 +38,7 @@ from portal.api.auth import Caller, Scope
 MAX_UNITS = 10_000_000  # the API's bound on guaranteed and limit
 HEALTH_RULES = ("xid", "throttle", "ecc")  # the alerts about a GPU's health, not its use
 USAGE_WINDOW_S = 3600.0  # My work plots the last hour, by the minute
+UTILIZATION_WINDOW_S = 300.0  # the heatmap's "now": the last minute measured in 5
 
 
 class Store(param.Parameterized):
@@ -86,19 +87,55 @@ class ClusterStore(Store):
 
     health = param.List(default=[], item_type=AlertInfo, doc="XID, throttling, ECC alerts.")
     health_note = param.String(default="", doc="Why node health is not shown.")
+    metric: param.Selector[str] = param.Selector(
+        default="allocation", objects=["allocation", "utilization"], doc="What the heatmap shows."
+    )
+    utilization = param.Dict(
+        default={}, doc="(node, GPU index) -> latest utilization % of the whole GPU's holder."
+    )
+    clock = param.Callable(default=time.time, doc="Epoch seconds: the end of usage windows.")
 
     def _read(self) -> None:
         nodes = self.source.nodes()
         capacity = self.source.capacity()
         health, note = self._health()
+        # Read only while shown: it costs a workloads and a series request per refresh.
+        utilization = self._utilization() if self.metric == "utilization" else {}
         with param.parameterized.batch_call_watchers(self):
             self.nodes = nodes
             self.capacity = capacity
             self.health = health
             self.health_note = note
+            self.utilization = utilization
             names = {n.name for n in nodes}
             if self.selected not in names:
                 self.selected = nodes[0].name if nodes else ""
+
+    @param.depends("metric", watch=True)
+    def _metric_chosen(self) -> None:
+        # The heatmap switched: read what it now shows at once, not at the next live update.
+        self.refresh()
+
+    def _utilization(self) -> dict[tuple[str, int], float]:
+        """Each whole GPU's latest 1-minute utilization, from its workload's series (a
+        workload's figure is its GPUs' average, so a multi-GPU workload colours all of its
+        GPUs alike). MIG instances and shares are left out: their figure is of a slice."""
+        now = float(self.clock())
+        try:
+            series = self.source.series(start=now - UTILIZATION_WINDOW_S, end=now)
+            workloads = self.source.workloads()
+        except PortalError as exc:
+            self.health_note = f"not shown: utilization: {exc.message}"
+            return {}
+        cells: dict[tuple[str, int], float] = {}
+        for w in workloads:
+            measured = [p.utilization for p in series.get(w.id, []) if p.utilization is not None]
+            if not measured:
+                continue
+            for d in w.devices:
+                if Flavor.parse(d.flavor).kind is FlavorKind.GPU:
+                    cells |= {(d.node, i): measured[-1] for i in d.gpus}
+        return cells
 
     def _health(self) -> tuple[list[AlertInfo], str]:
         # Device alerts are the platform's: only unfiltered workloads:read holders see them.

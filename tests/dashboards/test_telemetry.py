@@ -194,3 +194,21 @@ def test_cluster_node_health_lists_xid_and_throttling_alerts_by_node_and_gpu(
     assert ops.error == "" and ops.nodes
     assert ops.health == []
     assert ops.health_note.startswith("not shown: node health: ")
+
+
+def test_cluster_heatmap_shows_utilization_of_whole_gpus_when_chosen(portal: Portal) -> None:
+    _, node, gpu = gpu_of(portal, "nb-alice")
+    post_minutes(portal, node, gpu)
+    store = ClusterStore(portal.source("tok-root"), clock=lambda: NOW.timestamp())
+    store.refresh()
+    assert store.utilization == {}  # not read while the heatmap shows allocation
+    store.metric = "utilization"  # the view's toggle: read at once
+    assert store.error == ""
+    assert store.utilization == {(node, int(gpu.rsplit("-", 1)[1])): 90.0}
+    view = ClusterView(store)
+    cells = {(n, i): v for n, i, v in view.cells()}
+    assert cells[(node, int(gpu.rsplit("-", 1)[1]))] == 0.9
+    measured = [v for v in cells.values() if v == v]  # NaN: not measured
+    assert measured == [0.9] and len(cells) == 24
+    heatmap = view.heatmap()
+    assert heatmap.vdims[0].name == "utilization"
