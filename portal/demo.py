@@ -153,7 +153,10 @@ def hub_config(
             "authenticator_class": "jupyterhub.auth.DummyAuthenticator",
             "spawner_class": "spawner.local.GPUSimpleLocalSpawner",
             "load_groups": {
-                tenant: {"users": list(members)} for tenant, members in DEMO_TENANTS.items()
+                **{tenant: {"users": list(members)} for tenant, members in DEMO_TENANTS.items()},
+                # The hub admin also operates the portal and reads cost as leadership does.
+                roles.platform_admin_group: {"users": list(DEMO_ADMINS)},
+                roles.leadership_group: {"users": list(DEMO_ADMINS)},
             },
             "custom_scopes": custom_scopes(),
             "load_roles": [*load_roles(roles), hubconfig.spawner_role()],

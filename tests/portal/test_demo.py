@@ -81,6 +81,8 @@ def test_tenants_are_hub_groups_and_admins_are_hub_admins(tmp_path: Path) -> Non
     assert config["JupyterHub"]["load_groups"] == {
         "team-a": {"users": ["alice"]},
         "team-b": {"users": ["bob"]},
+        "gpuportal-admins": {"users": ["carol"]},
+        "gpuportal-leadership": {"users": ["carol"]},
     }
     assert config["Authenticator"]["admin_users"] == ["carol"]
     assert config["Authenticator"]["allowed_users"] == ["alice", "bob", "carol"]
@@ -451,10 +453,15 @@ def test_running_hub_has_the_tenants_as_groups(demo: Demo) -> None:
     groups = {group["name"]: sorted(group["users"]) for group in response.json()}
     tenants = {tenant: sorted(users) for tenant, users in DEMO_TENANTS.items()}
     assert {name: groups[name] for name in tenants} == tenants
-    # The portal's roles bring their (empty) groups: tenant admins, leadership, platform.
+    # The portal's roles bring their groups: the hub admin operates the portal and reads cost;
+    # tenant admin groups start empty.
     others = {name: users for name, users in groups.items() if name not in tenants}
-    role_groups = ["gpuportal-admins", "gpuportal-leadership", "team-a-admins", "team-b-admins"]
-    assert others == {name: [] for name in role_groups}
+    assert others == {
+        "gpuportal-admins": ["carol"],
+        "gpuportal-leadership": ["carol"],
+        "team-a-admins": [],
+        "team-b-admins": [],
+    }
 
 
 @pytest.mark.hub
