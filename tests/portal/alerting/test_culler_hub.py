@@ -142,10 +142,8 @@ def test_an_idle_gpu_server_is_warned_then_stopped_and_others_are_not(
     scenario.run(range(41, 43), minute)
     assert len(service.store.alerts(rule=RULE)) == 2
     firing, resolved = AlertState.FIRING, AlertState.RESOLVED
-    assert told == [
-        ("alice", firing),
-        ("carol", firing),
-        ("carol", resolved),
-        ("alice", resolved),
-    ]
+    # alice and carol are warned in the same evaluation (in no particular order); carol's
+    # warning resolves at minute 34, alice's when she is stopped at minute 41.
+    assert sorted(told[:2]) == [("alice", firing), ("carol", firing)]
+    assert told[2:] == [("carol", resolved), ("alice", resolved)]
     culler.close()
