@@ -8,32 +8,13 @@ widen it. Records are frozen and typed; JSON stops at this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
-import httpx
-
-from policies.errors import PortalError
 from portal.client import Portal
-
-PAGE = 500  # the API's largest page: 1,250 nodes take three requests
-
-
-class SourceError(PortalError):
-    """The portal answered an error: ``status``, ``code``, ``field``, ``valid`` from its body."""
-
-    def __init__(
-        self, status: int, code: str, message: str, field: str | None, valid: str | None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.field = field
-        self.valid = valid
-
 
 # ------------------------------------------------------------------ records
 
@@ -208,7 +189,7 @@ class AlertInfo:
 
 class Source(Protocol):
     """What the stores read and change. Every call acts as the viewer; errors are
-    ``SourceError`` (the portal's error body) or ``httpx.HTTPError`` (no answer)."""
+    the client's ``PortalError`` subclasses (the portal's error body, or no answer)."""
 
     def tenants(self) -> list[str]: ...
     def nodes(self) -> list[NodeInfo]: ...
@@ -346,51 +327,19 @@ def _workload(w: Mapping[str, Any]) -> Workload:
 
 
 class ApiSource:
-    """``Source`` over the portal, authenticated with the viewer's hub token: the Python client
-    (``portal.client.Portal``) for everything it covers, ``/api/v1/cost`` directly.
+    """``Source`` over the portal through its Python client (``portal.client.Portal``),
+    authenticated with the viewer's hub token.
 
     Args:
         base_url: the portal's root, e.g. ``http://127.0.0.1:8090`` (``/api/v1`` is appended).
         token: the viewer's JupyterHub API token (from HubOAuth in the served app).
-        client: an ``httpx.Client`` to use; its event hooks see every request (tests use them
-            to check that a tenant admin's requests never name another tenant).
     """
 
-    def __init__(self, base_url: str, token: str, *, client: httpx.Client | None = None) -> None:
+    def __init__(self, base_url: str, token: str) -> None:
         self._portal = Portal(base_url, token)
-        self._api = base_url.rstrip("/") + "/api/v1"
-        self._headers = {"Authorization": f"token {token}"}
-        self._client = client or httpx.Client(timeout=30.0)
 
-    def _send(
-        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, **kw: Any
-    ) -> httpx.Response:
-        reply = self._client.request(
-            method,
-            self._api + path,
-            params={k: v for k, v in (params or {}).items() if v is not None},
-            headers={**self._headers, **kw.pop("headers", {})},
-            **kw,
-        )
-        if reply.status_code >= 400:
-            raise _error(reply)
-        return reply
-
-    def _pages(self, path: str, **params: Any) -> list[Mapping[str, Any]]:
-        items: list[Mapping[str, Any]] = []
-        offset: int | None = 0
-        while offset is not None:
-            body = self._send("GET", path, params={**params, "limit": PAGE, "offset": offset})
-            page = body.json()
-            items.extend(page["items"])
-            offset = page["next_offset"]
-        return items
-
-    def _list(self, path: str, parse: Callable[[Mapping[str, Any]], Any], **params: Any) -> Any:
-        return [parse(x) for x in self._pages(path, **params)]
-
-    # Everything but cost goes through the portal's Python client; its typed answers are
-    # turned into the dashboards' records through their JSON form.
+    # The client's typed answers are turned into the dashboards' records through their JSON
+    # form.
 
     def tenants(self) -> list[str]:
         return sorted(t.name for t in self._portal.tenants())
@@ -463,8 +412,9 @@ class ApiSource:
         end: datetime | None = None,
         tenant: str | None = None,
     ) -> CostReport:
-        params = {"group_by": list(group_by), "step": step, "tenant": tenant}
-        body = self._send("GET", "/cost", params={**params, **_window(start, end)}).json()
+        body = self._portal.cost(
+            start=start, end=end, step=step, group_by=group_by, tenant=tenant
+        ).model_dump(mode="json")
         return CostReport(
             start=datetime.fromisoformat(body["start"]),
             end=datetime.fromisoformat(body["end"]),
@@ -476,14 +426,12 @@ class ApiSource:
         )
 
     def budgets(self, tenant: str | None = None) -> list[Budget]:
-        out: list[Budget] = self._list("/cost/budgets", _budget, tenant=tenant)
-        return out
+        return [_budget(b.model_dump(mode="json")) for b in self._portal.budgets(tenant)]
 
     def chargeback_csv(
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
     ) -> str:
-        params = {"step": step, **_window(start, end)}
-        return self._send("GET", "/cost/chargeback", params=params).text
+        return self._portal.chargeback(start=start, end=end, step=step)
 
 
 def _point(at: float, utilization: float | None, memory_mib: float) -> UsagePoint:
@@ -520,27 +468,4 @@ def _budget(b: Mapping[str, Any]) -> Budget:
         projected=float(b["projected"]),
         over=bool(b["over"]),
         exhausted_at=_when(b.get("exhausted_at")),
-    )
-
-
-def _window(start: datetime | None, end: datetime | None) -> dict[str, str | None]:
-    return {
-        "start": start.isoformat() if start else None,
-        "end": end.isoformat() if end else None,
-    }
-
-
-def _error(reply: httpx.Response) -> SourceError:
-    try:
-        body = reply.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    return SourceError(
-        status=reply.status_code,
-        code=str(body.get("code", "error")),
-        message=str(body.get("message", reply.text[:200] or reply.reason_phrase)),
-        field=body.get("field"),
-        valid=body.get("valid"),
     )
