@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, func, literal, select
 
 from policies.errors import InvalidRequest
-from portal.telemetry.store import HOUR_S, MINUTE_S, between, of_allocation
+from portal.telemetry.store import HOUR_S, MINUTE_S, between, workload_aggregates
 from portal.telemetry.tables import ROLLUPS, SAMPLES, WORKLOAD_ROLLUPS, WORKLOAD_SAMPLES
 
 MAX_POINTS = 10_000
@@ -125,12 +125,7 @@ def series(
         stmt = (
             select(
                 w.c.at_ms,
-                func.count(),
-                func.avg(of_allocation()),
-                func.min(of_allocation()),
-                func.max(of_allocation()),
-                func.avg(w.c.memory_used_mib),
-                func.max(w.c.memory_used_mib),
+                *workload_aggregates(),
             )
             .where(w.c.workload_id == workload_id, between(w.c.at_ms, lo, hi))
             .group_by(w.c.at_ms)

@@ -296,12 +296,7 @@ class TelemetryStore:
                     w.c.workload_id,
                     lo.label("bucket_ms"),
                     func.max(w.c.tenant),
-                    func.count(),
-                    func.avg(of_allocation()),
-                    func.min(of_allocation()),
-                    func.max(of_allocation()),
-                    func.avg(w.c.memory_used_mib),
-                    func.max(w.c.memory_used_mib),
+                    *workload_aggregates(),
                 )
                 .where(w.c.at_ms >= lo, w.c.at_ms < hi)
                 .group_by(w.c.workload_id)
@@ -499,6 +494,21 @@ def of_allocation() -> ColumnElement[float]:
     w = WORKLOAD_SAMPLES
     part = w.c.utilization_pct / w.c.allocated_fraction
     return case((part > 100.0, 100.0), else_=part)
+
+
+def workload_aggregates() -> tuple[ColumnElement[Any], ...]:
+    """Over a group of workload samples: count, utilization of the allocation (avg, min, max),
+    memory used (avg, max) — the columns of a roll-up bucket and of a raw series point."""
+    w = WORKLOAD_SAMPLES
+    share = of_allocation()
+    return (
+        func.count(),
+        func.avg(share),
+        func.min(share),
+        func.max(share),
+        func.avg(w.c.memory_used_mib),
+        func.max(w.c.memory_used_mib),
+    )
 
 
 def between(column: ColumnElement[int], start_ms: int, end_ms: int) -> ColumnElement[bool]:
