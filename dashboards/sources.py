@@ -210,7 +210,7 @@ class Source(Protocol):
     ) -> Quota: ...
     def release(self, workload_id: str) -> Workload: ...
     def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]: ...
-    def alerts(self) -> list[AlertInfo]: ...
+    def alerts(self, tenant: str | None = None) -> list[AlertInfo]: ...
     def cost(
         self,
         group_by: Sequence[str],
@@ -394,13 +394,14 @@ class ApiSource:
             if s.workload_id is not None
         }
 
-    def alerts(self) -> list[AlertInfo]:
-        """Pending and firing alerts the viewer may see, newest first."""
+    def alerts(self, tenant: str | None = None) -> list[AlertInfo]:
+        """Pending and firing alerts the viewer may see, newest first; with ``tenant``, only
+        that tenant's (the portal filters, so nothing of other tenants is sent)."""
         return [
             AlertInfo(
                 a.rule, str(a.state), a.scope, a.summary, a.owner, tuple(a.workloads), a.value
             )
-            for a in self._portal.alerts(states=("pending", "firing"))
+            for a in self._portal.alerts(tenant, states=("pending", "firing"))
         ]
 
     def cost(
