@@ -81,9 +81,12 @@ class FreeCapacity:
 class ClusterStore(Store):
     """Nodes, GPUs, MIG layouts and topology (``inventory:read``)."""
 
-    nodes = param.List(default=[], item_type=NodeInfo, doc="Every node, by name.")
+    nodes = param.List(default=[], item_type=NodeInfo, doc="Every node, by name, no topology.")
     capacity = param.List(default=[], item_type=Capacity, doc="Units per flavor.")
     selected = param.String(default="", doc="The node whose topology and MIG layout are shown.")
+    detail = param.ClassSelector(
+        class_=NodeInfo, default=None, allow_None=True, doc="The selected node with topology."
+    )
 
     health = param.List(default=[], item_type=AlertInfo, doc="XID, throttling, ECC alerts.")
     health_note = param.String(default="", doc="Why node health is not shown.")
@@ -96,7 +99,12 @@ class ClusterStore(Store):
     clock = param.Callable(default=time.time, doc="Epoch seconds: the end of usage windows.")
 
     def _read(self) -> None:
-        nodes = self.source.nodes()
+        # Topology (an 8 x 8 link matrix per node) only for the node shown: without it the
+        # read of every node is what a live update of a large cluster can afford.
+        nodes = self.source.nodes(topology=False)
+        names = {n.name for n in nodes}
+        selected = self.selected if self.selected in names else (nodes[0].name if nodes else "")
+        detail = self.source.node(selected) if selected else None
         capacity = self.source.capacity()
         health, note = self._health()
         # Read only while shown: it costs a workloads and a series request per refresh.
@@ -107,9 +115,18 @@ class ClusterStore(Store):
             self.health = health
             self.health_note = note
             self.utilization = utilization
-            names = {n.name for n in nodes}
-            if self.selected not in names:
-                self.selected = nodes[0].name if nodes else ""
+            self.detail = detail
+            self.selected = selected
+
+    @param.depends("selected", watch=True)
+    def _node_chosen(self) -> None:
+        # Another node picked: its topology now, not at the next live update.
+        if not self.selected or (self.detail is not None and self.detail.name == self.selected):
+            return
+        try:
+            self.detail = self.source.node(self.selected)
+        except PortalError as exc:
+            self.error = exc.message
 
     @param.depends("metric", watch=True)
     def _metric_chosen(self) -> None:
@@ -197,7 +214,9 @@ class ClusterStore(Store):
         return stranded / free_total if free_total else 0.0
 
     def node(self) -> NodeInfo | None:
-        """The selected node."""
+        """The selected node, with its topology once read."""
+        if self.detail is not None and self.detail.name == self.selected:
+            return self.detail
         return next((n for n in self.nodes if n.name == self.selected), None)
 
     def link_classes(self) -> list[tuple[int, int, str]]:
@@ -243,14 +262,35 @@ class QuotaDraft:
     budget_gpu_hours: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A member's part of the tenant: live workloads and, this month (None: the viewer may
+    not read cost), GPU-hours held, used GPU-hours and efficiency (None: not measured)."""
+
+    owner: str
+    running: int
+    queued: int
+    whole_gpus: int
+    gpu_hours: float | None
+    used_gpu_hours: float | None
+    efficiency: float | None
+
+
 class TenantStore(Store):
-    """One tenant's quota use, quotas and queue; the quota editor's validation and save."""
+    """One tenant's quota use, quotas, queue, members' workloads and efficiency, and alerts;
+    the quota editor's validation and save."""
 
     tenant = param.String(default="", doc="The tenant shown.")
     usage = param.List(default=[], item_type=Usage, doc="Per flavor: guaranteed .. lent.")
     quotas = param.List(default=[], item_type=Quota, doc="Per flavor, with versions (ETags).")
     queue = param.List(default=[], item_type=QueueEntry, doc="The tenant's pending workloads.")
     message = param.String(default="", doc="Result of the last save: what changed or why not.")
+    workloads = param.List(default=[], item_type=Workload, doc="Running and queued workloads.")
+    spend = param.List(default=None, allow_None=True, item_type=CostGroup, doc="Per owner.")
+    latest = param.Dict(default={}, doc="Running workload id -> latest utilization % or None.")
+    alerts = param.List(default=[], item_type=AlertInfo, doc="The tenant's alerts.")
+    note = param.String(default="", doc="What is not shown, and why.")
+    clock = param.Callable(default=time.time, doc="Epoch seconds: the end of usage windows.")
 
     def _read(self) -> None:
         if not self.tenant:
@@ -258,8 +298,77 @@ class TenantStore(Store):
         usage = self.source.usage(self.tenant)
         quotas = self.source.quotas(self.tenant)
         queue = self.source.queue(self.tenant)
+        workloads = self.source.workloads(self.tenant)
+        # Members' figures and alerts need scopes a member may lack: the rest still shows.
+        notes: list[str] = []
+        spend: list[CostGroup] | None = None
+        try:
+            spend = list(self.source.cost(["owner"], tenant=self.tenant).groups)
+        except PortalError as exc:
+            notes.append(f"not shown: GPU-hours and efficiency: {exc.message}")
+        latest = self._latest(workloads, notes)
+        alerts: list[AlertInfo] = []
+        try:
+            alerts = self.source.alerts(self.tenant)
+        except PortalError as exc:
+            notes.append(f"not shown: alerts: {exc.message}")
         with param.parameterized.batch_call_watchers(self):
             self.usage, self.quotas, self.queue = usage, quotas, queue
+            self.workloads, self.spend, self.latest = workloads, spend, latest
+            self.alerts, self.note = alerts, "; ".join(notes)
+
+    def _latest(self, workloads: list[Workload], notes: list[str]) -> dict[str, float | None]:
+        """The last measured minute of each running workload within the last five; one
+        series read for every workload the viewer may see (no read when none runs)."""
+        running = [w.id for w in workloads if w.state == "running"]
+        if not running:
+            return {}
+        now = float(self.clock())
+        try:
+            series = self.source.series(start=now - UTILIZATION_WINDOW_S, end=now)
+        except PortalError as exc:
+            notes.append(f"not shown: GPU utilization: {exc.message}")
+            return {}
+        out: dict[str, float | None] = {}
+        for wid in running:
+            if wid in series:
+                measured = [p.utilization for p in series[wid] if p.utilization is not None]
+                out[wid] = measured[-1] if measured else None
+        if len(out) < len(running):
+            notes.append(
+                f"not shown: GPU utilization of {len(running) - len(out)} running workloads "
+                "(the portal sent no series for them)"
+            )
+        return out
+
+    def members(self) -> list[Member]:
+        """Everyone with live workloads or GPU-hours this month, most GPU-hours first."""
+        live: dict[str, list[Workload]] = {}
+        for w in self.workloads:
+            live.setdefault(w.owner, []).append(w)
+        spent = {g.owner: g for g in self.spend or () if g.owner is not None}
+        out = []
+        for owner in live.keys() | spent.keys():
+            mine, g = live.get(owner, []), spent.get(owner)
+            hours = g.allocated_gpu_hours if g else None if self.spend is None else 0.0
+            known = g if g is not None and _measured(g) else None
+            out.append(
+                Member(
+                    owner=owner,
+                    running=sum(1 for w in mine if w.state == "running"),
+                    queued=sum(1 for w in mine if w.state == "queued"),
+                    whole_gpus=sum(
+                        d.amount
+                        for w in mine
+                        for d in w.devices
+                        if Flavor.parse(d.flavor).kind is FlavorKind.GPU
+                    ),
+                    gpu_hours=hours,
+                    used_gpu_hours=known.used_gpu_hours if known else None,
+                    efficiency=known.efficiency if known else None,
+                )
+            )
+        return sorted(out, key=lambda m: (-(m.gpu_hours or 0.0), m.owner))
 
     def bars(self) -> list[tuple[str, str, int]]:
         """(flavor, measure, units) for guaranteed, limit, in use, borrowed and lent."""
@@ -344,6 +453,14 @@ class TenantStore(Store):
         )
         self.refresh()
         return True
+
+
+def _measured(g: CostGroup) -> bool:
+    """Whether any of ``g``'s time was measured. The portal counts unmeasured time as unused
+    and not idle, so no use and no idle spend means no utilization data (unknown, not 0 %)."""
+    if g.used_gpu_hours is None or g.efficiency is None:
+        return False
+    return g.used_gpu_hours > 0 or bool(g.idle_cost)
 
 
 # ------------------------------------------------------------------ my work
