@@ -50,7 +50,9 @@ class Page:
             s.refresh()
 
 
-def _tenant_page(source: Source, viewer: Caller, args: Mapping[str, str]) -> Page:
+def _tenant_page(
+    source: Source, viewer: Caller, args: Mapping[str, str], clock: Callable[[], float]
+) -> Page:
     names = (
         source.tenants()
         if viewer.can_everywhere(Scope.QUOTAS_READ)
@@ -59,7 +61,7 @@ def _tenant_page(source: Source, viewer: Caller, args: Mapping[str, str]) -> Pag
     if not names:
         return Page("Tenant", pn.pane.Markdown("*No tenant you may see.*"))
     wanted = args.get("tenant", "")
-    store = TenantStore(source, tenant=wanted if wanted in names else names[0])
+    store = TenantStore(source, tenant=wanted if wanted in names else names[0], clock=clock)
     page = Page("Tenant", pn.Column(sizing_mode="stretch_width"), [store])
     choose = pn.widgets.Select(label="tenant", options=names, value=store.tenant, width=240)
 
@@ -88,7 +90,7 @@ def build_view(
         cluster = ClusterStore(source, selected=args.get("node", ""))
         page = Page("Cluster", ClusterView(cluster), [cluster])
     elif view == "tenant":
-        page = _tenant_page(source, viewer, args)
+        page = _tenant_page(source, viewer, args, clock)
     elif view == "cost":
         cost = CostStore(source)
         page = Page("Cost", CostView(cost), [cost])

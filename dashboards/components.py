@@ -10,6 +10,7 @@ import holoviews.plotting.bokeh  # registers the Bokeh backend that .opts() need
 import panel as pn
 import param
 
+from dashboards.sources import AlertInfo, Workload
 from dashboards.stores import Store
 
 hv.Store.set_current_backend("bokeh")
@@ -58,6 +59,43 @@ def eta(seconds: float | None) -> str:
 
 def summary(*figures: str) -> str:
     return " · ".join(figures)
+
+
+def percent(value: float | None) -> str:
+    """A percentage (0-100) for people: '90%', '0.8%' below 10; 'not measured' for None, so
+    missing data never reads as 0."""
+    if value is None:
+        return "not measured"
+    return f"{value:.1f}%" if 0 < value < 10 else f"{value:.0f}%"
+
+
+def devices(w: Workload) -> str:
+    """``hgx-1: GPU 4,5 (H100-80GB ×2)``, one part per allocation; '—' when none."""
+    if not w.devices:
+        return "—"
+    return "; ".join(
+        f"{d.node}: GPU {','.join(map(str, d.gpus))} ({d.flavor} ×{d.amount})"
+        + (" borrowed" if d.borrowed else "")
+        for d in w.devices
+    )
+
+
+def alert_table(
+    alerts: Sequence[AlertInfo], *, empty: str, owners: bool = False
+) -> pn.viewable.Viewable:
+    """Alerts as rows of rule (in words), state, the member it is about (with ``owners``) and
+    the portal's summary."""
+    columns = ["alert", "state", *(["member"] if owners else []), "about"]
+    rows = [
+        (
+            a.rule.replace("_", " "),
+            a.state,
+            *([a.owner or "—"] if owners else []),
+            a.summary,
+        )
+        for a in alerts
+    ]
+    return table(rows, columns, empty=empty)
 
 
 def table(

@@ -11,19 +11,8 @@ import panel as pn
 from panel.viewable import Viewer
 
 from dashboards import components as c
-from dashboards.sources import AlertInfo, UsagePoint, Workload
+from dashboards.sources import UsagePoint, Workload
 from dashboards.stores import MyWorkStore
-
-
-def devices(w: Workload) -> str:
-    """``hgx-1: GPU 4,5 (H100-80GB ×2)``, one part per allocation; '—' when none."""
-    if not w.devices:
-        return "—"
-    return "; ".join(
-        f"{d.node}: GPU {','.join(map(str, d.gpus))} ({d.flavor} ×{d.amount})"
-        + (" borrowed" if d.borrowed else "")
-        for d in w.devices
-    )
 
 
 def waiting(w: Workload) -> str:
@@ -33,10 +22,6 @@ def waiting(w: Workload) -> str:
     return f"#{w.position} · {w.reason} · ETA {c.eta(w.eta_s)} — {w.message}"
 
 
-def _pct(value: float | None) -> str:
-    return "not measured" if value is None else f"{value:.0f}%"
-
-
 def usage_row(name: str, points: list[UsagePoint]) -> tuple[str, str, str, str, str]:
     """Workload, utilization now and averaged over the hour (of its allocation), memory now
     and at most (MiB); the hour's average weighs every measured minute alike."""
@@ -44,11 +29,13 @@ def usage_row(name: str, points: list[UsagePoint]) -> tuple[str, str, str, str, 
     last = points[-1]
     average = sum(measured) / len(measured) if measured else None
     peak = max(p.memory_mib for p in points)
-    return (name, _pct(last.utilization), _pct(average), f"{last.memory_mib:,.0f}", f"{peak:,.0f}")
-
-
-def alert_row(a: AlertInfo) -> tuple[str, str, str]:
-    return (a.rule.replace("_", " "), a.state, a.summary)
+    return (
+        name,
+        c.percent(last.utilization),
+        c.percent(average),
+        f"{last.memory_mib:,.0f}",
+        f"{peak:,.0f}",
+    )
 
 
 class MyWorkView(Viewer):
@@ -78,7 +65,7 @@ class MyWorkView(Viewer):
         if not self.store.workloads:
             return pn.pane.Markdown("*You have no running or queued workloads.*")
         rows = [
-            (w.name, w.tenant, w.kind, w.state, waiting(w) or devices(w))
+            (w.name, w.tenant, w.kind, w.state, waiting(w) or c.devices(w))
             for w in self.store.workloads
         ]
         return c.table(rows, ["workload", "tenant", "kind", "state", "devices / queue"])
@@ -121,8 +108,7 @@ class MyWorkView(Viewer):
         return hv.Layout(curves).opts(shared_axes=False)
 
     def alert_table(self, *_: object) -> pn.viewable.Viewable:
-        rows = [alert_row(a) for a in self.store.alerts]
-        return c.table(rows, ["alert", "state", "about"], empty="no alerts about your work")
+        return c.alert_table(self.store.alerts, empty="no alerts about your work")
 
     def _choices(self, *_: object) -> None:
         # One picker and one button, not a button per row: re-rendering hundreds of widget

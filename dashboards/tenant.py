@@ -1,5 +1,6 @@
 """Tenant view (tenant admins, members, leadership): quota per flavor as bars, the tenant's
-queue with reasons, and, for holders of ``quotas:write`` on the tenant, the quota editor."""
+queue with reasons, members' workloads and efficiency, the tenant's alerts, and, for holders
+of ``quotas:write`` on the tenant, the quota editor."""
 
 from __future__ import annotations
 
@@ -150,6 +151,53 @@ class TenantView(Viewer):
             empty="nothing waiting",
         )
 
+    def members(self, *_: object) -> pn.viewable.Viewable:
+        """A row per member; the month's columns only for viewers who may read cost."""
+        cost = self.store.spend is not None
+        rows = [
+            (
+                m.owner,
+                m.running,
+                m.queued,
+                m.whole_gpus,
+                *(
+                    (
+                        f"{m.gpu_hours or 0.0:,.1f}",
+                        "not measured" if m.used_gpu_hours is None else f"{m.used_gpu_hours:,.2f}",
+                        c.percent(None if m.efficiency is None else 100 * m.efficiency),
+                    )
+                    if cost
+                    else ()
+                ),
+            )
+            for m in self.store.members()
+        ]
+        month = ["GPU-hours this month", "used GPU-hours", "efficiency"] if cost else []
+        return c.table(
+            rows, ["member", "running", "queued", "whole GPUs", *month], empty="no members' work"
+        )
+
+    def workloads(self, *_: object) -> pn.viewable.Viewable:
+        """Running workloads with their devices and latest minute of GPU utilization."""
+        latest = self.store.latest
+        rows = [
+            (
+                w.name,
+                w.owner,
+                w.kind,
+                c.devices(w),
+                c.percent(latest[w.id]) if w.id in latest else "—",
+            )
+            for w in sorted(self.store.workloads, key=lambda w: (w.owner, w.name))
+            if w.state == "running"
+        ]
+        return c.table(
+            rows, ["workload", "member", "kind", "devices", "GPU util now"], empty="nothing runs"
+        )
+
+    def alerts(self, *_: object) -> pn.viewable.Viewable:
+        return c.alert_table(self.store.alerts, empty="no alerts in this tenant", owners=True)
+
     def __panel__(self) -> pn.viewable.Viewable:
         st = self.store.param
         editor: pn.viewable.Viewable = (
@@ -167,6 +215,13 @@ class TenantView(Viewer):
             pn.bind(self.numbers, st.usage),
             "### Queue",
             pn.bind(self.queue, st.queue),
+            "### Members",
+            pn.bind(self.members, st.workloads, st.spend),
+            "### Members' running workloads",
+            pn.bind(self.workloads, st.workloads, st.latest),
+            "### Alerts",
+            pn.bind(self.alerts, st.alerts),
+            c.message(self.store, "note"),
             editor,
             sizing_mode="stretch_width",
         )
