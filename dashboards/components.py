@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import holoviews as hv
 import holoviews.plotting.bokeh  # registers the Bokeh backend that .opts() needs
@@ -102,19 +102,35 @@ def table(
     rows: Sequence[Sequence[object]], columns: Sequence[str], *, empty: str = "none"
 ) -> pn.viewable.Viewable:
     """A plain HTML table (cheap to render, and its numbers are text a browser test reads)."""
+    return pn.pane.HTML(
+        table_html(rows, columns, empty=empty), stylesheets=[TABLE_CSS], sizing_mode="stretch_width"
+    )
+
+
+def table_html(
+    rows: Sequence[Sequence[object]], columns: Sequence[str], *, empty: str = "none"
+) -> str:
+    """The HTML of ``table``: for a pane that live updates change its text in place."""
     if not rows:
-        return pn.pane.Markdown(f"*{empty}*")
+        return f"<p><em>{html.escape(empty)}</em></p>"
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in r) + "</tr>"
         for r in rows[:MAX_ROWS]
     )
     more = f"<p>… {len(rows) - MAX_ROWS:,} more rows</p>" if len(rows) > MAX_ROWS else ""
-    return pn.pane.HTML(
+    return (
         f'<table class="gp-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-        + more,
-        stylesheets=[TABLE_CSS],
-        sizing_mode="stretch_width",
+        + more
+    )
+
+
+def live(html_of: Callable[..., str], *deps: object) -> pn.pane.HTML:
+    """One HTML pane whose text follows ``html_of(*deps)``: a live update changes the text of
+    the pane already in the page instead of replacing it with a new one (a new pane costs the
+    browser a new view and a layout pass; new text costs an innerHTML)."""
+    return pn.pane.HTML(
+        pn.bind(html_of, *deps), stylesheets=[TABLE_CSS], sizing_mode="stretch_width"
     )
 
 

@@ -37,32 +37,40 @@ class CostView(Viewer):
             c.number("idle spend", idle),
         )
 
-    def bars(self, *_: object) -> hv.Layout | hv.Text:
-        rows = self.store.stacked()
-        if not rows:
-            return hv.Text(0, 0, "no cost in this window")
-        common = {"stacked": True, "tools": ["hover"], "width": 520, "height": 300}
-        # Columns map to dimensions by position: one value column per chart.
-        money = hv.Bars(
-            [(d, t, cost) for d, t, cost, _ in rows], kdims=["day", "tenant"], vdims=["cost"]
-        ).opts(title="Cost by tenant per day", **common)
-        hours = hv.Bars(
-            [(d, t, h) for d, t, _, h in rows], kdims=["day", "tenant"], vdims=["GPU-hours"]
-        ).opts(title="GPU-hours by tenant per day", **common)
-        return (money + hours).opts(shared_axes=False)
+    def _bars(self, measure: str, title: str) -> hv.Bars:
+        index = 2 if measure == "cost" else 3
+        rows = [(r[0], r[1], r[index]) for r in self.store.stacked()]
+        return hv.Bars(rows, kdims=["day", "tenant"], vdims=[measure]).opts(
+            title=title, stacked=True, tools=["hover"], width=520, height=300, framewise=True
+        )
 
-    def tenants(self, *_: object) -> pn.viewable.Viewable:
+    def money_bars(self, *_: object) -> hv.Bars:
+        return self._bars("cost", "Cost by tenant per day")
+
+    def hour_bars(self, *_: object) -> hv.Bars:
+        return self._bars("GPU-hours", "GPU-hours by tenant per day")
+
+    def bars(self) -> hv.Layout:
+        """Both stacked charts. Dynamic, so a live update sends the bars' new data to the
+        browser and the charts stay in place instead of being rebuilt there."""
+        daily = self.store.param.daily
+        return (
+            hv.DynamicMap(pn.bind(self.money_bars, daily))
+            + hv.DynamicMap(pn.bind(self.hour_bars, daily))
+        ).opts(shared_axes=False)
+
+    def tenants(self, *_: object) -> str:
         rows = [(t, f"{v:,}") for t, v in sorted(self.store.tenant_totals().items())]
-        return c.table(rows, ["tenant", "cost"], empty="no cost")
+        return c.table_html(rows, ["tenant", "cost"], empty="no cost")
 
-    def flavors(self, *_: object) -> pn.viewable.Viewable:
+    def flavors(self, *_: object) -> str:
         rows = [
             (g.flavor, f"{g.cost:,}", g.allocated_gpu_hours, _pct(g.efficiency))
             for g in self.store.flavors
         ]
-        return c.table(rows, ["flavor", "cost", "GPU-hours", "efficiency"], empty="no cost")
+        return c.table_html(rows, ["flavor", "cost", "GPU-hours", "efficiency"], empty="no cost")
 
-    def budgets(self, *_: object) -> pn.viewable.Viewable:
+    def budgets(self, *_: object) -> str:
         rows = [
             (
                 b.tenant,
@@ -75,15 +83,15 @@ class CostView(Viewer):
             )
             for b in self.store.budgets
         ]
-        return c.table(
+        return c.table_html(
             rows,
             ["tenant", "budget of", "budget", "spent", "projected", "forecast", "runs out"],
             empty="no budgets",
         )
 
-    def idle(self, *_: object) -> pn.viewable.Viewable:
+    def idle(self, *_: object) -> str:
         rows = [(g.tenant, g.owner, f"{g.idle_cost:,}") for g in self.store.top_idle()]
-        return c.table(rows, ["tenant", "owner", "idle spend"], empty="no idle spend measured")
+        return c.table_html(rows, ["tenant", "owner", "idle spend"], empty="no idle spend measured")
 
     def _csv(self) -> io.StringIO:
         return io.StringIO(self.store.chargeback())
@@ -97,14 +105,14 @@ class CostView(Viewer):
             "## Cost",
             pn.pane.Markdown(pn.bind(self.headline, st.report)),
             c.status_line(self.store),
-            pn.pane.HoloViews(pn.bind(self.bars, st.daily)),
+            pn.pane.HoloViews(self.bars()),
             pn.Row(
-                pn.Column("### By tenant", pn.bind(self.tenants, st.daily)),
-                pn.Column("### By flavor", pn.bind(self.flavors, st.flavors)),
-                pn.Column("### Top idle spend", pn.bind(self.idle, st.owners)),
+                pn.Column("### By tenant", c.live(self.tenants, st.daily)),
+                pn.Column("### By flavor", c.live(self.flavors, st.flavors)),
+                pn.Column("### Top idle spend", c.live(self.idle, st.owners)),
             ),
             "### Budgets",
-            pn.bind(self.budgets, st.budgets),
+            c.live(self.budgets, st.budgets),
             download,
             sizing_mode="stretch_width",
         )
