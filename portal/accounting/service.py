@@ -13,8 +13,10 @@ month (UTC), like the allocator's GPU-hour budgets (``Quota.budget_gpu_hours``).
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import itertools
+import math
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,6 +27,7 @@ from typing import Protocol
 
 from policies.alerts.samples import BudgetSample
 from policies.errors import InvalidRequest
+from policies.flavors import Flavor
 from policies.pricing import (
     DEFAULT_IDLE_THRESHOLD_PCT,
     CostLine,
@@ -41,6 +44,13 @@ from policies.pricing import (
     projected_spend,
     totals,
 )
+from portal.accounting.closed_days import (
+    CLOSE_MARGIN_S,
+    DEFAULT_MAX_DAYS,
+    ClosedDays,
+    day_pieces,
+    is_whole_day,
+)
 from portal.accounting.history import epoch_seconds, usage_intervals
 from portal.accounting.prices import PriceConfig
 from portal.store.records import QuotaRecord
@@ -54,10 +64,22 @@ class UtilizationSource(Protocol):
     """Measured utilization of the allocations behind ``intervals`` within ``[start, end)``
     (epoch s): segments per allocation id, non-overlapping per allocation, in percent of what
     the allocation holds. Seconds without a segment are unmeasured.
-    ``portal.accounting.telemetry.TelemetryUtilization`` reads the telemetry roll-ups."""
+    ``portal.accounting.telemetry.TelemetryUtilization`` reads the telemetry roll-ups.
+
+    Contract (closed days are priced once, ``portal.accounting.closed_days``): at one
+    ``resolution_s``, the segments read for a part ``[a, b)`` of a window agree, within
+    ``[a, b)``, with those read for the whole window; and what a source answers about a time
+    no longer changes ``settle_s`` seconds after it.
+    """
+
+    settle_s: float
+
+    def resolution_s(self, start: int, end: int) -> int:
+        """The measurement step a report over ``[start, end)`` reads at."""
+        ...
 
     def __call__(
-        self, intervals: Sequence[UsageInterval], start: int, end: int
+        self, intervals: Sequence[UsageInterval], start: int, end: int, resolution_s: int
     ) -> Iterable[UtilizationSegment]: ...
 
 
@@ -153,8 +175,11 @@ class BudgetStatus:
 
 
 class Accounting:
-    """Prices the allocation history of ``store``. Safe to share between threads (it keeps no
-    state of its own; the store is thread-safe)."""
+    """Prices the allocation history of ``store``. Safe to share between threads (the store
+    and ``closed_days``, the lines of closed days it keeps, are thread-safe).
+
+    ``max_closed_days`` bounds how many closed days' lines are kept (least recently used go).
+    """
 
     def __init__(
         self,
@@ -164,12 +189,14 @@ class Accounting:
         utilization: UtilizationSource | None = None,
         idle_threshold_pct: float = DEFAULT_IDLE_THRESHOLD_PCT,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_closed_days: int = DEFAULT_MAX_DAYS,
     ) -> None:
         self.store = store
         self.prices = prices or PriceConfig()
         self.utilization = utilization
         self.idle_threshold_pct = idle_threshold_pct
         self.clock = clock
+        self.closed_days = ClosedDays(max_closed_days)
 
     def report(
         self,
@@ -181,22 +208,86 @@ class Accounting:
         now: datetime | None = None,
     ) -> CostReport:
         """Cost lines of ``[start, end)`` split by ``step``, for ``tenants`` (None: all);
-        allocations still held count until ``now`` (default: the clock)."""
+        allocations still held count until ``now`` (default: the clock).
+
+        Whole closed UTC days come from ``closed_days`` (priced once, every tenant); the rest
+        (partial first and last days, days still open to late changes) is priced now, reading
+        only the allocations that overlap it. The exact sums equal pricing the window at once.
+        """
         chosen = periods(start, end, step)
         held_until = now if now is not None else self.clock()
-        intervals = usage_intervals(self.store, start, end, held_until, tenants)
-        book, unpriced = self._book_for(intervals)
-        segments: list[UtilizationSegment] = []
-        if self.utilization is not None and intervals:
-            segments = list(self.utilization(intervals, chosen[0].start, chosen[-1].end))
-        lines = cost_lines(intervals, book, chosen, segments, self.idle_threshold_pct)
+        lo, hi = chosen[0].start, chosen[-1].end
+        resolution = self.utilization.resolution_s(lo, hi) if self.utilization is not None else 0
+        closed_until = self._closed_until(held_until)
+        shown = None if tenants is None else frozenset(tenants)
+        lines: list[CostLine] = []
+        for run, closed in _runs(day_pieces(lo, hi), closed_until):
+            if closed:
+                lines += self._closed_lines(run, resolution, shown)
+            else:
+                lines += self._price(run, shown, held_until, resolution)
+        merged = _rekey(lines, chosen)
+        models = {Flavor.parse(line.flavor).model for line in merged}
         return CostReport(
             periods=tuple(chosen),
-            lines=tuple(lines),
+            lines=tuple(merged),
             currency=self.prices.currency,
             measured=self.utilization is not None,
-            unpriced_models=unpriced,
+            unpriced_models=tuple(sorted(models - set(self.prices.book.schedules))),
         )
+
+    def _closed_until(self, held_until: datetime) -> int:
+        """Days ending at or before this (epoch s) are closed: nothing priced in them changes."""
+        settle = CLOSE_MARGIN_S
+        if self.utilization is not None:
+            settle += math.ceil(self.utilization.settle_s)
+        # A report that stops held allocations before a day ends prices that day its own way.
+        return min(epoch_seconds(self.clock()) - settle, epoch_seconds(held_until))
+
+    def _closed_lines(
+        self, days: Sequence[Period], resolution: int, tenants: frozenset[str] | None
+    ) -> list[CostLine]:
+        """Lines of closed whole ``days`` of ``tenants``, pricing (every tenant) those not kept."""
+        self.closed_days.bind((self.prices.book, self.idle_threshold_pct, self.utilization))
+        found: dict[int, tuple[CostLine, ...]] = {}
+        missing: list[Period] = []
+        for d in days:
+            kept = self.closed_days.get(d.start, resolution)
+            if kept is None:
+                missing.append(d)
+            else:
+                found[d.start] = kept
+        for run in _contiguous(missing):
+            by_day: dict[int, list[CostLine]] = {d.start: [] for d in run}
+            until = datetime.fromtimestamp(run[-1].end, UTC)
+            for line in self._price(run, None, until, resolution):
+                by_day[line.period.start].append(line)
+            for day, day_lines in by_day.items():
+                self.closed_days.put(day, resolution, day_lines)
+                found[day] = tuple(day_lines)
+        out: list[CostLine] = []
+        for d in days:
+            out += (x for x in found[d.start] if tenants is None or x.tenant in tenants)
+        return out
+
+    def _price(
+        self,
+        pieces: Sequence[Period],
+        tenants: Collection[str] | None,
+        held_until: datetime,
+        resolution: int,
+    ) -> list[CostLine]:
+        """Lines of the contiguous ``pieces``, priced from the allocations overlapping them."""
+        lo, hi = pieces[0].start, pieces[-1].end
+        start, end = datetime.fromtimestamp(lo, UTC), datetime.fromtimestamp(hi, UTC)
+        intervals = usage_intervals(self.store, start, end, held_until, tenants)
+        if not intervals:
+            return []
+        book = self._book_for(intervals)
+        segments: list[UtilizationSegment] = []
+        if self.utilization is not None:
+            segments = list(self.utilization(intervals, lo, hi, resolution))
+        return cost_lines(intervals, book, pieces, segments, self.idle_threshold_pct)
 
     def chargeback(
         self, start: datetime, end: datetime, step: Step, tenants: Collection[str] | None = None
@@ -274,15 +365,54 @@ class Accounting:
             for b in self.budgets((), tenants, now=now)
         ]
 
-    def _book_for(self, intervals: Iterable[UsageInterval]) -> tuple[PriceBook, tuple[str, ...]]:
+    def _book_for(self, intervals: Iterable[UsageInterval]) -> PriceBook:
         """The configured prices, plus a price of 0 for allocated models without one (so their
-        GPU-hours still count), and those models' names."""
+        GPU-hours still count; the report lists them as unpriced)."""
         book = self.prices.book
         missing = sorted({iv.flavor.model for iv in intervals} - set(book.schedules))
         if not missing:
-            return book, ()
+            return book
         free = {m: PriceSchedule(m, (PriceChange(0, Decimal(0)),)) for m in missing}
-        return PriceBook({**book.schedules, **free}), tuple(missing)
+        return PriceBook({**book.schedules, **free})
+
+
+def _runs(pieces: Sequence[Period], closed_until: int) -> list[tuple[list[Period], bool]]:
+    """Consecutive day pieces grouped by whether they are closed whole days."""
+    out: list[tuple[list[Period], bool]] = []
+    for p in pieces:
+        closed = is_whole_day(p) and p.end <= closed_until
+        if out and out[-1][1] == closed:
+            out[-1][0].append(p)
+        else:
+            out.append(([p], closed))
+    return out
+
+
+def _contiguous(days: Sequence[Period]) -> list[list[Period]]:
+    """``days`` (in order) in runs without gaps: each run is read and priced at once."""
+    out: list[list[Period]] = []
+    for d in days:
+        if out and out[-1][-1].end == d.start:
+            out[-1].append(d)
+        else:
+            out.append([d])
+    return out
+
+
+def _rekey(lines: Iterable[CostLine], chosen: Sequence[Period]) -> list[CostLine]:
+    """Lines of day pieces summed into the ``chosen`` period holding each piece, in
+    ``cost_lines``' order (period, tenant, owner, flavor). Every piece lies inside one chosen
+    period: periods are cut at UTC midnights, pieces at every midnight."""
+    starts = [p.start for p in chosen]
+    acc: dict[tuple[Period, str, str, str], list[Fraction]] = {}
+    for line in lines:
+        period = chosen[bisect.bisect_right(starts, line.period.start) - 1]
+        row = acc.setdefault((period, line.tenant, line.owner, line.flavor), [Fraction(0)] * 4)
+        row[0] += line.allocated_gpu_hours
+        row[1] += line.used_gpu_hours
+        row[2] += line.cost
+        row[3] += line.idle_cost
+    return [CostLine(*key, *acc[key]) for key in sorted(acc, key=lambda k: (k[0].start, *k[1:]))]
 
 
 def _status(

@@ -25,6 +25,7 @@ from portal.accounting.metrics import CostCollector
 from portal.accounting.prices import load_price_config
 from portal.accounting.service import Accounting, BudgetStatus, Step, month_of
 from portal.accounting.telemetry import TelemetryUtilization
+from portal.alerting.wiring import AlertingSettings
 from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
@@ -46,7 +47,8 @@ def use_accounting(app: FastAPI, accounting: Accounting) -> None:
 
 def configure(app: FastAPI, settings: Settings) -> Accounting:
     """The service's accounting: prices from ``settings.pricing_file`` (none: unpriced),
-    utilization from the telemetry roll-ups in the allocator's database, and its month-to-date
+    utilization from the telemetry roll-ups in the allocator's database (settling after the
+    telemetry settings' raw retention and roll-up interval), and its month-to-date
     gauges in the app's ``/metrics`` (``portal.accounting.metrics``).
 
     Raises:
@@ -56,9 +58,15 @@ def configure(app: FastAPI, settings: Settings) -> Accounting:
     prices = None
     if settings.pricing_file is not None:
         prices = load_price_config(settings.pricing_file.expanduser())
-    accounting = Accounting(
-        alloc.store, prices, utilization=TelemetryUtilization(alloc.store.engine)
+    # Closed days are priced once: when late samples stop being accepted and rolled up
+    # depends on the telemetry service's settings.
+    telemetry = AlertingSettings()
+    utilization = TelemetryUtilization(
+        alloc.store.engine,
+        raw_retention_s=telemetry.telemetry_raw_retention_s,
+        roll_up_every_s=telemetry.telemetry_interval_s,
     )
+    accounting = Accounting(alloc.store, prices, utilization=utilization)
     use_accounting(app, accounting)
     metrics: ServiceMetrics | None = getattr(app.state, "metrics", None)
     if metrics is not None:

@@ -1,0 +1,94 @@
+"""Exact cost lines of closed UTC days, kept so that a report prices only what can still change.
+
+A day's cost lines stop changing once nothing can be written about it any more:
+
+- allocation rows: an allocation is created and released at the allocator's clock, so once a
+  day is over no row can start or end inside it (``CLOSE_MARGIN_S`` covers a write decided
+  just before midnight and committed just after, and clocks a little apart);
+- prices: ``Accounting`` holds them for its life (``ClosedDays.bind`` drops everything when
+  they, the utilization source or the idle threshold are replaced);
+- utilization: measurements of a time may still change while late samples of it are accepted
+  and rolled up (``UtilizationSource.settle_s``; for the telemetry roll-ups the raw retention
+  plus one roll-up round).
+
+Lines are kept for every tenant (a tenant filter is applied when they are read back: every line
+belongs to one tenant, so filtering lines equals filtering allocations) and per utilization
+resolution (a report reads measurements at one resolution for its whole window). Summing the
+days' exact ``Fraction``s gives what pricing the window at once gives: cost, hours and idle
+spend are sums over seconds, and cutting a piece at midnight splits it into two exact parts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from policies.pricing import CostLine, Period
+
+DAY_S = 86_400
+CLOSE_MARGIN_S = 3600
+"""How long after its end (plus the utilization source's ``settle_s``) a day is closed."""
+DEFAULT_MAX_DAYS = 2048
+"""Days (of one resolution each) kept; about 5 years of days at two resolutions."""
+
+
+def day_pieces(start: int, end: int) -> list[Period]:
+    """``[start, end)`` (epoch s) cut at UTC midnights; the first and last may be partial."""
+    cuts = [start]
+    midnight = start - start % DAY_S + DAY_S
+    while midnight < end:
+        cuts.append(midnight)
+        midnight += DAY_S
+    cuts.append(end)
+    return [Period(a, b) for a, b in itertools.pairwise(cuts)]
+
+
+def is_whole_day(p: Period) -> bool:
+    return p.start % DAY_S == 0 and p.seconds == DAY_S
+
+
+class ClosedDays:
+    """Cost lines of closed days, every tenant, by (day start, resolution): a bounded LRU.
+
+    Safe to share between threads: lookups and inserts hold a lock; pricing happens outside
+    it (two threads missing the same day both price it, with the same result).
+    """
+
+    def __init__(self, max_days: int = DEFAULT_MAX_DAYS) -> None:
+        if max_days < 1:
+            raise ValueError(f"max_days must be >= 1, got {max_days}")
+        self.max_days = max_days
+        self._lines: OrderedDict[tuple[int, int], tuple[CostLine, ...]] = OrderedDict()
+        self._basis: object = None
+        self._lock = threading.Lock()
+
+    def bind(self, basis: object) -> None:
+        """Keep lines priced on ``basis`` (prices, source, threshold): a new one drops them."""
+        with self._lock:
+            if basis != self._basis:
+                self._lines.clear()
+                self._basis = basis
+
+    def get(self, day: int, resolution_s: int) -> tuple[CostLine, ...] | None:
+        with self._lock:
+            found = self._lines.get((day, resolution_s))
+            if found is not None:
+                self._lines.move_to_end((day, resolution_s))
+            return found
+
+    def put(self, day: int, resolution_s: int, lines: Sequence[CostLine]) -> None:
+        with self._lock:
+            self._lines[(day, resolution_s)] = tuple(lines)
+            self._lines.move_to_end((day, resolution_s))
+            while len(self._lines) > self.max_days:
+                self._lines.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lines.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._lines)
