@@ -219,3 +219,17 @@ def test_tenant_admin_sees_nothing_of_another_tenant_in_members_and_alerts(
     for exchange in seen:
         assert "team-b" not in exchange.query, exchange
         assert b"team-b" not in exchange.body and b"bob" not in exchange.body, exchange
+
+
+def test_a_live_update_changes_only_what_changed(portal: Portal) -> None:
+    store = tenant_store(portal, "tok-anna", "team-a")
+    changed: list[str] = []
+    data = ["usage", "quotas", "queue", "workloads", "spend", "latest", "alerts", "note"]
+    store.param.watch(lambda *events: changed.extend(e.name for e in events), data)
+    store.refresh()
+    assert changed == []  # nothing re-renders: the quota bars are costly to redraw
+    train = next(w for w in store.workloads if w.name == "train-a")
+    portal.allocator.release(train.id)  # at NOW: this month's GPU-hours stay as they were
+    store.refresh()
+    assert sorted(changed) == ["latest", "usage", "workloads"]
+    assert "train-a" not in _html(TenantView(store, VIEWERS["tok-anna"]).workloads())
