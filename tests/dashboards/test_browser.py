@@ -20,6 +20,8 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from dashboards.app import Settings, serve
 from dashboards.auth import TokenArgIdentity
+from policies.alerts.engine import Alert, AlertKey, AlertState
+from portal.alerting.store import AlertStore
 from tests.dashboards.conftest import Portal, free_port, running_portal
 from tests.dashboards.seed import NOW, VIEWERS
 from tests.dashboards.test_telemetry import gpu_of, post_minutes
@@ -131,10 +133,39 @@ def test_cluster_view(page: tuple[Page, Console], served: Served) -> None:
 
 def test_tenant_view_for_its_admin(page: tuple[Page, Console], served: Served) -> None:
     p, console = page
+    # A tenant-wide alert: its admins see it; members (My work) do not.
+    now = NOW.timestamp()
+    burn = "team-a is projected to spend 5,000.00 USD this month, budget 500.00"
+    AlertStore(served.portal.allocator.store.engine).save(
+        [
+            Alert(
+                AlertKey("budget_burn", "team-a", "money"),
+                AlertState.FIRING,
+                "team-a",
+                None,
+                (),
+                burn,
+                10.0,
+                now - 3600,
+                now - 1800,
+            )
+        ]
+    )
     open_view(p, served, "tenant", "tok-anna")
     expect(p.get_by_text("Tenant team-a").first).to_be_visible(timeout=WAIT_MS)
     assert row(p, "H100-80GB") == ["H100-80GB", "4", "8", "5", "1", "0"]
     assert row(p, "T4/share") == ["T4/share", "500", "1,000", "250", "0", "0"]
+    # Members: 126 GPU-hours this month; priced without telemetry, so use is unknown, not 0.
+    assert row(p, "alice") == ["alice", "3", "0", "5", "126.0", "not measured", "not measured"]
+    assert row(p, "nb-alice") == [
+        "nb-alice",
+        "alice",
+        "notebook",
+        "hgx-1: GPU 0 (H100-80GB ×1)",
+        "not measured",
+    ]
+    assert row(p, "budget burn") == ["budget burn", "firing", "—", burn]
+    p.set_viewport_size({"width": 1400, "height": 1300})  # the whole view in the screenshot
     expect(p.get_by_role("button", name="Save quota")).to_be_visible()
     assert "team-b" not in p.content()
     shoot(p, served, "tenant")
