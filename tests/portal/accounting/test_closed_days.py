@@ -27,6 +27,7 @@ from policies.flavors import Flavor, FlavorKind
 from policies.pricing import UtilizationSegment, cost_lines
 from policies.requests import DeviceRequest
 from portal.accounting import Accounting, price_config
+from portal.accounting import telemetry as telemetry_module
 from portal.accounting.closed_days import CLOSE_MARGIN_S, DAY_S, day_pieces
 from portal.accounting.history import epoch_seconds, usage_intervals
 from portal.accounting.service import CostReport, Step, periods
@@ -326,3 +327,18 @@ def _times(params: Any) -> list[int]:
         if isinstance(v, datetime):
             out.append(epoch_seconds(v.replace(tzinfo=UTC)))
     return out
+
+
+def test_roll_ups_read_in_chunks_of_workloads_give_the_same_segments(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = TelemetryUtilization(history.store.engine)
+    lo, hi = epoch_seconds(T0), epoch_seconds(history.end)
+    intervals = usage_intervals(history.store, T0, history.end, history.end)
+    for resolution in (60, 3600):
+        whole = sorted(source(intervals, lo, hi, resolution), key=repr)
+        assert whole  # the history was measured
+        monkeypatch.setattr(telemetry_module, "IDS_PER_READ", 3)
+        chunked = sorted(source(intervals, lo, hi, resolution), key=repr)
+        monkeypatch.undo()
+        assert chunked == whole
