@@ -160,10 +160,8 @@ class ClusterView(Viewer):
                 pn.Column("### MIG layouts", pn.bind(self.layouts, st.nodes)),
             ),
             pn.Row(
-                pn.Column(
-                    "### Selected node", choose, pn.bind(self.node_mig, st.nodes, st.selected)
-                ),
-                pn.Column(pn.bind(self.topology, st.nodes, st.selected)),
+                pn.Column("### Selected node", choose, pn.bind(self.node_mig, st.nodes, st.detail)),
+                pn.Column(pn.bind(self.topology, st.detail)),
             ),
             sizing_mode="stretch_width",
         )

@@ -105,7 +105,8 @@ def usage_out(tenant: str, u: FlavorUsage) -> UsageOut:
     )
 
 
-def node_out(st: NodeState) -> NodeOut:
+def node_out(st: NodeState, *, topology: bool = True) -> NodeOut:
+    """``st`` as the API shows it; ``topology=False`` leaves ``links`` and ``numa`` null."""
     node = st.node
     gpus = [
         GpuOut(
@@ -129,7 +130,7 @@ def node_out(st: NodeState) -> NodeOut:
         )
         for g in node.gpus
     ]
-    topo = node.topology
+    topo = node.topology if topology else None
     return NodeOut(
         name=node.name,
         schedulable=st.schedulable,

@@ -6,7 +6,7 @@ the route table and fails on a route without one (see ``route_scope``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
@@ -20,6 +20,7 @@ from portal.api.errors import PreconditionRequired, Unauthorized
 from portal.api.schemas import MAX_PAGE, Page
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 _token_header = APIKeyHeader(
     scheme_name="JupyterHubToken",
@@ -87,6 +88,18 @@ class Paging:
             limit=self.limit,
             offset=self.offset,
             next_offset=end if end < len(items) else None,
+        )
+
+    def page_of(self, items: Sequence[S], convert: Callable[[S], T]) -> Page[T]:
+        """Like ``page``, converting only this page's items: for lists whose answers are
+        costly to build (one page of ``/nodes`` instead of every node per request)."""
+        chunk = self.page(items)
+        return Page[T](
+            items=[convert(item) for item in chunk.items],
+            total=chunk.total,
+            limit=chunk.limit,
+            offset=chunk.offset,
+            next_offset=chunk.next_offset,
         )
 
 

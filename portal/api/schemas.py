@@ -274,9 +274,14 @@ class NodeOut(Model):
     memory_free_mib: int = Field(ge=0)
     gpus: list[GpuOut]
     links: list[list[str]] | None = Field(
-        description="Link class between every GPU pair (row i, column j); null when unknown."
+        description=(
+            "Link class between every GPU pair (row i, column j); null when unknown or when "
+            "listed with `topology=false`."
+        )
     )
-    numa: list[int] | None = Field(description="NUMA node of each GPU; null when unknown.")
+    numa: list[int] | None = Field(
+        description="NUMA node of each GPU; null when unknown or listed with `topology=false`."
+    )
 
 
 class CapacityOut(Model):

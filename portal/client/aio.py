@@ -213,8 +213,8 @@ class AsyncPortal:
     async def usage(self, tenant: str | None = None) -> list[UsageOut]:
         return await self._run(core.usage(self._page_size, tenant))
 
-    async def nodes(self) -> list[NodeOut]:
-        return await self._run(core.nodes(self._page_size))
+    async def nodes(self, *, topology: bool = True) -> list[NodeOut]:
+        return await self._run(core.nodes(self._page_size, topology))
 
     async def node(self, name: str) -> NodeOut:
         return await self._run(core.node(name))

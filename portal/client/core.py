@@ -141,15 +141,39 @@ def parsed(model: type[M], data: Any, response: httpx.Response) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the body"
-        raise ApiError(
-            response.status_code,
-            "error",
-            f"{response.request.method} {response.request.url} answered a {model.__name__} "
-            f"this client cannot read ({where}: {first['msg']}); are the client and the portal "
-            "the same version?",
-            url=str(response.request.url),
-        ) from exc
+        raise _unreadable(response, model.__name__, first["loc"], first["msg"]) from exc
+
+
+def parsed_page(model: type[M], response: httpx.Response) -> Page[M]:
+    """One page of ``model`` items read straight from the answer's bytes. Without the
+    intermediate JSON objects, large lists (1,250 nodes of 8 GPUs) allocate half as much,
+    and garbage collection was most of their reading time."""
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    page_type: type[Page[M]] = Page[model]  # type: ignore[valid-type]
+    try:
+        return page_type.model_validate_json(response.content)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            checked(response)  # raises: the answer is not JSON at all
+        loc = first["loc"]
+        if len(loc) > 2 and loc[0] == "items":  # an item does not fit: name the item's field
+            raise _unreadable(response, model.__name__, loc[2:], first["msg"]) from exc
+        raise _unreadable(response, f"page of {model.__name__}", loc, first["msg"]) from exc
+
+
+def _unreadable(
+    response: httpx.Response, what: str, loc: Sequence[int | str], msg: str
+) -> ApiError:
+    where = ".".join(str(p) for p in loc) or "the body"
+    return ApiError(
+        response.status_code,
+        "error",
+        f"{response.request.method} {response.request.url} answered a {what} this client "
+        f"cannot read ({where}: {msg}); are the client and the portal the same version?",
+        url=str(response.request.url),
+    )
 
 
 # ------------------------------------------------------------------ building blocks
@@ -175,8 +199,8 @@ def every_page(
     while True:
         query = {**(params or {}), "limit": page_size, "offset": offset}
         response = yield Call("GET", path, query, idempotent=True)
-        page = parsed(Page[dict[str, Any]], checked(response), response)
-        items.extend(parsed(model, item, response) for item in page.items)
+        page = parsed_page(model, response)
+        items.extend(page.items)
         if page.next_offset is None:
             return items
         if page.next_offset <= offset:
@@ -338,8 +362,9 @@ def usage(page_size: int, tenant: str | None) -> Op[list[UsageOut]]:
     return (yield from every_page(f"{API}/usage", UsageOut, page_size, _filters(tenant=tenant)))
 
 
-def nodes(page_size: int) -> Op[list[NodeOut]]:
-    return (yield from every_page(f"{API}/nodes", NodeOut, page_size))
+def nodes(page_size: int, topology: bool = True) -> Op[list[NodeOut]]:
+    params: dict[str, Param] = {} if topology else {"topology": "false"}
+    return (yield from every_page(f"{API}/nodes", NodeOut, page_size, params))
 
 
 def node(name: str) -> Op[NodeOut]:

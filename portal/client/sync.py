@@ -249,9 +249,11 @@ class Portal:
 
     # ------------------------------------------------------------------ inventory
 
-    def nodes(self) -> list[NodeOut]:
-        """Nodes with their GPUs, MIG layouts, free shares and topology, by name."""
-        return self._run(core.nodes(self._page_size))
+    def nodes(self, *, topology: bool = True) -> list[NodeOut]:
+        """Nodes with their GPUs, MIG layouts, free shares and topology, by name.
+        ``topology=False`` leaves each node's ``links`` and ``numa`` out (None): a lighter
+        read of many nodes; ``node(name)`` has one node's topology."""
+        return self._run(core.nodes(self._page_size, topology))
 
     def node(self, name: str) -> NodeOut:
         return self._run(core.node(name))

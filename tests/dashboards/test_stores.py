@@ -64,6 +64,22 @@ def test_unknown_selected_node_falls_back_to_the_first(portal: Portal) -> None:
     assert store.selected == "a100-1"
 
 
+def test_topology_is_read_for_the_selected_node_only(portal: Portal) -> None:
+    store = ClusterStore(portal.source("tok-ops"), selected="a100-1")
+    start = len(portal.seen("tok-ops"))
+    store.refresh()
+    reads = [(e.path, e.query) for e in portal.seen("tok-ops")[start:]]
+    assert ("/api/v1/nodes", "topology=false&limit=500&offset=0") in reads
+    assert ("/api/v1/nodes/a100-1", "") in reads
+    assert all(n.links is None for n in store.nodes)
+    # Picking another node reads its topology at once, not at the next live update.
+    store.selected = "hgx-1"
+    assert store.detail is not None and store.detail.name == "hgx-1"
+    assert store.node() == store.detail
+    assert {k for _, _, k in store.link_classes()} == {"nvswitch"}
+    assert len(store.mig_layouts()) == 0
+
+
 def test_live_update_follows_the_allocator(portal: Portal) -> None:
     store = ClusterStore(portal.source("tok-ops"))
     store.refresh()

@@ -46,3 +46,18 @@ def test_unknown_paths_and_methods_get_the_error_body(client: TestClient) -> Non
     assert r.status_code == 404 and r.json()["code"] == "not_found"
     r = client.patch("/api/v1/queue", headers=auth("root"))
     assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+
+
+def test_nodes_without_topology_are_the_same_nodes_without_links_and_numa(
+    client: TestClient,
+) -> None:
+    full = client.get("/api/v1/nodes", headers=auth("root")).json()
+    lean = client.get("/api/v1/nodes?topology=false&limit=1", headers=auth("root")).json()
+    (n1,) = full["items"]
+    assert n1["links"] is not None and n1["numa"] is not None
+    assert lean == {**full, "limit": 1, "items": [{**n1, "links": None, "numa": None}]}
+    # One node's read keeps its topology: that is where an overview gets it.
+    assert client.get("/api/v1/nodes/n1", headers=auth("root")).json()["links"] == n1["links"]
+    bad = client.get("/api/v1/nodes?topology=maybe", headers=auth("root"))
+    assert bad.status_code == 422
+    assert (bad.json()["code"], bad.json()["field"]) == ("invalid", "topology")

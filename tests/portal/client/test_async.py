@@ -35,6 +35,10 @@ async def test_reads_follow_every_page(portal_server: Served) -> None:
         assert [u.used for u in await root.usage("team-b")] == [3]
         assert [n.name for n in await root.nodes()] == ["n1", "n2", "t1"]
         assert (await root.node("t1")).gpus[0].model == "T4"
+        lean = await root.nodes(topology=False)
+        assert [(n.name, n.links, n.numa) for n in lean] == [
+            (m, None, None) for m in ("n1", "n2", "t1")
+        ]
         assert {c.flavor for c in await root.capacity()} >= {"H100-80GB", "T4/share"}
 
 

@@ -217,6 +217,14 @@ def test_usage_and_inventory(portal_server: Served) -> None:
         ]
 
 
+def test_nodes_without_topology_follow_every_page(portal_server: Served) -> None:
+    with portal(portal_server, page_size=2) as root:
+        full = root.nodes()
+        lean = root.nodes(topology=False)
+        assert [n.links for n in full if n.name == "n1"] != [None]
+        assert [n.model_copy(update={"links": None, "numa": None}) for n in full] == lean
+
+
 # ------------------------------------------------------------------ errors
 
 
