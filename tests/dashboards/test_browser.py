@@ -269,5 +269,6 @@ def test_quota_edit_through_the_ui(page: tuple[Page, Console], served: Served) -
         p.locator("table.gp-table tr").filter(has=p.locator("td", has_text="H100-80GB")).first
     ).to_contain_text("6", timeout=WAIT_MS)
     assert row(p, "H100-80GB")[:3] == ["H100-80GB", "3", "6"]
+    p.set_viewport_size({"width": 1400, "height": 1450})  # down to the editor's message
     shoot(p, served, "quota-editor")
     assert console.errors == []
