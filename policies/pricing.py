@@ -20,6 +20,7 @@ Formulas (``docs/cost.md`` has a worked example):
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import itertools
@@ -240,6 +241,9 @@ class CostTotal:
         return float(self.used_gpu_hours / self.allocated_gpu_hours)
 
 
+_Key = tuple[Period, str, str, str]  # period, tenant, owner, flavor
+
+
 def _segments_by_allocation(
     segments: Iterable[UtilizationSegment],
 ) -> dict[str, list[UtilizationSegment]]:
@@ -282,38 +286,59 @@ def cost_lines(
                 "periods", f"[{a.start}, {a.end}) and [{b.start}, {b.end})", "non-overlapping"
             )
     segs = _segments_by_allocation(utilization)
-    acc: dict[tuple[Period, str, str, str], list[Fraction]] = {}
-    threshold = Fraction(idle_threshold_pct)
+    bounds = sorted({t for p in ordered for t in (p.start, p.end)})
+    ends = [p.end for p in ordered]
+    # Whole seconds summed per group in the loop; money and hours become Fractions once per
+    # group at the end. Exact, because every amount is linear in the seconds.
+    held: dict[tuple[_Key, Fraction, Decimal], list[int]] = {}  # [allocated s, idle s]
+    used: dict[tuple[_Key, Fraction], dict[int, int]] = {}  # denominator -> sum(s x numerator)
     for iv in intervals:
         sched = prices.schedule(iv.flavor.model)
         ge = iv.gpu_equivalent
         mine = segs.get(iv.allocation_id, [])
         cuts = {iv.start, iv.end, *sched.change_times(iv.start, iv.end)}
-        for p in ordered:
-            cuts.update(t for t in (p.start, p.end) if iv.start < t < iv.end)
-        for s in mine:
-            cuts.update(t for t in (s.start, s.end) if iv.start < t < iv.end)
+        cuts.update(
+            bounds[bisect.bisect_right(bounds, iv.start) : bisect.bisect_left(bounds, iv.end)]
+        )
+        for seg in mine:
+            cuts.update(t for t in (seg.start, seg.end) if iv.start < t < iv.end)
         points = sorted(cuts)
+        pi = bisect.bisect_right(ends, points[0])  # the first period ending after the start
+        si = 0
+        flavor = str(iv.flavor)
         for lo, hi in itertools.pairwise(points):
-            period = next((p for p in ordered if p.start <= lo < p.end), None)
-            if period is None:
+            # Pieces go forward in time: the period and the segment holding ``lo`` only move on.
+            while pi < len(ordered) and ordered[pi].end <= lo:
+                pi += 1
+            if pi == len(ordered):
+                break
+            period = ordered[pi]
+            if period.start > lo:
                 continue
-            hours = Fraction(hi - lo, SECONDS_PER_HOUR)
-            cost = Fraction(sched.price_at(lo)) * ge * hours
-            seg = next((s for s in mine if s.start <= lo < s.end), None)
-            used = Fraction(0)
-            idle = Fraction(0)
-            if seg is not None:
-                util = Fraction(seg.utilization_pct)
-                used = ge * hours * util / 100
-                if util < threshold:
-                    idle = cost
-            key = (period, iv.tenant, iv.owner, str(iv.flavor))
-            row = acc.setdefault(key, [Fraction(0)] * 4)
-            row[0] += ge * hours
-            row[1] += used
-            row[2] += cost
-            row[3] += idle
+            while si < len(mine) and mine[si].end <= lo:
+                si += 1
+            inside = mine[si] if si < len(mine) and mine[si].start <= lo else None
+            key: _Key = (period, iv.tenant, iv.owner, flavor)
+            seconds = held.setdefault((key, ge, sched.price_at(lo)), [0, 0])
+            seconds[0] += hi - lo
+            if inside is not None:
+                util = inside.utilization_pct
+                num, den = util.as_integer_ratio()
+                by_den = used.setdefault((key, ge), {})
+                by_den[den] = by_den.get(den, 0) + (hi - lo) * num
+                if util < idle_threshold_pct:
+                    seconds[1] += hi - lo
+    acc: dict[_Key, list[Fraction]] = {}
+    for (key, ge, price), (allocated_s, idle_s) in held.items():
+        sums = acc.setdefault(key, [Fraction(0)] * 4)
+        per_second = ge / SECONDS_PER_HOUR
+        sums[0] += per_second * allocated_s
+        sums[2] += Fraction(price) * per_second * allocated_s
+        sums[3] += Fraction(price) * per_second * idle_s
+    for (key, ge), by_den in used.items():
+        # used = allocated GPU-equivalent-hours x utilization / 100, summed exactly.
+        measured = sum((Fraction(n, d) for d, n in by_den.items()), Fraction(0))
+        acc[key][1] += ge * measured / (SECONDS_PER_HOUR * 100)
     return [
         CostLine(period, tenant, owner, flavor, *acc[(period, tenant, owner, flavor)])
         for period, tenant, owner, flavor in sorted(
