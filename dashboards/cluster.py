@@ -7,6 +7,7 @@ from __future__ import annotations
 import holoviews as hv
 import numpy as np
 import panel as pn
+import param
 from panel.viewable import Viewer
 
 from dashboards import components as c
@@ -20,9 +21,20 @@ LABELLED_NODES = 64
 class ClusterView(Viewer):
     """Lays out a ``ClusterStore``; each part re-renders when the store's data changes."""
 
+    shape = param.Integer(
+        default=0, doc="Nodes drawn as labelled rows (up to LABELLED_NODES); 0: a raster."
+    )
+
     def __init__(self, store: ClusterStore, **params: object) -> None:
         super().__init__(**params)
         self.store = store
+        store.param.watch(self._reshape, ["nodes"])
+        self._reshape()
+
+    def _reshape(self, *_: object) -> None:
+        # Set only when the heatmap's kind or rows change, which is when it must be rebuilt.
+        n = len(self.store.nodes)
+        self.shape = n if n <= LABELLED_NODES else 0
 
     def headline(self, *_: object) -> str:
         gpus, allocated = self.store.totals()
@@ -66,6 +78,7 @@ class ClusterView(Viewer):
                 if utilization
                 else "Allocated share per GPU"
             ),
+            "framewise": True,
         }
         if len(nodes) <= LABELLED_NODES:
             cells = [(i, n, a) for n, i, a in self.cells()]
@@ -83,6 +96,13 @@ class ClusterView(Viewer):
         return hv.Image(grid[::-1], bounds=bounds, kdims=["GPU", "node #"], vdims=[vdim]).opts(
             invert_yaxis=True, **style
         )
+
+    def live_heatmap(self, *_: object) -> hv.DynamicMap:
+        """The heatmap as a DynamicMap: a live update sends the cells' new values to the
+        browser into the plot already there. Rebuilt only when the metric or ``shape``
+        changes (another kind of element, or other rows)."""
+        st = self.store.param
+        return hv.DynamicMap(pn.bind(self.heatmap, st.nodes, st.utilization))
 
     def free(self, *_: object) -> pn.viewable.Viewable:
         rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
@@ -148,7 +168,7 @@ class ClusterView(Viewer):
             c.status_line(self.store),
             pn.widgets.RadioButtonGroup.from_param(st.metric, name="heatmap"),
             pn.pane.HoloViews(
-                pn.bind(self.heatmap, st.nodes, st.metric, st.utilization),
+                pn.bind(self.live_heatmap, st.metric, self.param.shape),
                 sizing_mode="stretch_width",
                 linked_axes=False,
             ),
