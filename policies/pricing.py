@@ -305,29 +305,39 @@ def cost_lines(
         points = sorted(cuts)
         pi = bisect.bisect_right(ends, points[0])  # the first period ending after the start
         si = 0
-        flavor = str(iv.flavor)
+        # This interval's seconds by (period index, price) and utilization sums by period
+        # index; merged into the groups once per interval, not once per piece.
+        mine_held: dict[tuple[int, Decimal], list[int]] = {}
+        mine_used: dict[int, dict[int, int]] = {}
         for lo, hi in itertools.pairwise(points):
             # Pieces go forward in time: the period and the segment holding ``lo`` only move on.
             while pi < len(ordered) and ordered[pi].end <= lo:
                 pi += 1
             if pi == len(ordered):
                 break
-            period = ordered[pi]
-            if period.start > lo:
+            if ordered[pi].start > lo:
                 continue
             while si < len(mine) and mine[si].end <= lo:
                 si += 1
-            inside = mine[si] if si < len(mine) and mine[si].start <= lo else None
-            key: _Key = (period, iv.tenant, iv.owner, flavor)
-            seconds = held.setdefault((key, ge, sched.price_at(lo)), [0, 0])
+            seconds = mine_held.setdefault((pi, sched.price_at(lo)), [0, 0])
             seconds[0] += hi - lo
-            if inside is not None:
-                util = inside.utilization_pct
+            if si < len(mine) and mine[si].start <= lo:
+                util = mine[si].utilization_pct
                 num, den = util.as_integer_ratio()
-                by_den = used.setdefault((key, ge), {})
+                by_den = mine_used.setdefault(pi, {})
                 by_den[den] = by_den.get(den, 0) + (hi - lo) * num
                 if util < idle_threshold_pct:
                     seconds[1] += hi - lo
+        flavor = str(iv.flavor)
+        for (i, price), (allocated_s, idle_s) in mine_held.items():
+            key: _Key = (ordered[i], iv.tenant, iv.owner, flavor)
+            group = held.setdefault((key, ge, price), [0, 0])
+            group[0] += allocated_s
+            group[1] += idle_s
+        for i, by_den in mine_used.items():
+            group_used = used.setdefault(((ordered[i], iv.tenant, iv.owner, flavor), ge), {})
+            for den, n in by_den.items():
+                group_used[den] = group_used.get(den, 0) + n
     acc: dict[_Key, list[Fraction]] = {}
     for (key, ge, price), (allocated_s, idle_s) in held.items():
         sums = acc.setdefault(key, [Fraction(0)] * 4)
