@@ -80,9 +80,7 @@ def devices(w: Workload) -> str:
     )
 
 
-def alert_table(
-    alerts: Sequence[AlertInfo], *, empty: str, owners: bool = False
-) -> pn.viewable.Viewable:
+def alert_table(alerts: Sequence[AlertInfo], *, empty: str, owners: bool = False) -> str:
     """Alerts as rows of rule (in words), state, the member it is about (with ``owners``) and
     the portal's summary."""
     columns = ["alert", "state", *(["member"] if owners else []), "about"]
@@ -95,7 +93,7 @@ def alert_table(
         )
         for a in alerts
     ]
-    return table(rows, columns, empty=empty)
+    return table_html(rows, columns, empty=empty)
 
 
 def table(

@@ -61,23 +61,23 @@ class MyWorkView(Viewer):
             c.number("whole GPUs held", str(gpus)),
         )
 
-    def rows(self, *_: object) -> pn.viewable.Viewable:
+    def rows(self, *_: object) -> str:
         if not self.store.workloads:
-            return pn.pane.Markdown("*You have no running or queued workloads.*")
+            return c.table_html([], [], empty="You have no running or queued workloads.")
         rows = [
             (w.name, w.tenant, w.kind, w.state, waiting(w) or c.devices(w))
             for w in self.store.workloads
         ]
-        return c.table(rows, ["workload", "tenant", "kind", "state", "devices / queue"])
+        return c.table_html(rows, ["workload", "tenant", "kind", "state", "devices / queue"])
 
-    def usage_table(self, *_: object) -> pn.viewable.Viewable:
+    def usage_table(self, *_: object) -> str:
         names = {w.id: w.name for w in self.store.workloads}
         rows = [
             usage_row(names[wid], points)
             for wid, points in sorted(self.store.usage.items(), key=lambda kv: names[kv[0]])
             if points and wid in names
         ]
-        return c.table(
+        return c.table_html(
             rows,
             ["workload", "GPU util now", "avg (1 h)", "memory MiB now", "max MiB (1 h)"],
             empty="no GPU samples in the last hour",
@@ -107,7 +107,7 @@ class MyWorkView(Viewer):
             return hv.Text(0, 0, "no GPU samples in the last hour")
         return hv.Layout(curves).opts(shared_axes=False)
 
-    def alert_table(self, *_: object) -> pn.viewable.Viewable:
+    def alert_table(self, *_: object) -> str:
         return c.alert_table(self.store.alerts, empty="no alerts about your work")
 
     def _choices(self, *_: object) -> None:
@@ -131,14 +131,14 @@ class MyWorkView(Viewer):
             f"## My work — {self.store.owner}",
             pn.pane.Markdown(pn.bind(self.headline, st.workloads)),
             c.status_line(self.store),
-            pn.bind(self.rows, st.workloads),
+            c.live(self.rows, st.workloads),
             pn.Row(self.choose, self.stop_button),
             c.message(self.store),
             "### GPU usage, last hour",
-            pn.bind(self.usage_table, st.usage),
+            c.live(self.usage_table, st.usage),
             pn.pane.HoloViews(pn.bind(self.usage_plot, st.usage), linked_axes=False),
             "### Alerts",
-            pn.bind(self.alert_table, st.alerts),
+            c.live(self.alert_table, st.alerts),
             c.message(self.store, "telemetry_note"),
             sizing_mode="stretch_width",
         )

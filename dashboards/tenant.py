@@ -134,24 +134,24 @@ class TenantView(Viewer):
         # Flavors count in different units (GPUs, instances, milli-GPU): one scale each.
         return hv.Layout(plots).cols(4).opts(shared_axes=False)
 
-    def numbers(self, *_: object) -> pn.viewable.Viewable:
+    def numbers(self, *_: object) -> str:
         rows = [
             (u.flavor, u.guaranteed, u.limit, u.used, u.borrowed, u.lent) for u in self.store.usage
         ]
-        return c.table(rows, ["flavor", *MEASURES], empty="no quotas")
+        return c.table_html(rows, ["flavor", *MEASURES], empty="no quotas")
 
-    def queue(self, *_: object) -> pn.viewable.Viewable:
+    def queue(self, *_: object) -> str:
         rows = [
             (e.tenant_position, e.position, e.name, e.owner, e.reason, e.message, c.eta(e.eta_s))
             for e in self.store.queue
         ]
-        return c.table(
+        return c.table_html(
             rows,
             ["#", "overall", "workload", "owner", "reason", "why", "ETA"],
             empty="nothing waiting",
         )
 
-    def members(self, *_: object) -> pn.viewable.Viewable:
+    def members(self, *_: object) -> str:
         """A row per member; the month's columns only for viewers who may read cost."""
         cost = self.store.spend is not None
         rows = [
@@ -173,11 +173,11 @@ class TenantView(Viewer):
             for m in self.store.members()
         ]
         month = ["GPU-hours this month", "used GPU-hours", "efficiency"] if cost else []
-        return c.table(
+        return c.table_html(
             rows, ["member", "running", "queued", "whole GPUs", *month], empty="no members' work"
         )
 
-    def workloads(self, *_: object) -> pn.viewable.Viewable:
+    def workloads(self, *_: object) -> str:
         """Running workloads with their devices and latest minute of GPU utilization."""
         latest = self.store.latest
         rows = [
@@ -191,11 +191,11 @@ class TenantView(Viewer):
             for w in sorted(self.store.workloads, key=lambda w: (w.owner, w.name))
             if w.state == "running"
         ]
-        return c.table(
+        return c.table_html(
             rows, ["workload", "member", "kind", "devices", "GPU util now"], empty="nothing runs"
         )
 
-    def alerts(self, *_: object) -> pn.viewable.Viewable:
+    def alerts(self, *_: object) -> str:
         return c.alert_table(self.store.alerts, empty="no alerts in this tenant", owners=True)
 
     def __panel__(self) -> pn.viewable.Viewable:
@@ -212,15 +212,15 @@ class TenantView(Viewer):
             f"## Tenant {self.store.tenant}",
             c.status_line(self.store),
             pn.pane.HoloViews(pn.bind(self.bars, st.usage)),
-            pn.bind(self.numbers, st.usage),
+            c.live(self.numbers, st.usage),
             "### Queue",
-            pn.bind(self.queue, st.queue),
+            c.live(self.queue, st.queue),
             "### Alerts",
-            pn.bind(self.alerts, st.alerts),
+            c.live(self.alerts, st.alerts),
             "### Members",
-            pn.bind(self.members, st.workloads, st.spend),
+            c.live(self.members, st.workloads, st.spend),
             "### Members' running workloads",
-            pn.bind(self.workloads, st.workloads, st.latest),
+            c.live(self.workloads, st.workloads, st.latest),
             c.message(self.store, "note"),
             editor,
             sizing_mode="stretch_width",

@@ -32,9 +32,11 @@ from tests.dashboards.seed import NOW
 MINUTES = ((30.0, 10240.0), (60.0, 10240.0), (90.0, 20480.0))
 
 
-def _html(shown: Viewable) -> str:
-    """The text of a table the view rendered (``components.table``: an HTML pane, or a
-    Markdown line when it has no rows)."""
+def _html(shown: Viewable | str) -> str:
+    """The HTML of a table the view rendered: its text (``components.table_html``, shown by
+    a live pane) or a pane's (``components.table``)."""
+    if isinstance(shown, str):
+        return shown
     assert isinstance(shown, pn.pane.HTML | pn.pane.Markdown), shown
     return str(shown.object)
 
@@ -105,7 +107,9 @@ def test_another_tenants_viewer_gets_none_of_that_usage(portal: Portal) -> None:
     post_minutes(portal, node, gpu)
     store = _store(portal, "tok-bob", "bob")
     assert wid not in store.usage
-    assert _html(MyWorkView(store).usage_table()) == "*no GPU samples in the last hour*"
+    assert (
+        _html(MyWorkView(store).usage_table()) == "<p><em>no GPU samples in the last hour</em></p>"
+    )
 
 
 def test_my_work_lists_the_alerts_about_the_viewers_work_only(portal: Portal) -> None:
