@@ -178,6 +178,19 @@ class UsagePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """A device's latest measured minute, from ``/telemetry/devices``: a whole GPU
+    (``device == gpu_uuid``) or a MIG instance of it (``<GPU UUID>/gi<id>``)."""
+
+    device: str
+    gpu_uuid: str
+    node: str
+    at: float
+    utilization: float
+    memory_mib: float
+
+
+@dataclass(frozen=True, slots=True)
 class AlertInfo:
     rule: str
     state: str
@@ -212,6 +225,7 @@ class Source(Protocol):
     ) -> Quota: ...
     def release(self, workload_id: str) -> Workload: ...
     def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]: ...
+    def device_usage(self, *, start: float, end: float) -> list[DeviceUsage]: ...
     def alerts(self, tenant: str | None = None) -> list[AlertInfo]: ...
     def cost(
         self,
@@ -398,6 +412,13 @@ class ApiSource:
             for s in page.series
             if s.workload_id is not None
         }
+
+    def device_usage(self, *, start: float, end: float) -> list[DeviceUsage]:
+        """Each device's latest minute rolled up in ``[start, end)`` that the viewer may see."""
+        return [
+            DeviceUsage(d.device, d.gpu_uuid, d.node, d.at, d.utilization_avg, d.memory_used_avg)
+            for d in self._portal.device_usage(start=start, end=end).devices
+        ]
 
     def alerts(self, tenant: str | None = None) -> list[AlertInfo]:
         """Pending and firing alerts the viewer may see, newest first; with ``tenant``, only

@@ -3,6 +3,7 @@
 ``POST /telemetry/samples`` needs ``telemetry:write`` unfiltered (an agent reports every
 workload on its node). ``GET /telemetry/series`` needs ``usage:read``: unfiltered it shows any
 device or workload; filtered to tenants it shows their workloads and the devices those hold now.
+``GET /telemetry/devices`` (every device's latest minute) is scoped like device series.
 
 The routes use ``app.state.telemetry`` (a ``portal.telemetry.service.Telemetry``; set it with
 ``use_telemetry``); without one they build one over the allocator's database on first use.
@@ -23,7 +24,14 @@ from portal.api.auth import Caller, Scope
 from portal.api.deps import allocator, requires
 from portal.api.errors import ERROR_RESPONSES
 from portal.api.schemas import ErrorBody
-from portal.telemetry.reads import MAX_POINTS, Point, Resolution, series
+from portal.telemetry.reads import (
+    MAX_POINTS,
+    DeviceMinute,
+    Point,
+    Resolution,
+    latest_minutes,
+    series,
+)
 from portal.telemetry.service import Telemetry
 from portal.telemetry.wire import IngestResult, SampleBatch
 
@@ -31,6 +39,8 @@ router = APIRouter(prefix="/telemetry", tags=["telemetry"], responses=ERROR_RESP
 
 MAX_RANGE_S = 400 * 86_400
 MAX_WORKLOADS = 200
+LATEST_WINDOW_S = 300  # /devices: "now" is the latest minute rolled up in the last five
+MAX_LATEST_WINDOW_S = 3600
 _lock = threading.Lock()
 
 
@@ -83,6 +93,27 @@ class SeriesPage(_Model):
     start: float = Field(description="Epoch s, inclusive.")
     end: float = Field(description="Epoch s, exclusive.")
     series: list[SeriesOut]
+
+
+class DeviceMinuteOut(_Model):
+    device: str = Field(description="A GPU UUID, or <GPU UUID>/gi<id> for a MIG instance.")
+    gpu_uuid: str = Field(description="The physical GPU (the device itself for a whole GPU).")
+    node: str = Field(description="The GPU's node; '' when the inventory no longer has it.")
+    at: float = Field(description="Start of the minute (epoch s).")
+    samples: int = Field(ge=0, description="Raw samples the minute summarizes.")
+    utilization_avg: float = Field(
+        description="GPU utilization % of the device (a MIG "
+        "instance: of the instance), averaged over the minute."
+    )
+    memory_used_avg: float = Field(description="MiB in use on the device, averaged.")
+
+
+class DeviceMinutesOut(_Model):
+    start: float = Field(description="Epoch s, inclusive.")
+    end: float = Field(description="Epoch s, exclusive.")
+    devices: list[DeviceMinuteOut] = Field(
+        description="Devices with a rolled-up minute in the window, by device."
+    )
 
 
 @router.post(
@@ -192,3 +223,57 @@ def get_series(
         for d, w in targets
     ]
     return SeriesPage(resolution=resolution, start=lo, end=hi, series=out)
+
+
+@router.get(
+    "/devices",
+    response_model=DeviceMinutesOut,
+    summary="Every device's latest minute",
+    description=(
+        "For each device (whole GPU or MIG instance) with a rolled-up minute starting in "
+        "[start, end): its node and that latest minute's utilization and memory, in one "
+        "answer for the whole platform (a heatmap of every GPU). Unfiltered `usage:read` "
+        "shows every device; filtered to tenants, the devices their workloads hold now."
+    ),
+)
+def get_devices(
+    caller: Annotated[Caller, requires(Scope.USAGE_READ)],
+    telemetry: Annotated[Telemetry, Depends(telemetry_of)],
+    start: Annotated[
+        float | None, Query(ge=0, description="Epoch s; default: five minutes before end.")
+    ] = None,
+    end: Annotated[float | None, Query(gt=0, description="Epoch s; default: now.")] = None,
+) -> DeviceMinutesOut:
+    hi = end if end is not None else time.time()
+    lo = start if start is not None else hi - LATEST_WINDOW_S
+    if not 0 < hi - lo <= MAX_LATEST_WINDOW_S:
+        raise InvalidRequest(
+            "time range", f"[{lo}, {hi})", f"end > start, at most {MAX_LATEST_WINDOW_S} s"
+        )
+    index = telemetry.index()
+    everywhere = caller.can_everywhere(Scope.USAGE_READ)
+    tenants = caller.tenants_for(Scope.USAGE_READ)
+
+    def shown(m: DeviceMinute) -> bool:
+        # As for a device series: a filtered caller sees the GPUs its tenants hold now.
+        holders = index.holders.get(m.device.split("/", 1)[0], ())
+        return everywhere or any(h.tenant in tenants for h in holders)
+
+    out = []
+    for m in latest_minutes(telemetry.store.engine, lo, hi):
+        if not shown(m):
+            continue
+        gpu = m.device.split("/", 1)[0]
+        info = index.gpus.get(gpu)
+        out.append(
+            DeviceMinuteOut(
+                device=m.device,
+                gpu_uuid=gpu,
+                node=info.node if info else "",
+                at=m.at,
+                samples=m.samples,
+                utilization_avg=m.utilization_avg,
+                memory_used_avg=m.memory_used_avg,
+            )
+        )
+    return DeviceMinutesOut(start=lo, end=hi, devices=out)

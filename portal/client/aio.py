@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut
     from portal.api.offers import OfferOut
-    from portal.api.telemetry import SeriesPage
+    from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
 T = TypeVar("T")
 
@@ -262,6 +262,11 @@ class AsyncPortal:
         limit: int | None = None,
     ) -> SeriesPage:
         return await self._run(core.series(device, workload_id, resolution, start, end, limit))
+
+    async def device_usage(
+        self, *, start: float | None = None, end: float | None = None
+    ) -> DeviceMinutesOut:
+        return await self._run(core.device_usage(start, end))
 
     async def alerts(
         self, tenant: str | None = None, *, states: Sequence[str] = (), rule: str | None = None

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut
     from portal.api.offers import OfferOut
-    from portal.api.telemetry import SeriesPage
+    from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
 API = "api/v1"
 """Path of the API under the portal's URL (relative: the portal may run under a prefix)."""
@@ -435,6 +435,13 @@ def series(
     )
     call = Call("GET", f"{API}/telemetry/series", params, idempotent=True)
     return (yield from one(call, SeriesPage))
+
+
+def device_usage(start: float | None, end: float | None) -> Op[DeviceMinutesOut]:
+    from portal.api.telemetry import DeviceMinutesOut
+
+    call = Call("GET", f"{API}/telemetry/devices", _filters(start=start, end=end), idempotent=True)
+    return (yield from one(call, DeviceMinutesOut))
 
 
 def alerts(

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut
     from portal.api.offers import OfferOut
-    from portal.api.telemetry import SeriesPage
+    from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
 T = TypeVar("T")
 
@@ -310,6 +310,13 @@ class Portal:
         """Utilization series of a device (GPU UUID, or ``<UUID>/gi<id>`` for MIG) or a
         workload; times in epoch seconds; ``resolution``: raw, 1m or 1h."""
         return self._run(core.series(device, workload_id, resolution, start, end, limit))
+
+    def device_usage(
+        self, *, start: float | None = None, end: float | None = None
+    ) -> DeviceMinutesOut:
+        """Every device's latest rolled-up minute in ``[start, end)`` (default: the last five
+        minutes) that the token may see: utilization and memory per GPU or MIG instance."""
+        return self._run(core.device_usage(start, end))
 
     def alerts(
         self, tenant: str | None = None, *, states: Sequence[str] = (), rule: str | None = None

@@ -257,3 +257,40 @@ def workload_windows(engine: Engine, start: float, end: float) -> list[WorkloadW
         WorkloadWindow(r[0], r[1], r[2], None if r[3] is None else float(r[3]), float(r[4]))
         for r in rows
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMinute:
+    """A device's latest rolled-up minute."""
+
+    device: str
+    at: float
+    samples: int
+    utilization_avg: float
+    memory_used_avg: float
+
+
+def latest_minutes(engine: Engine, start: float, end: float) -> list[DeviceMinute]:
+    """Every device's latest 1-minute roll-up that starts in ``[start, end)``, by device: one
+    query for the whole platform (a heatmap of 10,000 GPUs reads no series)."""
+    _check_range(start, end)
+    r = ROLLUPS
+    lo, hi = round(start * 1000), round(end * 1000)
+    last = (
+        select(r.c.device, func.max(r.c.bucket_ms).label("bucket_ms"))
+        .where(r.c.step_s == MINUTE_S, between(r.c.bucket_ms, lo, hi))
+        .group_by(r.c.device)
+        .subquery()
+    )
+    stmt = (
+        select(r.c.device, r.c.bucket_ms, r.c.samples, r.c.utilization_avg, r.c.memory_used_avg)
+        .join(
+            last,
+            (r.c.device == last.c.device) & (r.c.bucket_ms == last.c.bucket_ms),
+        )
+        .where(r.c.step_s == MINUTE_S)
+        .order_by(r.c.device)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [DeviceMinute(r[0], r[1] / 1000, r[2], float(r[3]), float(r[4])) for r in rows]

@@ -59,6 +59,7 @@ def client_operations() -> list[core.Op[object]]:
         core.chargeback(None, None, None, None),
         core.budgets(1, None),
         core.series("d", None, None, None, None, None),
+        core.device_usage(None, None),
         core.alerts(1, None, (), None),
     ]
 

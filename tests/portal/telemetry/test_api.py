@@ -176,3 +176,54 @@ def test_series_are_scoped_to_the_callers_tenants(
     assert status == 422
     status, body = get("ops", start=T0 + 60, end=T0)
     assert status == 422 and body["field"] == "time range"
+
+
+def test_latest_device_minutes_are_scoped_like_device_series(
+    setup: tuple[Portal, TestClient, Clock],
+) -> None:
+    p, client, clock = setup
+    wa = p.gpus("team-a", 1, owner="alice")
+    wb = p.gpus("team-b", 1, owner="bob")
+    (ga,), (gb,) = p.devices_of(wa), p.devices_of(wb)
+    idle = next(f"GPU-n1-{i}" for i in range(8) if f"GPU-n1-{i}" not in (ga, gb))
+    # ga: 80 % then 40 % (two minutes: the latest counts); gb: 20 % in the first minute only;
+    # a GPU nobody holds: 5 %. Each minute averages its samples (40 and 60 -> 50 for idle).
+    post(
+        client,
+        "agent",
+        sample(ga, T0 + 10, util=80.0),
+        sample(gb, T0 + 10, util=20.0, memory_used_mib=3000.0),
+        sample(ga, T0 + 70, util=40.0),
+        sample(idle, T0 + 70, util=40.0),
+        sample(idle, T0 + 80, util=60.0),
+    )
+    clock.now = T0 + 120
+    p.telemetry.roll_up(clock.now)
+
+    def get(token: str, **params: object) -> tuple[int, dict[str, Any]]:
+        q = {"start": T0, "end": T0 + 120, **params}
+        r = client.get("/api/v1/telemetry/devices", params=q, headers=h(token))
+        return r.status_code, r.json()
+
+    status, body = get("ops")
+    assert status == 200
+    got = {
+        d["device"]: (d["node"], d["at"], d["samples"], d["utilization_avg"])
+        for d in body["devices"]
+    }
+    assert got == {
+        ga: ("n1", T0 + 60, 1, 40.0),
+        gb: ("n1", T0, 1, 20.0),
+        idle: ("n1", T0 + 60, 2, 50.0),
+    }
+    assert next(d for d in body["devices"] if d["device"] == gb)["memory_used_avg"] == 3000.0
+    assert all(d["gpu_uuid"] == d["device"] for d in body["devices"])
+    # Filtered callers: only the GPUs their tenants' workloads hold.
+    assert [d["device"] for d in get("alice")[1]["devices"]] == [ga]
+    assert [d["device"] for d in get("bob")[1]["devices"]] == [gb]
+    # The window: only minutes starting in [start, end).
+    assert {d["device"] for d in get("ops", start=T0 + 60)[1]["devices"]} == {ga, idle}
+    assert get("ops", start=T0 + 120, end=T0 + 180)[1]["devices"] == []
+    status, body = get("ops", start=T0, end=T0 + 7200)
+    assert status == 422 and body["field"] == "time range" and "3600" in body["message"]
+    assert get("agent")[0] == 403
