@@ -74,7 +74,7 @@ class ClusterView(Viewer):
             "min_height": 260,
             "height": min(900, 40 + 14 * len(nodes)),
             "title": (
-                "GPU utilization (latest minute; blank: not measured)"
+                "GPU utilization (latest minute; MIG: busiest instance; blank: not measured)"
                 if utilization
                 else "Allocated share per GPU"
             ),
@@ -167,6 +167,7 @@ class ClusterView(Viewer):
             pn.pane.Markdown(pn.bind(self.headline, st.nodes)),
             c.status_line(self.store),
             pn.widgets.RadioButtonGroup.from_param(st.metric, name="heatmap"),
+            c.message(self.store, "utilization_note"),
             pn.pane.HoloViews(
                 pn.bind(self.live_heatmap, st.metric, self.param.shape),
                 sizing_mode="stretch_width",

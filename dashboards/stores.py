@@ -94,8 +94,9 @@ class ClusterStore(Store):
         default="allocation", objects=["allocation", "utilization"], doc="What the heatmap shows."
     )
     utilization = param.Dict(
-        default={}, doc="(node, GPU index) -> latest utilization % of the whole GPU's holder."
+        default={}, doc="(node, GPU index) -> latest 1-minute utilization % (MIG: busiest)."
     )
+    utilization_note = param.String(default="", doc="Why utilization is not shown.")
     clock = param.Callable(default=time.time, doc="Epoch seconds: the end of usage windows.")
 
     def _read(self) -> None:
@@ -107,14 +108,17 @@ class ClusterStore(Store):
         detail = self.source.node(selected) if selected else None
         capacity = self.source.capacity()
         health, note = self._health()
-        # Read only while shown: it costs a workloads and a series request per refresh.
-        utilization = self._utilization() if self.metric == "utilization" else {}
+        # Read only while shown: one more request per refresh.
+        utilization, unmeasured = (
+            self._utilization(nodes) if self.metric == "utilization" else ({}, "")
+        )
         read = {
             "nodes": nodes,
             "capacity": capacity,
             "health": health,
             "health_note": note,
             "utilization": utilization,
+            "utilization_note": unmeasured,
             "detail": detail,
             "selected": selected,
         }
@@ -137,26 +141,23 @@ class ClusterStore(Store):
         # The heatmap switched: read what it now shows at once, not at the next live update.
         self.refresh()
 
-    def _utilization(self) -> dict[tuple[str, int], float]:
-        """Each whole GPU's latest 1-minute utilization, from its workload's series (a
-        workload's figure is its GPUs' average, so a multi-GPU workload colours all of its
-        GPUs alike). MIG instances and shares are left out: their figure is of a slice."""
+    def _utilization(self, nodes: list[NodeInfo]) -> tuple[dict[tuple[str, int], float], str]:
+        """Each GPU's latest 1-minute utilization from the portal's per-device read, and why
+        none is shown ('' when read). A MIG GPU shows its busiest instance (the max: one
+        saturated instance makes the GPU a busy one, and an idle GPU is idle in all of them);
+        a shared GPU shows the whole GPU's figure."""
         now = float(self.clock())
         try:
-            series = self.source.series(start=now - UTILIZATION_WINDOW_S, end=now)
-            workloads = self.source.workloads()
+            usage = self.source.device_usage(start=now - UTILIZATION_WINDOW_S, end=now)
         except PortalError as exc:
-            self.health_note = f"not shown: utilization: {exc.message}"
-            return {}
+            return {}, f"not shown: utilization: {exc.message}"
+        where = {g.uuid: (g.node, g.index) for n in nodes for g in n.gpus if g.uuid}
         cells: dict[tuple[str, int], float] = {}
-        for w in workloads:
-            measured = [p.utilization for p in series.get(w.id, []) if p.utilization is not None]
-            if not measured:
-                continue
-            for d in w.devices:
-                if Flavor.parse(d.flavor).kind is FlavorKind.GPU:
-                    cells |= {(d.node, i): measured[-1] for i in d.gpus}
-        return cells
+        for d in usage:
+            cell = where.get(d.gpu_uuid)
+            if cell is not None:
+                cells[cell] = max(d.utilization, cells.get(cell, d.utilization))
+        return cells, ""
 
     def _health(self) -> tuple[list[AlertInfo], str]:
         # Device alerts are the platform's: only unfiltered workloads:read holders see them.
