@@ -9,7 +9,8 @@ A day's cost lines stop changing once nothing can be written about it any more:
   they, the utilization source or the idle threshold are replaced);
 - utilization: measurements of a time may still change while late samples of it are accepted
   and rolled up (``UtilizationSource.settle_s``; for the telemetry roll-ups the raw retention
-  plus one roll-up round).
+  plus one roll-up round). Until then a day is kept with the source's ``version`` of its
+  measurements and priced again when that changes; once settled, it is checked a last time.
 
 Lines are kept for every tenant (a tenant filter is applied when they are read back: every line
 belongs to one tenant, so filtering lines equals filtering allocations) and per utilization
@@ -24,12 +25,15 @@ import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from policies.errors import InvalidRequest
 from policies.pricing import CostLine, Period
 
 DAY_S = 86_400
-CLOSE_MARGIN_S = 3600
-"""How long after its end (plus the utilization source's ``settle_s``) a day is closed."""
+CLOSE_MARGIN_S = 600
+"""How long after its end a day's allocation rows are taken as final (and its measurements,
+after the utilization source's ``settle_s`` more)."""
 DEFAULT_MAX_DAYS = 2048
 """Days (of one resolution each) kept; about 5 years of days at two resolutions."""
 
@@ -49,6 +53,15 @@ def is_whole_day(p: Period) -> bool:
     return p.start % DAY_S == 0 and p.seconds == DAY_S
 
 
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A day's lines, and the utilization source's version of its measurements they were
+    priced on (None: settled, nothing can change them)."""
+
+    lines: tuple[CostLine, ...]
+    version: object
+
+
 class ClosedDays:
     """Cost lines of closed days, every tenant, by (day start, resolution): a bounded LRU.
 
@@ -58,9 +71,9 @@ class ClosedDays:
 
     def __init__(self, max_days: int = DEFAULT_MAX_DAYS) -> None:
         if max_days < 1:
-            raise ValueError(f"max_days must be >= 1, got {max_days}")
+            raise InvalidRequest("closed days kept", max_days, "at least 1")
         self.max_days = max_days
-        self._lines: OrderedDict[tuple[int, int], tuple[CostLine, ...]] = OrderedDict()
+        self._lines: OrderedDict[tuple[int, int], Kept] = OrderedDict()
         self._basis: object = None
         self._lock = threading.Lock()
 
@@ -71,16 +84,18 @@ class ClosedDays:
                 self._lines.clear()
                 self._basis = basis
 
-    def get(self, day: int, resolution_s: int) -> tuple[CostLine, ...] | None:
+    def get(self, day: int, resolution_s: int) -> Kept | None:
         with self._lock:
             found = self._lines.get((day, resolution_s))
             if found is not None:
                 self._lines.move_to_end((day, resolution_s))
             return found
 
-    def put(self, day: int, resolution_s: int, lines: Sequence[CostLine]) -> None:
+    def put(
+        self, day: int, resolution_s: int, lines: Sequence[CostLine], version: object = None
+    ) -> None:
         with self._lock:
-            self._lines[(day, resolution_s)] = tuple(lines)
+            self._lines[(day, resolution_s)] = Kept(tuple(lines), version)
             self._lines.move_to_end((day, resolution_s))
             while len(self._lines) > self.max_days:
                 self._lines.popitem(last=False)

@@ -68,14 +68,20 @@ class UtilizationSource(Protocol):
 
     Contract (closed days are priced once, ``portal.accounting.closed_days``): at one
     ``resolution_s``, the segments read for a part ``[a, b)`` of a window agree, within
-    ``[a, b)``, with those read for the whole window; and what a source answers about a time
-    no longer changes ``settle_s`` seconds after it.
+    ``[a, b)``, with those read for the whole window; what a source answers about a time no
+    longer changes ``settle_s`` seconds after it; until then, ``version`` changes whenever
+    what it answers about ``[start, end)`` does.
     """
 
     settle_s: float
 
     def resolution_s(self, start: int, end: int) -> int:
         """The measurement step a report over ``[start, end)`` reads at."""
+        ...
+
+    def version(self, start: int, end: int, resolution_s: int) -> object:
+        """A value (compared with ``==``) that changes when the measurements of
+        ``[start, end)`` at ``resolution_s`` do."""
         ...
 
     def __call__(
@@ -210,20 +216,22 @@ class Accounting:
         """Cost lines of ``[start, end)`` split by ``step``, for ``tenants`` (None: all);
         allocations still held count until ``now`` (default: the clock).
 
-        Whole closed UTC days come from ``closed_days`` (priced once, every tenant); the rest
-        (partial first and last days, days still open to late changes) is priced now, reading
-        only the allocations that overlap it. The exact sums equal pricing the window at once.
+        Whole UTC days that ended (allocation rows final) come from ``closed_days`` (priced
+        once, every tenant; while late measurements may still come, checked against the
+        utilization source's ``version``); the rest (partial first and last days, the day in
+        progress) is priced now, reading only the allocations that overlap it. The exact sums
+        equal pricing the window at once.
         """
         chosen = periods(start, end, step)
         held_until = now if now is not None else self.clock()
         lo, hi = chosen[0].start, chosen[-1].end
         resolution = self.utilization.resolution_s(lo, hi) if self.utilization is not None else 0
-        closed_until = self._closed_until(held_until)
+        ended_until, settled_until = self._closed_until(held_until)
         shown = None if tenants is None else frozenset(tenants)
         lines: list[CostLine] = []
-        for run, closed in _runs(day_pieces(lo, hi), closed_until):
-            if closed:
-                lines += self._closed_lines(run, resolution, shown)
+        for run, ended in _runs(day_pieces(lo, hi), ended_until):
+            if ended:
+                lines += self._closed_lines(run, resolution, shown, settled_until)
             else:
                 lines += self._price(run, shown, held_until, resolution)
         merged = _rekey(lines, chosen)
@@ -236,34 +244,53 @@ class Accounting:
             unpriced_models=tuple(sorted(models - set(self.prices.book.schedules))),
         )
 
-    def _closed_until(self, held_until: datetime) -> int:
-        """Days ending at or before this (epoch s) are closed: nothing priced in them changes."""
-        settle = CLOSE_MARGIN_S
-        if self.utilization is not None:
-            settle += math.ceil(self.utilization.settle_s)
+    def _closed_until(self, held_until: datetime) -> tuple[int, int]:
+        """Whole days ending at or before the first time (epoch s) have their final allocation
+        rows; those ending at or before the second, their final measurements too."""
+        now_s = epoch_seconds(self.clock())
         # A report that stops held allocations before a day ends prices that day its own way.
-        return min(epoch_seconds(self.clock()) - settle, epoch_seconds(held_until))
+        ended = min(now_s - CLOSE_MARGIN_S, epoch_seconds(held_until))
+        if self.utilization is None:
+            return ended, ended
+        return ended, min(ended, now_s - CLOSE_MARGIN_S - math.ceil(self.utilization.settle_s))
 
     def _closed_lines(
-        self, days: Sequence[Period], resolution: int, tenants: frozenset[str] | None
+        self,
+        days: Sequence[Period],
+        resolution: int,
+        tenants: frozenset[str] | None,
+        settled_until: int,
     ) -> list[CostLine]:
-        """Lines of closed whole ``days`` of ``tenants``, pricing (every tenant) those not kept."""
+        """Lines of closed whole ``days`` of ``tenants``, pricing (every tenant) those not kept.
+
+        A day whose measurements may still change is kept with the source's ``version`` of
+        them and priced again when that differs; once settled, it is checked one last time.
+        """
         self.closed_days.bind((self.prices.book, self.idle_threshold_pct, self.utilization))
         found: dict[int, tuple[CostLine, ...]] = {}
-        missing: list[Period] = []
+        missing: dict[int, object] = {}  # day -> the version its new lines are kept with
         for d in days:
             kept = self.closed_days.get(d.start, resolution)
-            if kept is None:
-                missing.append(d)
-            else:
-                found[d.start] = kept
-        for run in _contiguous(missing):
+            if kept is not None and kept.version is None:
+                found[d.start] = kept.lines
+                continue
+            version = None
+            if self.utilization is not None and (kept is not None or d.end > settled_until):
+                # Read before pricing: a change in between makes the next look price again.
+                version = self.utilization.version(d.start, d.end, resolution)
+            if kept is not None and kept.version == version:
+                found[d.start] = kept.lines
+                if d.end <= settled_until:
+                    self.closed_days.put(d.start, resolution, kept.lines, None)
+                continue
+            missing[d.start] = None if d.end <= settled_until else version
+        for run in _contiguous([d for d in days if d.start in missing]):
             by_day: dict[int, list[CostLine]] = {d.start: [] for d in run}
             until = datetime.fromtimestamp(run[-1].end, UTC)
             for line in self._price(run, None, until, resolution):
                 by_day[line.period.start].append(line)
             for day, day_lines in by_day.items():
-                self.closed_days.put(day, resolution, day_lines)
+                self.closed_days.put(day, resolution, day_lines, missing[day])
                 found[day] = tuple(day_lines)
         out: list[CostLine] = []
         for d in days:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from policies.errors import InvalidRequest
 from policies.pricing import UsageInterval, UtilizationSegment
@@ -60,6 +60,21 @@ class TelemetryUtilization:
     def resolution_s(self, start: int, end: int) -> int:
         """Minutes for windows up to ``MAX_MINUTE_WINDOW_S``, hours beyond."""
         return STEP_S[Resolution.MINUTE if end - start <= MAX_MINUTE_WINDOW_S else Resolution.HOUR]
+
+    def version(self, start: int, end: int, resolution_s: int) -> object:
+        """(buckets, samples in them, first bucket) of the roll-ups starting in ``[start, end)``.
+
+        Within the late-sample horizon roll-ups are only added or recomputed with more samples
+        (the first two grow), or pruned oldest first (the first bucket moves on, or none is
+        left): any change changes the version."""
+        r = WORKLOAD_ROLLUPS.c
+        stmt = select(func.count(), func.coalesce(func.sum(r.samples), 0), func.min(r.bucket_ms))
+        stmt = stmt.where(
+            r.step_s == resolution_s, r.bucket_ms >= start * 1000, r.bucket_ms < end * 1000
+        )
+        with self._engine.connect() as conn:
+            row = conn.execute(stmt).one()
+        return (int(row[0]), int(row[1]), row[2])
 
     def __call__(
         self, intervals: Sequence[UsageInterval], start: int, end: int, resolution_s: int

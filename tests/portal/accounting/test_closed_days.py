@@ -18,6 +18,7 @@ import random
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -239,7 +240,15 @@ def test_the_months_reports_through_closed_days_equal_the_uncached_ones(
         assert got.lines and got.unpriced_models == ("T4",)
 
 
-def test_a_late_sample_inside_the_open_horizon_changes_the_report(db_url: str) -> None:
+def used_on(report: CostReport, day: datetime) -> Fraction:
+    return sum(
+        (x.used_gpu_hours for x in report.lines if x.period.start == epoch_seconds(day)),
+        Fraction(0),
+    )
+
+
+@pytest.mark.parametrize("asked", ["at once", "after the day settled"])
+def test_a_late_sample_inside_the_open_horizon_changes_the_report(db_url: str, asked: str) -> None:
     h = simulate(db_url, 3)
     try:
         acc = Accounting(
@@ -267,9 +276,14 @@ def test_a_late_sample_inside_the_open_horizon_changes_the_report(db_url: str) -
         )
         assert h.telemetry.ingest(batch).accepted == 1
         h.telemetry.maintain()
+        if asked == "after the day settled":
+            # Nothing asked until the day is past the late-sample horizon: its kept lines are
+            # checked one last time.
+            h.clock.advance(days=3)
         after = acc.report(month, h.clock(), Step.DAY)
         assert after == uncached(acc, month, h.clock(), Step.DAY, None, h.clock())
-        assert after.total().used_gpu_hours != before.total().used_gpu_hours
+        midnight = yesterday.replace(hour=0, minute=0, second=0, microsecond=0)
+        assert used_on(after, midnight) > used_on(before, midnight)
         # And an allocation released now ends today's lines there.
         running = next(w for w in h.alloc.workloads() if w.state is WorkloadState.RUNNING)
         h.alloc.release(running.id)
@@ -301,16 +315,18 @@ def test_a_warm_report_reads_only_the_allocations_of_its_open_days(db_url: str) 
         finally:
             event.remove(h.store.engine, "before_cursor_execute", seen)
         assert warm == uncached(acc, month, h.clock(), Step.DAY, None, h.clock())
-        # One read, from the first day not closed: ended less than the settle time ago.
-        settle = CLOSE_MARGIN_S + TelemetryUtilization(h.store.engine).settle_s
-        closed_until = epoch_seconds(h.clock()) - settle
+        # One read, of the day in progress: the days before it ended (their allocation rows
+        # are final) and are kept, those within the late-sample horizon with the version of
+        # their measurements, which did not change.
+        ended_until = epoch_seconds(h.clock()) - CLOSE_MARGIN_S
         first_open = next(
             p.start
             for p in day_pieces(epoch_seconds(month), epoch_seconds(h.clock()))
-            if p.end > closed_until
+            if p.end > ended_until
         )
         assert len(reads) == 1
         assert min(_times(reads[0])) == first_open
+        assert len(acc.closed_days) == (first_open - epoch_seconds(month)) // DAY_S
     finally:
         h.store.close()
 

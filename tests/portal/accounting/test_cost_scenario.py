@@ -108,6 +108,9 @@ class Alice80:
     def resolution_s(self, start: int, end: int) -> int:
         return 60
 
+    def version(self, start: int, end: int, resolution_s: int) -> object:
+        return 0  # the segments never change
+
     def __call__(
         self, intervals: Sequence[UsageInterval], start: int, end: int, resolution_s: int
     ) -> Iterable[UtilizationSegment]:
