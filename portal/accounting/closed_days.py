@@ -31,26 +31,32 @@ from policies.errors import InvalidRequest
 from policies.pricing import CostLine, Period
 
 DAY_S = 86_400
+HOUR_S = 3600
 CLOSE_MARGIN_S = 600
 """How long after its end a day's allocation rows are taken as final (and its measurements,
 after the utilization source's ``settle_s`` more)."""
 DEFAULT_MAX_DAYS = 2048
-"""Days (of one resolution each) kept; about 5 years of days at two resolutions."""
+"""Blocks (of one resolution each) kept: a few years of days, with a day's hours."""
 
 
-def day_pieces(start: int, end: int) -> list[Period]:
-    """``[start, end)`` (epoch s) cut at UTC midnights; the first and last may be partial."""
+def blocks(start: int, end: int, ended_until: int) -> list[Period]:
+    """``[start, end)`` (epoch s) cut at UTC midnights, and the day holding ``ended_until``
+    also at the last whole hour before it: what ended of that day can then be kept too."""
     cuts = [start]
     midnight = start - start % DAY_S + DAY_S
     while midnight < end:
         cuts.append(midnight)
         midnight += DAY_S
     cuts.append(end)
+    hour = ended_until - ended_until % HOUR_S
+    if start < hour < end and hour % DAY_S != 0 and hour not in cuts:
+        cuts = sorted([*cuts, hour])
     return [Period(a, b) for a, b in itertools.pairwise(cuts)]
 
 
-def is_whole_day(p: Period) -> bool:
-    return p.start % DAY_S == 0 and p.seconds == DAY_S
+def can_keep(block: Period, ended_until: int) -> bool:
+    """A block from a midnight to a whole hour, all of it ended: its lines can be kept."""
+    return block.start % DAY_S == 0 and block.end % HOUR_S == 0 and block.end <= ended_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +69,8 @@ class Kept:
 
 
 class ClosedDays:
-    """Cost lines of closed days, every tenant, by (day start, resolution): a bounded LRU.
+    """Cost lines of closed days (and of the ended hours of the day in progress, from its
+    midnight), every tenant, by (block, resolution): a bounded LRU.
 
     Safe to share between threads: lookups and inserts hold a lock; pricing happens outside
     it (two threads missing the same day both price it, with the same result).
@@ -73,7 +80,7 @@ class ClosedDays:
         if max_days < 1:
             raise InvalidRequest("closed days kept", max_days, "at least 1")
         self.max_days = max_days
-        self._lines: OrderedDict[tuple[int, int], Kept] = OrderedDict()
+        self._lines: OrderedDict[tuple[Period, int], Kept] = OrderedDict()
         self._basis: object = None
         self._lock = threading.Lock()
 
@@ -84,19 +91,19 @@ class ClosedDays:
                 self._lines.clear()
                 self._basis = basis
 
-    def get(self, day: int, resolution_s: int) -> Kept | None:
+    def get(self, block: Period, resolution_s: int) -> Kept | None:
         with self._lock:
-            found = self._lines.get((day, resolution_s))
+            found = self._lines.get((block, resolution_s))
             if found is not None:
-                self._lines.move_to_end((day, resolution_s))
+                self._lines.move_to_end((block, resolution_s))
             return found
 
     def put(
-        self, day: int, resolution_s: int, lines: Sequence[CostLine], version: object = None
+        self, block: Period, resolution_s: int, lines: Sequence[CostLine], version: object = None
     ) -> None:
         with self._lock:
-            self._lines[(day, resolution_s)] = Kept(tuple(lines), version)
-            self._lines.move_to_end((day, resolution_s))
+            self._lines[(block, resolution_s)] = Kept(tuple(lines), version)
+            self._lines.move_to_end((block, resolution_s))
             while len(self._lines) > self.max_days:
                 self._lines.popitem(last=False)
 

@@ -48,8 +48,8 @@ from portal.accounting.closed_days import (
     CLOSE_MARGIN_S,
     DEFAULT_MAX_DAYS,
     ClosedDays,
-    day_pieces,
-    is_whole_day,
+    blocks,
+    can_keep,
 )
 from portal.accounting.history import epoch_seconds, usage_intervals
 from portal.accounting.prices import PriceConfig
@@ -216,11 +216,11 @@ class Accounting:
         """Cost lines of ``[start, end)`` split by ``step``, for ``tenants`` (None: all);
         allocations still held count until ``now`` (default: the clock).
 
-        Whole UTC days that ended (allocation rows final) come from ``closed_days`` (priced
-        once, every tenant; while late measurements may still come, checked against the
-        utilization source's ``version``); the rest (partial first and last days, the day in
-        progress) is priced now, reading only the allocations that overlap it. The exact sums
-        equal pricing the window at once.
+        Whole UTC days that ended (allocation rows final), and the ended hours of the day in
+        progress, come from ``closed_days`` (priced once, every tenant; while late
+        measurements may still come, checked against the utilization source's ``version``);
+        the rest (a partial first or last day, the last hour or so) is priced now, reading
+        only the allocations that overlap it. The exact sums equal pricing the window at once.
         """
         chosen = periods(start, end, step)
         held_until = now if now is not None else self.clock()
@@ -229,7 +229,7 @@ class Accounting:
         ended_until, settled_until = self._closed_until(held_until)
         shown = None if tenants is None else frozenset(tenants)
         lines: list[CostLine] = []
-        for run, ended in _runs(day_pieces(lo, hi), ended_until):
+        for run, ended in _runs(blocks(lo, hi, ended_until), ended_until):
             if ended:
                 lines += self._closed_lines(run, resolution, shown, settled_until)
             else:
@@ -245,7 +245,7 @@ class Accounting:
         )
 
     def _closed_until(self, held_until: datetime) -> tuple[int, int]:
-        """Whole days ending at or before the first time (epoch s) have their final allocation
+        """Blocks ending at or before the first time (epoch s) have their final allocation
         rows; those ending at or before the second, their final measurements too."""
         now_s = epoch_seconds(self.clock())
         # A report that stops held allocations before a day ends prices that day its own way.
@@ -256,45 +256,46 @@ class Accounting:
 
     def _closed_lines(
         self,
-        days: Sequence[Period],
+        ended: Sequence[Period],
         resolution: int,
         tenants: frozenset[str] | None,
         settled_until: int,
     ) -> list[CostLine]:
-        """Lines of closed whole ``days`` of ``tenants``, pricing (every tenant) those not kept.
+        """Lines of ``ended`` blocks (``can_keep``) of ``tenants``, pricing (every tenant)
+        those not kept.
 
-        A day whose measurements may still change is kept with the source's ``version`` of
+        A block whose measurements may still change is kept with the source's ``version`` of
         them and priced again when that differs; once settled, it is checked one last time.
         """
         self.closed_days.bind((self.prices.book, self.idle_threshold_pct, self.utilization))
-        found: dict[int, tuple[CostLine, ...]] = {}
-        missing: dict[int, object] = {}  # day -> the version its new lines are kept with
-        for d in days:
-            kept = self.closed_days.get(d.start, resolution)
+        found: dict[Period, tuple[CostLine, ...]] = {}
+        missing: dict[Period, object] = {}  # block -> the version its new lines are kept with
+        for b in ended:
+            kept = self.closed_days.get(b, resolution)
             if kept is not None and kept.version is None:
-                found[d.start] = kept.lines
+                found[b] = kept.lines
                 continue
             version = None
-            if self.utilization is not None and (kept is not None or d.end > settled_until):
+            if self.utilization is not None and (kept is not None or b.end > settled_until):
                 # Read before pricing: a change in between makes the next look price again.
-                version = self.utilization.version(d.start, d.end, resolution)
+                version = self.utilization.version(b.start, b.end, resolution)
             if kept is not None and kept.version == version:
-                found[d.start] = kept.lines
-                if d.end <= settled_until:
-                    self.closed_days.put(d.start, resolution, kept.lines, None)
+                found[b] = kept.lines
+                if b.end <= settled_until:
+                    self.closed_days.put(b, resolution, kept.lines, None)
                 continue
-            missing[d.start] = None if d.end <= settled_until else version
-        for run in _contiguous([d for d in days if d.start in missing]):
-            by_day: dict[int, list[CostLine]] = {d.start: [] for d in run}
+            missing[b] = None if b.end <= settled_until else version
+        for run in _contiguous([b for b in ended if b in missing]):
+            by_block: dict[Period, list[CostLine]] = {b: [] for b in run}
             until = datetime.fromtimestamp(run[-1].end, UTC)
             for line in self._price(run, None, until, resolution):
-                by_day[line.period.start].append(line)
-            for day, day_lines in by_day.items():
-                self.closed_days.put(day, resolution, day_lines, missing[day])
-                found[day] = tuple(day_lines)
+                by_block[line.period].append(line)
+            for b, block_lines in by_block.items():
+                self.closed_days.put(b, resolution, block_lines, missing[b])
+                found[b] = tuple(block_lines)
         out: list[CostLine] = []
-        for d in days:
-            out += (x for x in found[d.start] if tenants is None or x.tenant in tenants)
+        for b in ended:
+            out += (x for x in found[b] if tenants is None or x.tenant in tenants)
         return out
 
     def _price(
@@ -403,11 +404,11 @@ class Accounting:
         return PriceBook({**book.schedules, **free})
 
 
-def _runs(pieces: Sequence[Period], closed_until: int) -> list[tuple[list[Period], bool]]:
-    """Consecutive day pieces grouped by whether they are closed whole days."""
+def _runs(pieces: Sequence[Period], ended_until: int) -> list[tuple[list[Period], bool]]:
+    """Consecutive blocks grouped by whether their lines can be kept (``can_keep``)."""
     out: list[tuple[list[Period], bool]] = []
     for p in pieces:
-        closed = is_whole_day(p) and p.end <= closed_until
+        closed = can_keep(p, ended_until)
         if out and out[-1][1] == closed:
             out[-1][0].append(p)
         else:
@@ -415,10 +416,10 @@ def _runs(pieces: Sequence[Period], closed_until: int) -> list[tuple[list[Period
     return out
 
 
-def _contiguous(days: Sequence[Period]) -> list[list[Period]]:
-    """``days`` (in order) in runs without gaps: each run is read and priced at once."""
+def _contiguous(blocks: Sequence[Period]) -> list[list[Period]]:
+    """``blocks`` (in order) in runs without gaps: each run is read and priced at once."""
     out: list[list[Period]] = []
-    for d in days:
+    for d in blocks:
         if out and out[-1][-1].end == d.start:
             out[-1].append(d)
         else:
@@ -427,9 +428,9 @@ def _contiguous(days: Sequence[Period]) -> list[list[Period]]:
 
 
 def _rekey(lines: Iterable[CostLine], chosen: Sequence[Period]) -> list[CostLine]:
-    """Lines of day pieces summed into the ``chosen`` period holding each piece, in
-    ``cost_lines``' order (period, tenant, owner, flavor). Every piece lies inside one chosen
-    period: periods are cut at UTC midnights, pieces at every midnight."""
+    """Lines of blocks summed into the ``chosen`` period holding each block, in
+    ``cost_lines``' order (period, tenant, owner, flavor). Every block lies inside one chosen
+    period: periods are cut at UTC midnights, blocks at every midnight."""
     starts = [p.start for p in chosen]
     acc: dict[tuple[Period, str, str, str], list[Fraction]] = {}
     for line in lines:

@@ -29,7 +29,7 @@ from policies.pricing import UtilizationSegment, cost_lines
 from policies.requests import DeviceRequest
 from portal.accounting import Accounting, price_config
 from portal.accounting import telemetry as telemetry_module
-from portal.accounting.closed_days import CLOSE_MARGIN_S, DAY_S, day_pieces
+from portal.accounting.closed_days import CLOSE_MARGIN_S, DAY_S
 from portal.accounting.history import epoch_seconds, usage_intervals
 from portal.accounting.service import CostReport, Step, periods
 from portal.accounting.telemetry import TelemetryUtilization
@@ -315,18 +315,15 @@ def test_a_warm_report_reads_only_the_allocations_of_its_open_days(db_url: str) 
         finally:
             event.remove(h.store.engine, "before_cursor_execute", seen)
         assert warm == uncached(acc, month, h.clock(), Step.DAY, None, h.clock())
-        # One read, of the day in progress: the days before it ended (their allocation rows
-        # are final) and are kept, those within the late-sample horizon with the version of
-        # their measurements, which did not change.
+        # One read, of the last hour or so: the days before ended (their allocation rows are
+        # final) and are kept, and so are today's ended hours, those within the late-sample
+        # horizon with the version of their measurements, which did not change.
         ended_until = epoch_seconds(h.clock()) - CLOSE_MARGIN_S
-        first_open = next(
-            p.start
-            for p in day_pieces(epoch_seconds(month), epoch_seconds(h.clock()))
-            if p.end > ended_until
-        )
+        first_open = ended_until - ended_until % 3600
         assert len(reads) == 1
         assert min(_times(reads[0])) == first_open
-        assert len(acc.closed_days) == (first_open - epoch_seconds(month)) // DAY_S
+        days = (first_open - epoch_seconds(month)) // DAY_S
+        assert len(acc.closed_days) == days + (first_open % DAY_S != 0)
     finally:
         h.store.close()
 
