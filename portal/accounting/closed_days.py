@@ -102,6 +102,11 @@ class ClosedDays:
         self, block: Period, resolution_s: int, lines: Sequence[CostLine], version: object = None
     ) -> None:
         with self._lock:
+            if block.seconds != DAY_S:
+                # A longer part of the day in progress replaces the shorter ones kept before.
+                for b, r in [k for k in self._lines if k[0].start == block.start]:
+                    if r == resolution_s and b.end < block.end:
+                        del self._lines[(b, r)]
             self._lines[(block, resolution_s)] = Kept(tuple(lines), version)
             self._lines.move_to_end((block, resolution_s))
             while len(self._lines) > self.max_days:

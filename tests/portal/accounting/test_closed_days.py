@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -355,3 +356,20 @@ def test_roll_ups_read_in_chunks_of_workloads_give_the_same_segments(
         chunked = sorted(source(intervals, lo, hi, resolution), key=repr)
         monkeypatch.undo()
         assert chunked == whole
+
+
+def test_threads_asking_at_once_get_the_uncached_answers(history: History) -> None:
+    clock = ManualClock(history.end + timedelta(hours=5))
+    acc = Accounting(
+        history.store, PRICES, utilization=TelemetryUtilization(history.store.engine), clock=clock
+    )
+    rng = random.Random(11)
+    questions = [random_question(rng, history.end) for _ in range(24)]
+
+    def ask(q: tuple[datetime, datetime, Step, frozenset[str] | None, datetime | None]) -> bool:
+        start, end, step, tenants, now = q
+        got = acc.report(start, end, step, tenants, now=now)
+        return got == uncached(acc, start, end, step, tenants, now or clock())
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert all(pool.map(ask, questions + questions))
