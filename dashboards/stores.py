@@ -554,10 +554,16 @@ class CostStore(Store):
             else ()
         )
         budgets = self.source.budgets()
-        with param.parameterized.batch_call_watchers(self):
-            self.daily, self.flavors = list(daily.groups), list(flavors.groups)
-            self.owners, self.budgets = list(owners), budgets
-            self.report = daily
+        read = {
+            "daily": list(daily.groups),
+            "flavors": list(flavors.groups),
+            "owners": list(owners),
+            "budgets": budgets,
+            "report": daily,
+        }
+        # Only what changed, like the other stores: param counts lists of records as always
+        # changed, and each change redraws a chart or a table.
+        self.param.update({k: v for k, v in read.items() if v != getattr(self, k)})
 
     def stacked(self) -> list[tuple[str, str, float, float]]:
         """(UTC day, tenant, cost, GPU-hours) per tenant and day: the stacked bars."""
