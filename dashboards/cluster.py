@@ -24,17 +24,20 @@ class ClusterView(Viewer):
     shape = param.Integer(
         default=0, doc="Nodes drawn as labelled rows (up to LABELLED_NODES); 0: a raster."
     )
+    cells_version = param.Integer(default=0, doc="Bumped when the heatmap's data changes.")
 
     def __init__(self, store: ClusterStore, **params: object) -> None:
         super().__init__(**params)
         self.store = store
-        store.param.watch(self._reshape, ["nodes"])
-        self._reshape()
+        store.param.watch(self._cells_changed, ["nodes", "utilization"])
+        self._cells_changed()
 
-    def _reshape(self, *_: object) -> None:
-        # Set only when the heatmap's kind or rows change, which is when it must be rebuilt.
+    def _cells_changed(self, *_: object) -> None:
+        # ``shape`` is set only when the heatmap's kind or rows change (param skips an equal
+        # value), which is when it must be rebuilt; otherwise the version redraws its values.
         n = len(self.store.nodes)
         self.shape = n if n <= LABELLED_NODES else 0
+        self.cells_version += 1
 
     def headline(self, *_: object) -> str:
         gpus, allocated = self.store.totals()
@@ -100,9 +103,13 @@ class ClusterView(Viewer):
     def live_heatmap(self, *_: object) -> hv.DynamicMap:
         """The heatmap as a DynamicMap: a live update sends the cells' new values to the
         browser into the plot already there. Rebuilt only when the metric or ``shape``
-        changes (another kind of element, or other rows)."""
-        st = self.store.param
-        return hv.DynamicMap(pn.bind(self.heatmap, st.nodes, st.utilization))
+        changes (another kind of element, or other rows). It follows a version number, not
+        the nodes: HoloViews hashes a DynamicMap's inputs, and hashing 10,000 GPUs' records
+        cost more than drawing them."""
+        return hv.DynamicMap(pn.bind(self._heatmap_of, self.param.cells_version))
+
+    def _heatmap_of(self, _version: int) -> hv.HeatMap | hv.Image:
+        return self.heatmap()
 
     def free(self, *_: object) -> pn.viewable.Viewable:
         rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
