@@ -98,6 +98,14 @@ class ClosedDays:
                 self._lines.move_to_end((block, resolution_s))
             return found
 
+    def head(self, start: int, resolution_s: int) -> tuple[Period, Kept] | None:
+        """The part of the day from midnight ``start`` kept at ``resolution_s``, if any."""
+        with self._lock:
+            for (b, r), kept in self._lines.items():
+                if b.start == start and r == resolution_s and b.seconds != DAY_S:
+                    return b, kept
+            return None
+
     def put(
         self, block: Period, resolution_s: int, lines: Sequence[CostLine], version: object = None
     ) -> None:

@@ -46,6 +46,7 @@ from policies.pricing import (
 )
 from portal.accounting.closed_days import (
     CLOSE_MARGIN_S,
+    DAY_S,
     DEFAULT_MAX_DAYS,
     ClosedDays,
     blocks,
@@ -285,6 +286,11 @@ class Accounting:
                     self.closed_days.put(b, resolution, kept.lines, None)
                 continue
             missing[b] = None if b.end <= settled_until else version
+        for b in [b for b in missing if b.seconds != DAY_S]:
+            grown = self._grown_head(b, resolution)
+            if grown is not None:
+                self.closed_days.put(b, resolution, grown, missing.pop(b))
+                found[b] = tuple(grown)
         for run in _contiguous([b for b in ended if b in missing]):
             by_block: dict[Period, list[CostLine]] = {b: [] for b in run}
             until = datetime.fromtimestamp(run[-1].end, UTC)
@@ -297,6 +303,25 @@ class Accounting:
         for b in ended:
             out += (x for x in found[b] if tenants is None or x.tenant in tenants)
         return out
+
+    def _grown_head(self, block: Period, resolution: int) -> list[CostLine] | None:
+        """Lines of the day in progress up to ``block.end`` from the shorter part of it kept
+        before (if still valid) and the hours since: an hour later, one hour is priced, not
+        the whole day again."""
+        head = self.closed_days.head(block.start, resolution)
+        if head is None or head[0].end >= block.end:
+            return None
+        before, kept = head
+        utilization = self.utilization
+        if (
+            kept.version is not None
+            and utilization is not None
+            and kept.version != utilization.version(before.start, before.end, resolution)
+        ):
+            return None
+        since = Period(before.end, block.end)
+        until = datetime.fromtimestamp(block.end, UTC)
+        return _rekey([*kept.lines, *self._price([since], None, until, resolution)], [block])
 
     def _price(
         self,

@@ -373,3 +373,23 @@ def test_threads_asking_at_once_get_the_uncached_answers(history: History) -> No
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         assert all(pool.map(ask, questions + questions))
+
+
+def test_the_day_in_progress_grows_hour_by_hour(history: History) -> None:
+    # The report clock walks through a day of the history: each whole hour that ends is added
+    # to the part of the day kept before, and every answer equals pricing at once.
+    midnight = (history.end - timedelta(days=2)).replace(hour=0, minute=0, second=0, microsecond=0)
+    clock = ManualClock(midnight + timedelta(minutes=12))
+    acc = Accounting(
+        history.store, PRICES, utilization=TelemetryUtilization(history.store.engine), clock=clock
+    )
+    month = datetime(2026, 11, 1, tzinfo=UTC)
+    for _ in range(30):
+        clock.advance(minutes=47)
+        for step, tenants in ((Step.DAY, None), (Step.WHOLE, frozenset({"a"}))):
+            got = acc.report(month, clock(), step, tenants)
+            assert got == uncached(acc, month, clock(), step, tenants, clock()), clock()
+    head = acc.closed_days.head(epoch_seconds(clock().replace(hour=0, minute=0, second=0)), 3600)
+    assert head is not None
+    ended = epoch_seconds(clock()) - CLOSE_MARGIN_S
+    assert head[0].end == ended - ended % 3600
