@@ -144,23 +144,37 @@ def parsed(model: type[M], data: Any, response: httpx.Response) -> M:
         raise _unreadable(response, model.__name__, first["loc"], first["msg"]) from exc
 
 
-def parsed_page(model: type[M], response: httpx.Response) -> Page[M]:
-    """One page of ``model`` items read straight from the answer's bytes. Without the
-    intermediate JSON objects, large lists (1,250 nodes of 8 GPUs) allocate half as much,
-    and garbage collection was most of their reading time."""
+def parsed_answer(model: type[M], response: httpx.Response) -> M:
+    """A successful answer read as ``model`` straight from its bytes (no intermediate JSON
+    objects: large answers allocate half as much, and garbage collection was most of their
+    reading time); raises the portal's exception for an error answer, and an ``ApiError``
+    for an answer that is not JSON or does not fit."""
     if response.status_code >= 400:
         raise error_from_response(response)
-    page_type: type[Page[M]] = Page[model]  # type: ignore[valid-type]
     try:
-        return page_type.model_validate_json(response.content)
+        return model.model_validate_json(response.content)
     except ValidationError as exc:
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
             checked(response)  # raises: the answer is not JSON at all
+        raise _unreadable(response, model.__name__, first["loc"], first["msg"]) from exc
+
+
+def parsed_page(model: type[M], response: httpx.Response) -> Page[M]:
+    """One page of ``model`` items (see ``parsed_answer``); an item that does not fit is
+    named by its own field."""
+    page_type: type[Page[M]] = Page[model]  # type: ignore[valid-type]
+    try:
+        return parsed_answer(page_type, response)
+    except ApiError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, ValidationError):
+            raise
+        first = cause.errors()[0]
         loc = first["loc"]
-        if len(loc) > 2 and loc[0] == "items":  # an item does not fit: name the item's field
-            raise _unreadable(response, model.__name__, loc[2:], first["msg"]) from exc
-        raise _unreadable(response, f"page of {model.__name__}", loc, first["msg"]) from exc
+        if len(loc) > 2 and loc[0] == "items":
+            raise _unreadable(response, model.__name__, loc[2:], first["msg"]) from cause
+        raise _unreadable(response, f"page of {model.__name__}", loc, first["msg"]) from cause
 
 
 def _unreadable(
@@ -181,12 +195,12 @@ def _unreadable(
 
 def one(call: Call, model: type[M]) -> Op[M]:
     response = yield call
-    return parsed(model, checked(response), response)
+    return parsed_answer(model, response)
 
 
 def tagged(call: Call, model: type[M]) -> Op[WithETag[M]]:
     response = yield call
-    value = parsed(model, checked(response), response)
+    value = parsed_answer(model, response)
     return WithETag(value, response.headers.get("ETag", ""))
 
 

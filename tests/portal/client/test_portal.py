@@ -8,7 +8,7 @@ import threading
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -325,6 +325,20 @@ def test_an_answer_the_client_cannot_read_is_an_api_error_naming_the_field() -> 
     ):
         p.tenants()
     assert caught.value.status == 200
+
+
+def test_one_object_answers_that_do_not_fit_or_are_not_json_are_api_errors() -> None:
+    async def node(request: Request) -> JSONResponse | PlainTextResponse:
+        if request.path_params["name"] == "odd":
+            return JSONResponse({"name": "odd"})  # a node without its other fields
+        return PlainTextResponse("<html>a login page</html>")
+
+    app = Starlette(routes=[Route("/api/v1/nodes/{name}", node)])
+    with serving(app) as port, Portal(f"http://127.0.0.1:{port}/", "t") as p:
+        with pytest.raises(ApiError, match=r"answered a NodeOut this client cannot read \(sched"):
+            p.node("odd")
+        with pytest.raises(ApiError, match="without JSON"):
+            p.node("html")
 
 
 def test_platform_admins_create_and_change_tenants_with_etags(portal_server: Served) -> None:
