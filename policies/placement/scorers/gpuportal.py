@@ -19,6 +19,14 @@ whole GPUs, each slot for MIG) and keeps the best:
    a 104-core 2-GPU node loses nothing — so CPU-heavy pods go where CPU is spare and GPUs keep
    the CPU they will need. Measured on openb (10 seeds): 4.87 → 4.19 % of GPU unallocated at
    100 % arrived (FGD 4.80), and ahead of FGD on every trace variant tried (openb.md).
+   **Leftover of partly used GPUs** orders what that coarse Δ ties: ``L(node) − L(after)``
+   with ``L`` (leftover.py) the idle milli the learned share mix is expected to leave on the
+   node's partly used GPUs once it has filled them — a 470 share goes into a 530 free share
+   (leaving 60) rather than opening a fresh GPU or taking a 650 free share (leaving 180 that
+   few requests fit). ``F`` only asks whether the next request fits. It is added after the
+   rounding, weighted 0.2 (a leftover difference of 500 milli moves Δ by half a step), so it
+   reorders near-ties without undoing the node-order packing. Measured on openb (10 seeds):
+   4.19 → 4.09 % unallocated at 100 % arrived, 4.11 → 4.02 at 130 %.
 2. **Topology**, ahead of fragmentation for multi-GPU options: they rank by the weakest link of
    the set the device chooser picked on the node (NVSwitch > NVLink > PCIe switch > … > cross
    socket), then by whether the set sits on one socket (NUMA node); fragmentation only orders
@@ -32,9 +40,10 @@ Single devices and CPU-only options score ``100 · (0.8 · frag + 0.2)`` with
 ``frag = sigmoid(Δ / 1000)`` in (0, 1); multi-GPU options ``100 · (0.95 · rank / 13 + 0.05 ·
 frag)`` with ``rank = 2 · link class + one-socket`` (at most 2 · 6 + 1 = 13). Example: on a
 node with free shares (1000, 300) against {0.5 GPU: 1}, a 0.2 share on GPU 1 leaves
-(1000, 100): F goes 300 → 100, Δ = 200, score = 100 · (0.8 · sigmoid(0.2) + 0.2) = 63.99; on
-GPU 0 it leaves (800, 300): F stays 300, Δ = 0,
-score = 100 · (0.8 · 0.5 + 0.2) = 60 — GPU 1 wins.
+(1000, 100): F goes 300 → 100, Δ = 200; L goes 300 → 100 (no 0.5 share fits either), + 0.2 ·
+200 → Δ = 240, score = 100 · (0.8 · sigmoid(0.24) + 0.2) = 64.78. On GPU 0 it leaves (800,
+300): F stays 300, Δ = 0; L goes 300 → 600 (the 800 takes one 0.5 share and keeps 300), + 0.2
+· (−300) → Δ = −60, score = 100 · (0.8 · sigmoid(−0.06) + 0.2) = 58.80 — GPU 1 wins.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from policies.placement.scorers.fragmentation import (
     key_after,
     state_key,
 )
+from policies.placement.scorers.leftover import LeftoverModel
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest
 from policies.topology import LinkClass
@@ -100,9 +110,11 @@ class GpuPortal:
         weight_frag: float = 0.8,
         quantum: float = 200.0,
         weight_cpu: float = 1.0,
+        weight_leftover: float = 0.2,
     ) -> None:
         self.quantum = quantum
         self.weight_cpu = weight_cpu
+        self.weight_leftover = weight_leftover
         self.decay = 0.5 ** (1.0 / half_life)
         self.coverage = coverage
         self.refresh_every = refresh_every
@@ -115,6 +127,7 @@ class GpuPortal:
         self._generation = 0
         self._dist: dict[Shape, float] = dict(PRIOR)
         self.frag = FragModel(PRIOR)
+        self.leftover = LeftoverModel(PRIOR)
         self.cpu_ratio = cpu_per_milli(PRIOR)
         self._mig_dist: dict[tuple[str, str], float] = {}
 
@@ -161,6 +174,7 @@ class GpuPortal:
             if moved > self.drift:
                 self._dist = dist
                 self.frag = FragModel(dist.items())
+                self.leftover = LeftoverModel(dist.items())
                 self.cpu_ratio = cpu_per_milli(dist.items())
                 self._generation += 1
         mig_total = sum(self._mig_hist.values())
@@ -197,6 +211,12 @@ class GpuPortal:
             )
         if self.quantum > 0:
             delta = self.quantum * round(delta / self.quantum)
+        if self.weight_leftover and not self.leftover.empty:
+            # After rounding: it orders options the coarse Δ ties, keeping the node-order
+            # packing that the rounding buys (see the module docstring).
+            delta += self.weight_leftover * (
+                self.leftover.value(before) - self.leftover.value(after)
+            )
         frag = _sigmoid(delta / 1000.0)
         if len(option.gpus) <= 1:  # one device, or CPU only
             return 100.0 * (self.weight_frag * frag + (1 - self.weight_frag))

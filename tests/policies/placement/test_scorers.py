@@ -24,6 +24,7 @@ from policies.placement.scorers.fragmentation import (
 )
 from policies.placement.scorers.gpu_packing import GpuPacking
 from policies.placement.scorers.gpuportal import GpuPortal
+from policies.placement.scorers.leftover import LeftoverModel
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest
 
@@ -152,8 +153,8 @@ def test_gpuportal_docstring_example() -> None:
         gp.observe(DeviceRequest(FlavorKind.SHARE, count=1, milli=500), None)
     assert gp.distribution == {Shape(0, 500, 1): 1.0}
     st = state([1000, 300], 64_000)
-    assert gp.score(share(200, 0), st, on(st, 1, 200, 0), CL) == pytest.approx(63.99, abs=0.01)
-    assert gp.score(share(200, 0), st, on(st, 0, 200, 0), CL) == pytest.approx(60.0)
+    assert gp.score(share(200, 0), st, on(st, 1, 200, 0), CL) == pytest.approx(64.78, abs=0.01)
+    assert gp.score(share(200, 0), st, on(st, 0, 200, 0), CL) == pytest.approx(58.80, abs=0.01)
 
 
 def test_gpuportal_learns_from_observe_and_invalidates_caches() -> None:
@@ -202,6 +203,46 @@ def test_gpuportal_puts_cpu_heavy_pods_where_cpu_is_spare() -> None:
         assert not isinstance(got, NoFit)
         picks[weight] = got.node
     assert picks == {1.0: "cpu-rich", 0.0: "big"}
+
+
+def test_leftover_model_arithmetic() -> None:
+    # Docstring example: shares {470: 0.5, 810: 0.5}; whole GPUs do not count. V(60) = 60
+    # (nothing fits), V(530) = 0.5 · 530 + 0.5 · V(60) = 295; fully free GPUs are left out.
+    mix = [(Shape(0, 470, 1), 1.0), (Shape(0, 810, 1), 1.0), (Shape(0, 1000, 1), 6.0)]
+    lm = LeftoverModel(mix)
+    assert lm.leftover(60) == 60
+    assert lm.leftover(530) == pytest.approx(295)
+    # The node's CPU and model do not enter: only the free shares.
+    assert lm.value((0, "T4", (1000, 530, 60, 0))) == pytest.approx(355)
+    assert lm.value((96_000, "A10", (530, 60))) == pytest.approx(355)
+    # V(1000) = 0.5 · V(530) + 0.5 · V(190) = 147.5 + 95, but a fully free GPU counts 0.
+    assert lm.leftover(1000) == pytest.approx(242.5)
+    assert lm.value((0, "T4", (1000,))) == 0
+    # Equal sizes merge; 1-milli shares fill a 999 free share completely (no deep recursion).
+    assert LeftoverModel([(Shape(0, 1, 1), 1.0), (Shape(4_000, 1, 1), 1.0)]).leftover(999) == 0
+    # No share shapes: nothing to order.
+    assert LeftoverModel([(Shape(0, 1000, 1), 1.0)]).empty
+
+
+def test_gpuportal_pairs_shares_by_their_leftover() -> None:
+    # Mix {1 GPU: 0.5, 470: 0.25, 320: 0.25}. A 470 share on "first" (650 free → 180) or
+    # "second" (530 free → 60): Δ of F is 0.5·650 − 180 = 145 and 0.5·530 − 60 = 205, both
+    # 200 after rounding, so node order would pick "first". Leftover: V(650) = 0.5·V(180) +
+    # 0.5·V(330) = 90 + 0.5·(0.5·330 + 0.5·10) = 175 → V(180) = 180 (+5 worse); V(530) =
+    # 0.5·V(60) + 0.5·V(210) = 135 → V(60) = 60 (75 better): "second" wins.
+    picks = {}
+    for weight in (0.2, 0.0):
+        cl = ClusterState([node("first", gpus=1), node("second", gpus=1)])
+        cl.apply(Placement("first", gpus=(0,), milli=350))
+        cl.apply(Placement("second", gpus=(0,), milli=470))
+        gp = GpuPortal(refresh_every=1, weight_leftover=weight)
+        for req in (whole(1, 0), share(470, 0), whole(1, 0), share(320, 0)):
+            gp.observe(req, None)
+        assert set(gp.distribution) == {Shape(0, 1000, 1), Shape(0, 470, 1), Shape(0, 320, 1)}
+        got = place(share(470, 0), cl, Policy("gpuportal", [(gp, 1.0)]))
+        assert not isinstance(got, NoFit)
+        picks[weight] = got.node
+    assert picks == {0.2: "second", 0.0: "first"}
 
 
 def test_registry() -> None:

@@ -1,0 +1,85 @@
+"""Expected leftover of partly used GPUs: the idle milli the share mix will never fill.
+
+FGD's ``F`` (fragmentation.py) asks whether the *next* request fits a GPU's free share. This
+asks where that free share ends up as GPU-share requests keep arriving. A free share of ``r``
+milli is taken, with probability ``Q(r)`` (the part of share requests no larger than ``r``), by
+one of those requests, which leaves ``r − s``; otherwise nothing in the mix fits and ``r`` stays
+idle:
+
+    V(r) = (1 − Q(r)) · r + Σ_{s ≤ r} q_s · V(r − s)
+
+with ``q_s`` the frequency of size ``s`` among share requests. In one-dimensional replays of
+the openb shares (sizes only, seeds 42–51) choosing the free share that lowers ``Σ V`` most
+leaves 4.17 % of the GPUs idle where best fit leaves 4.31 %.
+
+``V`` deliberately ignores the node's CPU and GPU model: counting only the shares a node could
+take makes gaps on popular models look cheap and draws unconstrained shares onto the GPUs that
+model-constrained requests need (measured on the *typed* openb variant, seeds 42–44: 12.1 → 17.2 %
+idle at 100 % arrived).
+
+Example: mix {470: 0.5, 810: 0.5}. V(60) = 60 (nothing fits); V(530) = 0.5 · 530 + 0.5 · V(60)
+= 295. A 470 share placed into a 530 free share lowers the node's leftover by 295 − 60 = 235;
+on a fully free GPU it raises it by V(530) = 295 — the pairing that leaves 60, not 530.
+
+Fully free GPUs do not count (they are whole-GPU capacity, which ``F`` already values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from policies.flavors import MILLI_PER_GPU
+from policies.placement.scorers.fragmentation import Shape
+
+StateKey = tuple[int, str, tuple[int, ...]]
+
+
+class LeftoverModel:
+    """``L(node) = Σ V(free)`` over the node's partly used GPUs, for a distribution of shapes.
+
+    Only share shapes (one GPU, 1…999 milli) matter; frequencies are normalised over them and
+    shapes of equal size are merged. ``V`` is memoised as it is asked for.
+    """
+
+    def __init__(self, typical: Iterable[tuple[Shape, float]]) -> None:
+        sizes: dict[int, float] = {}
+        for s, w in typical:
+            if w > 0 and s.count == 1 and 0 < s.milli < MILLI_PER_GPU:
+                sizes[s.milli] = sizes.get(s.milli, 0.0) + w
+        total = sum(sizes.values())
+        self._sizes = sorted((m, w / total) for m, w in sizes.items())
+        self._memo: dict[int, float] = {0: 0.0}
+
+    @property
+    def empty(self) -> bool:
+        """True when the distribution has no share shapes (then ``L`` orders nothing)."""
+        return not self._sizes
+
+    def leftover(self, free: int) -> float:
+        """``V(free)``: the milli of a ``free`` share the mix is expected to leave idle."""
+        memo, sizes = self._memo, self._sizes
+        # Iterative depth-first evaluation: V(r) needs V(r − s) for every fitting s first
+        # (recursion could be 1000 deep for 1-milli shares).
+        stack = [free]
+        while stack:
+            r = stack[-1]
+            if r in memo:
+                stack.pop()
+                continue
+            missing = [r - m for m, _ in sizes if m <= r and r - m not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            q_fit = refill = 0.0
+            for m, q in sizes:
+                if m > r:
+                    break
+                q_fit += q
+                refill += q * memo[r - m]
+            memo[r] = (1.0 - q_fit) * r + refill
+            stack.pop()
+        return memo[free]
+
+    def value(self, key: StateKey) -> float:
+        """``L`` of a node state key (see ``fragmentation.state_key``)."""
+        return sum(self.leftover(f) for f in key[2] if 0 < f < MILLI_PER_GPU)
