@@ -33,6 +33,11 @@ _NODE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _UUID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
 
 
+MAX_EPOCH_S = 1e10
+"""Upper bound of a sample's time: far beyond any real clock, and its milliseconds stay exact
+integers (an unbounded float overflowed converting to milliseconds)."""
+
+
 class Source(StrEnum):
     """Where the samples were read."""
 
@@ -98,7 +103,11 @@ class GpuSample(WireModel):
     mig_uuid: str | None = Field(
         default=None, min_length=1, max_length=96, pattern=_UUID, description="MIG-<uuid>."
     )
-    at: float = Field(gt=0, description="When it was measured, epoch seconds (UTC).")
+    at: float = Field(
+        gt=0,
+        lt=MAX_EPOCH_S,
+        description="When it was measured, epoch seconds (UTC), before the year 2286.",
+    )
     utilization_pct: float = Field(
         ge=0, le=100, description="Percent of time a kernel ran (NVML/DCGM GPU_UTIL)."
     )

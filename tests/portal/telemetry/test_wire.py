@@ -47,6 +47,7 @@ def test_a_well_formed_batch_parses_and_names_its_devices() -> None:
         ("gpu_uuid", "", "samples.0.gpu_uuid"),
         ("gpu_uuid", "GPU 1; drop", "samples.0.gpu_uuid"),
         ("at", "yesterday", "samples.0.at"),
+        ("at", 1.797e305, "samples.0.at"),  # once overflowed converting to milliseconds
         ("colour", "red", "samples.0.colour"),
     ],
 )
