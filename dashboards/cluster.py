@@ -111,12 +111,12 @@ class ClusterView(Viewer):
     def _heatmap_of(self, _version: int) -> hv.HeatMap | hv.Image:
         return self.heatmap()
 
-    def free(self, *_: object) -> pn.viewable.Viewable:
+    def free(self, *_: object) -> str:
         rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
-        return c.table(rows, ["flavor", "capacity", "free"], empty="no GPUs")
+        return c.table_html(rows, ["flavor", "capacity", "free"], empty="no GPUs")
 
-    def layouts(self, *_: object) -> pn.viewable.Viewable:
-        return c.table(self.store.mig_layout_counts(), ["model", "MIG layout", "GPUs"])
+    def layouts(self, *_: object) -> str:
+        return c.table_html(self.store.mig_layout_counts(), ["model", "MIG layout", "GPUs"])
 
     def topology(self, *_: object) -> pn.viewable.Viewable:
         links = self.store.link_classes()
@@ -138,11 +138,11 @@ class ClusterView(Viewer):
         )
         return pn.pane.HoloViews(plot * labels)
 
-    def node_mig(self, *_: object) -> pn.viewable.Viewable:
+    def node_mig(self, *_: object) -> str:
         rows = [(g, p, s, "free" if f else "in use") for g, p, s, f in self.store.mig_layouts()]
-        return c.table(rows, ["GPU", "profile", "start", "state"], empty="no MIG instances")
+        return c.table_html(rows, ["GPU", "profile", "start", "state"], empty="no MIG instances")
 
-    def health(self, *_: object) -> pn.viewable.Viewable:
+    def health(self, *_: object) -> str:
         rows = [
             (
                 *self.store.where(a.scope),
@@ -154,7 +154,7 @@ class ClusterView(Viewer):
         ]
         # Unread (the note says why) is not the same as healthy.
         empty = "unknown" if self.store.health_note else "no health alerts"
-        return c.table(rows, ["node", "GPU", "alert", "state", "about"], empty=empty)
+        return c.table_html(rows, ["node", "GPU", "alert", "state", "about"], empty=empty)
 
     def __panel__(self) -> pn.viewable.Viewable:
         choose = pn.widgets.AutocompleteInput.from_param(
@@ -166,7 +166,10 @@ class ClusterView(Viewer):
         )
 
         def options(*_: object) -> None:
-            choose.options = [n.name for n in self.store.nodes]
+            # Nodes change on every allocation; their names seldom: send 1,250 names only then.
+            names = [n.name for n in self.store.nodes]
+            if names != choose.options:
+                choose.options = names
 
         st = self.store.param
         st.watch(options, ["nodes"])
@@ -181,14 +184,14 @@ class ClusterView(Viewer):
                 linked_axes=False,
             ),
             "### Node health",
-            pn.bind(self.health, st.health, st.health_note),
+            c.live(self.health, st.health, st.health_note),
             c.message(self.store, "health_note"),
             pn.Row(
-                pn.Column("### Free capacity by flavor", pn.bind(self.free, st.nodes, st.capacity)),
-                pn.Column("### MIG layouts", pn.bind(self.layouts, st.nodes)),
+                pn.Column("### Free capacity by flavor", c.live(self.free, st.nodes, st.capacity)),
+                pn.Column("### MIG layouts", c.live(self.layouts, st.nodes)),
             ),
             pn.Row(
-                pn.Column("### Selected node", choose, pn.bind(self.node_mig, st.nodes, st.detail)),
+                pn.Column("### Selected node", choose, c.live(self.node_mig, st.nodes, st.detail)),
                 pn.Column(pn.bind(self.topology, st.detail)),
             ),
             sizing_mode="stretch_width",
