@@ -27,8 +27,8 @@ from sqlalchemy import Engine, func, select
 from policies.errors import InvalidRequest
 from policies.pricing import UsageInterval, UtilizationSegment
 from portal.telemetry.reads import STEP_S, Resolution
-from portal.telemetry.store import Retention
-from portal.telemetry.tables import WORKLOAD_ROLLUPS
+from portal.telemetry.store import HOUR_S, Retention
+from portal.telemetry.tables import REVISIONS, WORKLOAD_ROLLUPS
 
 MAX_MINUTE_WINDOW_S = 6 * 86_400
 """Longest report window read at minute resolution (8640 buckets per workload)."""
@@ -62,19 +62,20 @@ class TelemetryUtilization:
         return STEP_S[Resolution.MINUTE if end - start <= MAX_MINUTE_WINDOW_S else Resolution.HOUR]
 
     def version(self, start: int, end: int, resolution_s: int) -> object:
-        """(buckets, samples in them, first bucket) of the roll-ups starting in ``[start, end)``.
+        """The sum of the telemetry revisions (``telemetry_revisions``) of the hours overlapping
+        ``[start, end)`` at ``resolution_s``.
 
-        Within the late-sample horizon roll-ups are only added or recomputed with more samples
-        (the first two grow), or pruned oldest first (the first bucket moves on, or none is
-        left): any change changes the version."""
-        r = WORKLOAD_ROLLUPS.c
-        stmt = select(func.count(), func.coalesce(func.sum(r.samples), 0), func.min(r.bucket_ms))
-        stmt = stmt.where(
-            r.step_s == resolution_s, r.bucket_ms >= start * 1000, r.bucket_ms < end * 1000
+        The telemetry store bumps an hour's revision in the same transaction as every write or
+        delete of its roll-ups and never deletes revision rows, so the sum grows whenever the
+        roll-ups of the range may have changed; reading it touches a row per hour, not the
+        roll-ups."""
+        v = REVISIONS.c
+        lo = start - start % HOUR_S
+        stmt = select(func.coalesce(func.sum(v.revision), 0)).where(
+            v.step_s == resolution_s, v.hour_ms >= lo * 1000, v.hour_ms < end * 1000
         )
         with self._engine.connect() as conn:
-            row = conn.execute(stmt).one()
-        return (int(row[0]), int(row[1]), row[2])
+            return int(conn.execute(stmt).scalar_one())
 
     def __call__(
         self, intervals: Sequence[UsageInterval], start: int, end: int, resolution_s: int

@@ -13,6 +13,12 @@ incremented, so:
   minute and its hour.
 
 ``prune(now)`` deletes what is older than the retention of each level.
+
+Every write or delete of workload roll-ups bumps, in the same transaction, the revision of
+their hour and step (``telemetry_revisions``): the sum of the revisions of a range changes
+exactly when its roll-ups may have, and costs an index read of a few rows where counting the
+roll-ups themselves reads thousands (``portal.accounting.telemetry``). Revision rows are never
+deleted (two per hour), so that sum only grows.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from portal.store.db import RawStatement, RawTransaction, compile_raw, raw_write
 from portal.telemetry.attribution import AllocationIndex, Holder
 from portal.telemetry.tables import (
     DIRTY,
+    REVISIONS,
     ROLLUPS,
     SAMPLES,
     WORKLOAD_ROLLUPS,
@@ -267,7 +274,17 @@ class TelemetryStore:
                         .values(step_s=HOUR_S, bucket_ms=hour)
                         .on_conflict_do_nothing(index_elements=["step_s", "bucket_ms"])
                     )
+            hours = sorted({b - b % (HOUR_S * 1000) for b in buckets})
+            if hours:
+                rows = [{"step_s": step_s, "hour_ms": h, "revision": 1} for h in hours]
+                conn.execute(self._bump(self._insert(REVISIONS).values(rows)))
         return len(buckets)
+
+    def _bump(self, stmt: Any) -> Any:
+        """``stmt`` (an insert of revision rows at 1) adding 1 to the rows already there."""
+        return stmt.on_conflict_do_update(
+            index_elements=["step_s", "hour_ms"], set_={"revision": REVISIONS.c.revision + 1}
+        )
 
     def _rollup_statements(self, step_s: int) -> list[Any]:
         lo: ColumnElement[int] = bindparam("lo", type_=BigInteger())
@@ -363,6 +380,8 @@ class TelemetryStore:
         )
         deleted = 0
         with self.engine.begin() as conn:
+            for step_s, before in ((MINUTE_S, minute_before), (HOUR_S, hour_before)):
+                conn.execute(self._bump_pruned(step_s, before))
             for stmt in (
                 delete(SAMPLES).where(SAMPLES.c.at_ms < raw_before),
                 delete(WORKLOAD_SAMPLES).where(WORKLOAD_SAMPLES.c.at_ms < raw_before),
@@ -376,6 +395,20 @@ class TelemetryStore:
             ):
                 deleted += conn.execute(stmt).rowcount
         return deleted
+
+    def _bump_pruned(self, step_s: int, before_ms: int) -> Any:
+        """Bump the revision of every hour holding workload roll-ups of ``step_s`` older than
+        ``before_ms`` (about to be pruned): usually one hour, read from the roll-ups' index."""
+        r = WORKLOAD_ROLLUPS.c
+        hour = (r.bucket_ms - r.bucket_ms % (HOUR_S * 1000)).label("hour_ms")
+        pruned = (
+            select(literal(step_s).label("step_s"), hour, literal(1).label("revision"))
+            .where(r.step_s == step_s, r.bucket_ms < before_ms)
+            .distinct()
+        )
+        return self._bump(
+            self._insert(REVISIONS).from_select(["step_s", "hour_ms", "revision"], pruned)
+        )
 
 
 def _json_inserts() -> RawStatement:

@@ -15,6 +15,9 @@ both engines.
 - ``telemetry_rollups`` / ``telemetry_workload_rollups``: aggregates per ``step_s`` (60, 3600)
   and bucket, recomputed from the level below, so recomputing is idempotent.
 - ``telemetry_dirty``: buckets whose source rows changed since they were last rolled up.
+- ``telemetry_revisions``: per ``step_s`` and hour, a counter bumped in the same transaction as
+  every write or delete of that hour's workload roll-ups (roll-up rounds, retention pruning), so
+  readers tell cheaply whether an hour's measurements changed (cost accounting's closed days).
 - ``alerts``: every alert the service raised, with its state (pending, firing, resolved).
 """
 
@@ -123,6 +126,15 @@ DIRTY = Table(
     Column("step_s", Integer, nullable=False),
     Column("bucket_ms", BigInteger, nullable=False),
     PrimaryKeyConstraint("step_s", "bucket_ms", name="pk_telemetry_dirty"),
+)
+
+REVISIONS = Table(
+    "telemetry_revisions",
+    metadata,
+    Column("step_s", Integer, nullable=False),
+    Column("hour_ms", BigInteger, nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    PrimaryKeyConstraint("step_s", "hour_ms", name="pk_telemetry_revisions"),
 )
 
 ALERTS = Table(
