@@ -4,8 +4,8 @@
 [--rollups]`` replays the dashboards benchmark's month (``benchmarks.dashboards.seed``: 20
 tenants, whole-GPU workloads arriving hourly over ``--days`` days on ``--nodes`` 8-GPU HGX
 nodes) on SQLite. With ``--rollups`` every workload also gets an hourly utilization roll-up
-for each hour it ran (written straight into the roll-up table: a month of agent samples would
-take far longer to ingest), and accounting reads them (``TelemetryUtilization``).
+for each hour it ran (``benchmarks.dashboards.seed_rollups``), and accounting reads them
+(``TelemetryUtilization``).
 
 Measured:
 
@@ -29,14 +29,12 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import panel as pn
 
-from benchmarks.dashboards import START, VIEWERS, Clock, seed, serving
+from benchmarks.dashboards import VIEWERS, Clock, seed, seed_rollups, serving
 from dashboards.app import build_view
 from dashboards.sources import ApiSource
-from portal.accounting.history import epoch_seconds, usage_intervals
 from portal.accounting.prices import price_config
 from portal.accounting.service import Accounting, Step
 from portal.accounting.telemetry import TelemetryUtilization
@@ -45,40 +43,8 @@ from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.cost import use_accounting
 from portal.store.writer import Store
-from portal.telemetry.tables import WORKLOAD_ROLLUPS
 
 PRICES = price_config({"prices": {"H100-80GB": "4.00"}, "budgets": {"team-00": "50000"}})
-HOUR_S = 3600
-
-
-def seed_rollups(store: Store, now: datetime, rng: random.Random) -> int:
-    """One hourly roll-up per workload and closed hour it ran; returns how many."""
-    rows: list[dict[str, Any]] = []
-    first: dict[str, tuple[int, int, str]] = {}
-    for iv in usage_intervals(store, START, now, now):
-        lo, hi, _ = first.get(iv.workload_id, (iv.start, iv.end, iv.tenant))
-        first[iv.workload_id] = (min(lo, iv.start), max(hi, iv.end), iv.tenant)
-    end = epoch_seconds(now)
-    for wid, (lo, hi, tenant) in first.items():
-        for hour in range(lo - lo % HOUR_S, min(hi, end - HOUR_S + 1), HOUR_S):
-            u = rng.choice((0.5, 2.0, 35.0, 70.0, 99.0)) + rng.random()
-            rows.append(
-                {
-                    "step_s": HOUR_S,
-                    "workload_id": wid,
-                    "bucket_ms": hour * 1000,
-                    "tenant": tenant,
-                    "samples": 60,
-                    "utilization_avg": u,
-                    "utilization_min": u,
-                    "utilization_max": u,
-                    "memory_used_avg": 1000.0,
-                    "memory_used_max": 1000.0,
-                }
-            )
-    with store.engine.begin() as conn:
-        conn.execute(WORKLOAD_ROLLUPS.insert(), rows)
-    return len(rows)
 
 
 def timed(fn: Callable[[], object]) -> float:

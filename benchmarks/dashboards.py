@@ -1,11 +1,14 @@
 """Dashboard render and live-update times at scale.
 
 ``python -m benchmarks.dashboards [--nodes 1250] [--days 30] [--workloads 3000] [--repeat 5]
-[--browser]`` starts a real allocator on SQLite with ``--nodes`` 8-GPU HGX H100 nodes
-(1,250 nodes = 10,000 GPUs), 20 tenants with quotas, and ``--workloads`` whole-GPU workloads
-started and released over ``--days`` days of simulated time (hourly steps), so the cost routes
-price a month of allocation history. The portal API is served by uvicorn on loopback, as in
-production; the dashboards read it over HTTP with a viewer's token.
+[--no-rollups] [--browser]`` starts a real allocator on SQLite with ``--nodes`` 8-GPU HGX H100
+nodes (1,250 nodes = 10,000 GPUs), 20 tenants with quotas, and ``--workloads`` whole-GPU
+workloads started and released over ``--days`` days of simulated time (hourly steps), so the
+cost routes price a month of allocation history. Every workload also gets an hourly
+utilization roll-up for each hour it ran (``seed_rollups``; ``--no-rollups`` leaves them out),
+and accounting reads them as the service does (``TelemetryUtilization``): the Cost view then
+shows measured efficiency, idle spend and cost per owner. The portal API is served by uvicorn
+on loopback, as in production; the dashboards read it over HTTP with a viewer's token.
 
 Server side, per view: **first render** = build the page (its stores read the portal) and
 create its Bokeh models (``get_root``), what a new session costs before anything is sent;
@@ -43,8 +46,10 @@ from dashboards.stores import ClusterStore
 from dashboards.stores import Store as DataStore
 from policies.flavors import FlavorKind
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
+from portal.accounting.history import epoch_seconds, usage_intervals
 from portal.accounting.prices import price_config
 from portal.accounting.service import Accounting
+from portal.accounting.telemetry import TelemetryUtilization
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
@@ -52,8 +57,10 @@ from portal.api.cost import use_accounting
 from portal.inventory.simulated import generate
 from portal.store.records import WorkloadState
 from portal.store.writer import Store
+from portal.telemetry.tables import REVISIONS, WORKLOAD_ROLLUPS
 
 TENANTS = [f"team-{i:02d}" for i in range(20)]
+HOUR_S = 3600
 # Thirty days end on Nov 30 00:00: the Cost view's default window (this month) then holds
 # 29 of them; ending at midnight on the 1st would leave it empty.
 START = datetime(2026, 10, 31, tzinfo=UTC)
@@ -148,6 +155,42 @@ def seed(
             live.remove(w)
         clock.now += timedelta(hours=1)
     return sum(1 for w in alloc.workloads() if w.state is WorkloadState.RUNNING)
+
+
+def seed_rollups(store: Store, now: datetime, rng: random.Random) -> int:
+    """One hourly roll-up per workload and closed hour it ran, and the revision of each hour
+    as the telemetry store leaves it; returns how many roll-ups. Written straight into the
+    tables: a month of agent samples would take far longer to ingest and roll up."""
+    rows: list[dict[str, Any]] = []
+    first: dict[str, tuple[int, int, str]] = {}
+    for iv in usage_intervals(store, START, now, now):
+        lo, hi, _ = first.get(iv.workload_id, (iv.start, iv.end, iv.tenant))
+        first[iv.workload_id] = (min(lo, iv.start), max(hi, iv.end), iv.tenant)
+    end = epoch_seconds(now)
+    for wid, (lo, hi, tenant) in first.items():
+        for hour in range(lo - lo % HOUR_S, min(hi, end - HOUR_S + 1), HOUR_S):
+            u = rng.choice((0.5, 2.0, 35.0, 70.0, 99.0)) + rng.random()
+            rows.append(
+                {
+                    "step_s": HOUR_S,
+                    "workload_id": wid,
+                    "bucket_ms": hour * 1000,
+                    "tenant": tenant,
+                    "samples": 60,
+                    "utilization_avg": u,
+                    "utilization_min": u,
+                    "utilization_max": u,
+                    "memory_used_avg": 1000.0,
+                    "memory_used_max": 1000.0,
+                }
+            )
+    hours = sorted({r["bucket_ms"] for r in rows})
+    with store.engine.begin() as conn:
+        conn.execute(WORKLOAD_ROLLUPS.insert(), rows)
+        if hours:
+            revisions = [{"step_s": HOUR_S, "hour_ms": h, "revision": 1} for h in hours]
+            conn.execute(REVISIONS.insert(), revisions)
+    return len(rows)
 
 
 def free_port() -> int:
@@ -389,7 +432,11 @@ TITLES = {"cluster": "Cluster", "tenant": "Tenant", "my_work": "My work", "cost"
 
 
 def report(
-    args: argparse.Namespace, running: int, seed_s: float, timings: dict[str, Timing]
+    args: argparse.Namespace,
+    running: int,
+    rollups: int,
+    seed_s: float,
+    timings: dict[str, Timing],
 ) -> str:
     def cell(xs: list[float]) -> str:
         if not xs:
@@ -398,7 +445,8 @@ def report(
 
     lines = [
         f"{args.nodes:,} nodes / {args.nodes * 8:,} GPUs, {args.days} days of hourly history, "
-        f"{args.workloads:,} workloads ({running:,} running at the end); seeding took "
+        f"{args.workloads:,} workloads ({running:,} running at the end), {rollups:,} hourly "
+        f"utilization roll-ups; seeding took "
         f"{seed_s:.0f} s. Times in ms, median / max of {args.repeat}.",
         "",
         "| view (viewer) | first render, server | live update, server | of which portal reads "
@@ -421,6 +469,12 @@ def main(argv: Sequence[str] | None = None) -> str:
     ap.add_argument("--workloads", type=int, default=3000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--rollups",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hourly utilization roll-ups for every workload, read by accounting (default: on)",
+    )
     ap.add_argument("--browser", action="store_true", help="also time page loads in Chromium")
     ap.add_argument(
         "--views", default=",".join(v for v, _ in CASES), help="comma-separated views to time"
@@ -436,20 +490,22 @@ def main(argv: Sequence[str] | None = None) -> str:
         clock = Clock()
         alloc = Allocator(store, clock=clock)
         t0 = time.perf_counter()
-        running = seed(
-            alloc, clock, args.nodes, args.days, args.workloads, random.Random(args.seed)
-        )
+        rng = random.Random(args.seed)
+        running = seed(alloc, clock, args.nodes, args.days, args.workloads, rng)
+        rollups = seed_rollups(store, clock(), rng) if args.rollups else 0
         seed_s = time.perf_counter() - t0
         app = create_app(alloc, StaticAuthenticator(VIEWERS))
         prices = price_config({"prices": {"H100-80GB": "4.00"}, "budgets": {"team-00": "50000"}})
-        use_accounting(app, Accounting(store, prices, clock=clock))
+        # As ``portal.api.cost.configure`` does: utilization from the telemetry roll-ups.
+        utilization = TelemetryUtilization(store.engine) if args.rollups else None
+        use_accounting(app, Accounting(store, prices, utilization=utilization, clock=clock))
         with serving(app) as url:
             timings = server_side(url, args.repeat)
             if args.browser:
                 change = LiveChange(alloc, clock, url)
                 browser_side(url, max(1, args.repeat // 2), timings, change)
         store.close()
-    text = report(args, running, seed_s, timings)
+    text = report(args, running, rollups, seed_s, timings)
     print(text, flush=True)
     print(f"\n{platform.platform()}, Python {platform.python_version()}")
     return text
