@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import platform
 import random
 import shutil
@@ -494,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> str:
         running = seed(alloc, clock, args.nodes, args.days, args.workloads, rng)
         rollups = seed_rollups(store, clock(), rng) if args.rollups else 0
         seed_s = time.perf_counter() - t0
+        gc.collect()
+        gc.freeze()  # as ``gpuportal serve`` does once the allocator has started
         app = create_app(alloc, StaticAuthenticator(VIEWERS))
         prices = price_config({"prices": {"H100-80GB": "4.00"}, "budgets": {"team-00": "50000"}})
         # As ``portal.api.cost.configure`` does: utilization from the telemetry roll-ups.

@@ -5,6 +5,7 @@ viewer. ``build_view`` makes a view without a server (tests); ``serve`` serves t
 
 from __future__ import annotations
 
+import gc
 import os
 import posixpath
 import time
@@ -166,6 +167,10 @@ def serve(
 ) -> Any:
     """Serve every view; blocks unless ``threaded`` (then returns the server's thread, which
     has ``stop()``)."""
+    # Panel, Bokeh and HoloViews are a large heap that lives as long as the process: kept out
+    # of the collector's generations, full collections during a live update stop walking it.
+    gc.collect()
+    gc.freeze()
     return pn.serve(
         applications(settings),
         address=address,
