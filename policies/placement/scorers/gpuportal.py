@@ -26,7 +26,7 @@ whole GPUs, each slot for MIG) and keeps the best:
    few requests fit). ``F`` only asks whether the next request fits. It is added after the
    rounding, weighted 0.2 (a leftover difference of 500 milli moves Δ by half a step), so it
    reorders near-ties without undoing the node-order packing. Measured on openb (10 seeds):
-   4.19 → 4.09 % unallocated at 100 % arrived, 4.11 → 4.02 at 130 %.
+   4.19 → 4.10 % unallocated at 100 % arrived, 4.11 → 4.02 at 130 %.
 2. **Topology**, ahead of fragmentation for multi-GPU options: they rank by the weakest link of
    the set the device chooser picked on the node (NVSwitch > NVLink > PCIe switch > … > cross
    socket), then by whether the set sits on one socket (NUMA node); fragmentation only orders
@@ -96,7 +96,9 @@ class GpuPortal:
     ``refresh_every`` requests (and at 1, 2, 4, … before that), and only adopted when it moved
     by more than ``drift`` in total variation — each adoption invalidates cached scores.
     Defaults measured on openb (10 seeds): half-life 20 000 and drift 0.02 strand 0.10 points
-    less GPU than 4 000 and 0.08 (the mix is learned more accurately).
+    less GPU than 4 000 and 0.08 (the mix is learned more accurately). ``quantum``: Δ's
+    rounding step; ``weight_cpu``/``weight_leftover``: the CPU-deficit and leftover terms
+    (0 turns one off).
     """
 
     name = "gpuportal"
