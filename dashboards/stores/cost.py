@@ -1,0 +1,80 @@
+"""Cost, GPU-hours, budgets and chargeback for the Cost view."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import param
+
+from dashboards.sources import (
+    Budget,
+    CostGroup,
+    CostReport,
+)
+from dashboards.stores.base import (
+    Store,
+)
+
+
+class CostStore(Store):
+    """Cost this month (the portal's default window) by tenant and day, by flavor, by owner,
+    and budgets (``cost:read``; a filtered scope shows only its tenants)."""
+
+    daily = param.List(default=[], item_type=CostGroup, doc="Per tenant and UTC day.")
+    flavors = param.List(default=[], item_type=CostGroup, doc="Per flavor.")
+    owners = param.List(default=[], item_type=CostGroup, doc="Per tenant and owner.")
+    budgets = param.List(default=[], item_type=Budget, doc="Budgets with burn and forecast.")
+    report = param.ClassSelector(class_=CostReport, default=None, allow_None=True)
+
+    def _read(self) -> None:
+        daily = self.source.cost(["tenant", "period"], step="day")
+        # One window for all three, so the tables add up to the same total.
+        flavors = self.source.cost(["flavor"], start=daily.start, end=daily.end)
+        # Idle spend per owner exists only with utilization data: skip the read without it.
+        owners = (
+            self.source.cost(["tenant", "owner"], start=daily.start, end=daily.end).groups
+            if daily.measured
+            else ()
+        )
+        budgets = self.source.budgets()
+        read = {
+            "daily": list(daily.groups),
+            "flavors": list(flavors.groups),
+            "owners": list(owners),
+            "budgets": budgets,
+            "report": daily,
+        }
+        # Only what changed, like the other stores: param counts lists of records as always
+        # changed, and each change redraws a chart or a table.
+        self.param.update({k: v for k, v in read.items() if v != getattr(self, k)})
+
+    def stacked(self) -> list[tuple[str, str, float, float]]:
+        """(UTC day, tenant, cost, GPU-hours) per tenant and day: the stacked bars."""
+        return [
+            (
+                g.period_start.strftime("%m-%d") if g.period_start else "",
+                g.tenant or "",
+                float(g.cost),
+                g.allocated_gpu_hours,
+            )
+            for g in self.daily
+        ]
+
+    def tenant_totals(self) -> dict[str, Decimal]:
+        """Cost per tenant over the window, from the daily groups' exact cents."""
+        out: dict[str, Decimal] = {}
+        for g in self.daily:
+            out[g.tenant or ""] = out.get(g.tenant or "", Decimal(0)) + g.cost
+        return out
+
+    def top_idle(self, n: int = 5) -> list[CostGroup]:
+        """Owners with the most idle spend; empty without utilization data."""
+        idle = [g for g in self.owners if g.idle_cost]
+        return sorted(idle, key=lambda g: g.idle_cost or 0, reverse=True)[:n]
+
+    def chargeback(self) -> str:
+        """The chargeback CSV of the shown window, per day."""
+        r = self.report
+        return self.source.chargeback_csv(
+            start=r.start if r else None, end=r.end if r else None, step="day"
+        )
