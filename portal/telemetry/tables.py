@@ -1,4 +1,4 @@
-"""Telemetry and alert tables, on the store's metadata (created by migration 0002).
+"""Telemetry and alert tables, on the store's metadata (created by migrations 0002 and 0003).
 
 Times are integer epoch milliseconds (``*_ms``): samples arrive by the thousand per second, and
 integers make bucketing (``at_ms - at_ms % step``) and duplicate detection exact and cheap on
