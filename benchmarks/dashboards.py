@@ -501,7 +501,9 @@ def main(argv: Sequence[str] | None = None) -> str:
         prices = price_config({"prices": {"H100-80GB": "4.00"}, "budgets": {"team-00": "50000"}})
         # As ``portal.api.cost.configure`` does: utilization from the telemetry roll-ups.
         utilization = TelemetryUtilization(store.engine) if args.rollups else None
-        use_accounting(app, Accounting(store, prices, utilization=utilization, clock=clock))
+        accounting = Accounting(store, prices, utilization=utilization, clock=clock)
+        accounting.warm()  # as ``gpuportal serve`` does at start
+        use_accounting(app, accounting)
         with serving(app) as url:
             timings = server_side(url, args.repeat)
             if args.browser:

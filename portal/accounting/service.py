@@ -400,6 +400,16 @@ class Accounting:
             )
         return sorted(out, key=lambda b: (b.tenant, b.kind, b.flavor or ""))
 
+    def warm(self) -> None:
+        """Price the month so far by day for every tenant, as the Cost view and the Tenant
+        view's members ask for it: its ended days are then kept, so the first viewer after a
+        start (or after a day ends) does not wait for a cold month. The service runs this at
+        start and every few minutes."""
+        now = self.clock()
+        start = datetime.fromtimestamp(month_of(now).start, UTC)
+        if now > start:
+            self.report(start, now, Step.DAY, now=now)
+
     def budget_samples(
         self, at: float | None = None, tenants: Collection[str] | None = None
     ) -> list[BudgetSample]:

@@ -41,6 +41,7 @@ class Loop:
     errors: int = 0
     last_error: str | None = None
     last_duration_s: float = 0.0
+    first_after_s: float = 0.0
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -70,21 +71,34 @@ class Loops:
         self._stopping = threading.Event()
         self._started = False
 
-    def add(self, name: str, interval_s: float, work: Callable[[], None]) -> Loop:
+    def add(
+        self,
+        name: str,
+        interval_s: float,
+        work: Callable[[], None],
+        *,
+        first_after_s: float | None = None,
+    ) -> Loop:
         """Register ``work`` to run every ``interval_s`` seconds (measured from the end of one
-        round to the start of the next).
+        round to the start of the next), the first time ``first_after_s`` after ``start``
+        (default: one interval; 0: at once).
 
         Raises:
-            InvalidRequest: the interval is not positive.
+            InvalidRequest: the interval is not positive, or the first delay is negative.
             Conflict: the name is taken, or the loops have started already.
         """
         if not interval_s > 0:
             raise InvalidRequest(f"interval of loop {name}", interval_s, "a number > 0 seconds")
+        if first_after_s is not None and not first_after_s >= 0:
+            raise InvalidRequest(
+                f"first delay of loop {name}", first_after_s, "a number >= 0 seconds"
+            )
         if name in self._loops:
             raise Conflict(f"a loop named {name} is registered already")
         if self._started:
             raise Conflict(f"loop {name} registered after the loops started: add it before")
         loop = Loop(name, interval_s, work)
+        loop.first_after_s = interval_s if first_after_s is None else first_after_s
         self._loops[name] = loop
         return loop
 
@@ -95,7 +109,8 @@ class Loops:
         return iter(list(self._loops.values()))
 
     def start(self) -> None:
-        """Start one daemon thread per loop; each first runs after one interval."""
+        """Start one daemon thread per loop; each first runs after its first delay (one
+        interval unless ``add`` said otherwise)."""
         self._started = True
         for loop in self._loops.values():
             loop.thread = threading.Thread(
@@ -123,7 +138,9 @@ class Loops:
         return self._stopping
 
     def _run(self, loop: Loop) -> None:
-        while not self._stopping.wait(loop.interval_s):
+        delay = loop.first_after_s
+        while not self._stopping.wait(delay):
+            delay = loop.interval_s
             began = time.monotonic()
             try:
                 loop.work()

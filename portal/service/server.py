@@ -56,6 +56,7 @@ from portal.settings import Settings
 from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
+COST_WARM_INTERVAL_S = 600.0
 
 DEFAULT_IP = "127.0.0.1"
 DEFAULT_PORT = 8090
@@ -190,7 +191,9 @@ def _run(
     metrics = ServiceMetrics(allocator)
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
     app = create_app(allocator, where.authenticator, metrics=metrics)
-    cost_api.configure(app, settings)
+    accounting = cost_api.configure(app, settings)
+    # Price the month at once, then keep it priced: no viewer pays for a cold month.
+    loops.add("cost-warm", COST_WARM_INTERVAL_S, accounting.warm, first_after_s=0)
     app.state.loops = loops
     metrics.registry.register(LoopsCollector(loops))
     register_loops(loops, allocator, settings)

@@ -393,3 +393,31 @@ def test_the_day_in_progress_grows_hour_by_hour(history: History) -> None:
     assert head is not None
     ended = epoch_seconds(clock()) - CLOSE_MARGIN_S
     assert head[0].end == ended - ended % 3600
+
+
+def test_warming_keeps_the_month_for_the_first_viewer(history: History) -> None:
+    clock = ManualClock(history.end + timedelta(days=1))
+    acc = Accounting(
+        history.store, PRICES, utilization=TelemetryUtilization(history.store.engine), clock=clock
+    )
+    acc.warm()
+    kept = len(acc.closed_days)
+    assert kept > 0
+    month = datetime(2026, 11, 1, tzinfo=UTC)
+    # The Cost view's and the Tenant view's questions find the month's ended days kept (no
+    # new block) and the answers are the uncached ones.
+    for step, tenants in ((Step.DAY, None), (Step.WHOLE, None), (Step.WHOLE, frozenset({"b"}))):
+        assert acc.report(month, clock(), step, tenants) == uncached(
+            acc, month, clock(), step, tenants, clock()
+        )
+    assert len(acc.closed_days) == kept
+
+
+def test_warming_at_the_first_instant_of_a_month_prices_nothing() -> None:
+    store = Store("sqlite://")
+    try:
+        acc = Accounting(store, PRICES, clock=ManualClock(datetime(2026, 12, 1, tzinfo=UTC)))
+        acc.warm()
+        assert len(acc.closed_days) == 0
+    finally:
+        store.close()

@@ -86,3 +86,25 @@ def test_names_are_unique_and_loops_are_added_before_start() -> None:
             loops.add("y", 1.0, lambda: None)
     finally:
         loops.stop()
+
+
+def test_a_loop_may_run_first_at_once_and_then_every_interval() -> None:
+    ran: list[float] = []
+    loops = Loops()
+    began = time.monotonic()
+    loops.add("now", 3600.0, lambda: ran.append(time.monotonic()), first_after_s=0)
+    later = loops.add("later", 3600.0, lambda: None)
+    loops.start()
+    try:
+        wait_for(lambda: len(ran) == 1)
+        assert ran[0] - began < 2.0
+        assert later.runs == 0  # the default still waits one interval
+    finally:
+        loops.stop()
+    assert len(ran) == 1
+
+
+@pytest.mark.parametrize("first", [-1.0, float("nan")])
+def test_the_first_delay_must_not_be_negative(first: float) -> None:
+    with pytest.raises(InvalidRequest, match="first delay of loop x"):
+        Loops().add("x", 1.0, lambda: None, first_after_s=first)
