@@ -4,8 +4,11 @@ of ``quotas:write`` on the tenant, the quota editor."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import holoviews as hv
 import panel as pn
+import param
 from panel.viewable import Viewer
 
 from dashboards import components as c
@@ -102,37 +105,51 @@ class QuotaEditor(Viewer):
 class TenantView(Viewer):
     """One tenant's quota use and queue; the editor only for its quota writers."""
 
+    flavors = param.List(
+        default=[], item_type=str, doc="The flavors with quota or use, in the store's order."
+    )
+
     def __init__(self, store: TenantStore, viewer: Caller, **params: object) -> None:
         super().__init__(**params)
         self.store = store
         self.viewer = viewer
         self.editor = QuotaEditor(store) if self.may_edit() else None
+        store.param.watch(self._flavors_changed, ["usage"])
+        self._flavors_changed()
 
     def may_edit(self) -> bool:
         return self.viewer.can(Scope.QUOTAS_WRITE, self.store.tenant)
 
-    def bars(self, *_: object) -> hv.Layout | hv.Text:
-        rows = self.store.bars()
-        if not rows:
+    def flavor_bars(self, flavor: str, *_: object) -> hv.Bars:
+        """One flavor's quota and use as bars (its own scale: flavors count in different
+        units, GPUs, instances, milli-GPU)."""
+        rows = [(m, v) for f, m, v in self.store.bars() if f == flavor]
+        return hv.Bars(rows, kdims=["measure"], vdims=["units"]).opts(
+            title=flavor,
+            color="measure",
+            cmap="Category10",
+            xrotation=30,
+            width=300,
+            height=240,
+            tools=["hover"],
+            toolbar=None,
+            show_legend=False,
+            framewise=True,
+        )
+
+    def bars(self, flavors: Sequence[str] = ()) -> hv.Layout | hv.Text:
+        """A dynamic chart per flavor: a live update sends new bar heights into the charts
+        already in the page; the layout is rebuilt only when the set of flavors changes."""
+        if not flavors:
             return hv.Text(0, 0, "no quotas")
-        plots = [
-            hv.Bars(
-                [(m, v) for f, m, v in rows if f == flavor], kdims=["measure"], vdims=["units"]
-            ).opts(
-                title=flavor,
-                color="measure",
-                cmap="Category10",
-                xrotation=30,
-                width=300,
-                height=240,
-                tools=["hover"],
-                toolbar=None,
-                show_legend=False,
-            )
-            for flavor in dict.fromkeys(f for f, _, _ in rows)
-        ]
-        # Flavors count in different units (GPUs, instances, milli-GPU): one scale each.
+        usage = self.store.param.usage
+        plots = [hv.DynamicMap(pn.bind(self.flavor_bars, f, usage)) for f in flavors]
         return hv.Layout(plots).cols(4).opts(shared_axes=False)
+
+    def _flavors_changed(self, *_: object) -> None:
+        flavors = list(dict.fromkeys(f for f, _, _ in self.store.bars()))
+        if flavors != self.flavors:
+            self.flavors = flavors
 
     def numbers(self, *_: object) -> str:
         rows = [
@@ -211,7 +228,7 @@ class TenantView(Viewer):
         return pn.Column(
             f"## Tenant {self.store.tenant}",
             c.status_line(self.store),
-            pn.pane.HoloViews(pn.bind(self.bars, st.usage)),
+            pn.pane.HoloViews(pn.bind(self.bars, self.param.flavors)),
             c.live(self.numbers, st.usage),
             "### Queue",
             c.live(self.queue, st.queue),

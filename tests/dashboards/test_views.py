@@ -6,8 +6,10 @@ import holoviews as hv
 
 from dashboards.cost import CostView
 from dashboards.my_work import MyWorkView
-from dashboards.stores import CostStore, MyWorkStore
+from dashboards.stores import CostStore, MyWorkStore, TenantStore
+from dashboards.tenant import TenantView
 from tests.dashboards.conftest import Portal
+from tests.dashboards.seed import VIEWERS
 
 
 def test_cost_charts_stack_cost_and_gpu_hours_per_tenant_and_day(portal: Portal) -> None:
@@ -36,3 +38,25 @@ def test_my_work_stop_button_releases_the_chosen_workload(portal: Portal) -> Non
     view.stop_button.clicks += 1
     assert portal.allocator.status(infer).state.value != "running"
     assert list(view.choose.options) == ["nb-alice (stop)", "train-a (stop)"]
+
+
+def test_tenant_quota_charts_update_in_place_and_rebuild_only_for_new_flavors(
+    portal: Portal,
+) -> None:
+    store = TenantStore(portal.source("tok-anna"), tenant="team-a")
+    store.refresh()
+    view = TenantView(store, VIEWERS["tok-anna"])
+    assert view.flavors == list(dict.fromkeys(f for f, _, _ in store.bars()))
+    charts = view.bars(view.flavors)
+    assert isinstance(charts, hv.Layout)
+    h100 = list(charts)[view.flavors.index("H100-80GB")]
+    assert isinstance(h100, hv.DynamicMap)
+    before = dict(zip(*(h100[()].dimension_values(d) for d in ("measure", "units")), strict=True))
+    q = next(q for q in portal.allocator.quotas("team-a") if q.flavor == "H100-80GB")
+    portal.allocator.set_quota("team-a", "H100-80GB", guaranteed=q.guaranteed, limit=q.limit + 3)
+    flavors = view.flavors
+    store.refresh()
+    # The same chart object shows the new limit; the set of flavors did not change.
+    after = dict(zip(*(h100[()].dimension_values(d) for d in ("measure", "units")), strict=True))
+    assert after["limit"] == before["limit"] + 3
+    assert view.flavors == flavors
