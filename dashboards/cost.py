@@ -8,6 +8,7 @@ import io
 
 import holoviews as hv
 import panel as pn
+import param
 from panel.viewable import Viewer
 
 from dashboards import components as c
@@ -19,6 +20,10 @@ def _pct(x: float | None) -> str:
 
 
 class CostView(Viewer):
+    measure: param.Selector[str] = param.Selector(
+        default="cost", objects=["cost", "GPU-hours"], doc="What the stacked chart shows."
+    )
+
     def __init__(self, store: CostStore, **params: object) -> None:
         super().__init__(**params)
         self.store = store
@@ -37,27 +42,24 @@ class CostView(Viewer):
             c.number("idle spend", idle),
         )
 
-    def _bars(self, measure: str, title: str) -> hv.Bars:
+    def stacked_bars(self, measure: str, *_: object) -> hv.Bars:
+        """Cost or GPU-hours (``measure``) by tenant per day, stacked."""
         index = 2 if measure == "cost" else 3
         rows = [(r[0], r[1], r[index]) for r in self.store.stacked()]
         return hv.Bars(rows, kdims=["day", "tenant"], vdims=[measure]).opts(
-            title=title, stacked=True, tools=["hover"], width=520, height=300, framewise=True
+            title=f"{'Cost' if measure == 'cost' else 'GPU-hours'} by tenant per day",
+            stacked=True,
+            tools=["hover"],
+            responsive=True,
+            height=320,
+            framewise=True,
         )
 
-    def money_bars(self, *_: object) -> hv.Bars:
-        return self._bars("cost", "Cost by tenant per day")
-
-    def hour_bars(self, *_: object) -> hv.Bars:
-        return self._bars("GPU-hours", "GPU-hours by tenant per day")
-
-    def bars(self) -> hv.Layout:
-        """Both stacked charts. Dynamic, so a live update sends the bars' new data to the
-        browser and the charts stay in place instead of being rebuilt there."""
-        daily = self.store.param.daily
-        return (
-            hv.DynamicMap(pn.bind(self.money_bars, daily))
-            + hv.DynamicMap(pn.bind(self.hour_bars, daily))
-        ).opts(shared_axes=False)
+    def bars(self) -> hv.DynamicMap:
+        """The stacked chart of the chosen measure. Dynamic, so a live update sends the bars'
+        new data into the chart already in the page. One chart with a switch, not two side by
+        side: in the browser each stacked chart costs a live update ~0.3 s to redraw."""
+        return hv.DynamicMap(pn.bind(self.stacked_bars, self.param.measure, self.store.param.daily))
 
     def tenants(self, *_: object) -> str:
         rows = [(t, f"{v:,}") for t, v in sorted(self.store.tenant_totals().items())]
@@ -105,7 +107,8 @@ class CostView(Viewer):
             "## Cost",
             pn.pane.Markdown(pn.bind(self.headline, st.report)),
             c.status_line(self.store),
-            pn.pane.HoloViews(self.bars()),
+            pn.widgets.RadioButtonGroup.from_param(self.param.measure, name="chart"),
+            pn.pane.HoloViews(self.bars(), sizing_mode="stretch_width"),
             pn.Row(
                 pn.Column("### By tenant", c.live(self.tenants, st.daily)),
                 pn.Column("### By flavor", c.live(self.flavors, st.flavors)),

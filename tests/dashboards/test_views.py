@@ -15,9 +15,12 @@ from tests.dashboards.seed import VIEWERS
 def test_cost_charts_stack_cost_and_gpu_hours_per_tenant_and_day(portal: Portal) -> None:
     store = CostStore(portal.source("tok-lead"))
     store.refresh()
-    charts = CostView(store).bars()
-    assert isinstance(charts, hv.Layout)
-    money, hours = (chart[()] for chart in charts)  # the dynamic charts' current frames
+    view = CostView(store)
+    chart = view.bars()
+    assert isinstance(chart, hv.DynamicMap)
+    money = chart[()]  # the dynamic chart's current frame
+    view.measure = "GPU-hours"
+    hours = chart[()]
     assert sorted(money.dimension_values("cost")) == [74.57, 124.29, 180.90, 301.50]
     # team-a: 5.25 GPUs (1 + 4 + 0.25) x 15 h on Nov 2, x 9 h on Nov 3.
     assert hours.select(day="11-02", tenant="team-a") == 78.75
