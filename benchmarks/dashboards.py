@@ -351,8 +351,9 @@ class LiveChange:
             self._request("team-00", "user-00", name, 1)
             return name, t
         if view == "cost":
+            # Ten minutes of cost accrue (the first change also starts the month's last day).
             t = time.time()
-            self.clock.now += timedelta(hours=1)
+            self.clock.now += timedelta(minutes=10)
             return f"{self.clock.now:%Y-%m-%d %H:%M} UTC", t
         raise ValueError(view)
 
@@ -508,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> str:
             timings = server_side(url, args.repeat)
             if args.browser:
                 change = LiveChange(alloc, clock, url)
-                browser_side(url, max(1, args.repeat // 2), timings, change)
+                browser_side(url, args.repeat, timings, change)
         store.close()
     text = report(args, running, rollups, seed_s, timings)
     print(text, flush=True)
