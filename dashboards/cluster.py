@@ -187,12 +187,23 @@ class ClusterView(Viewer):
             c.live(self.health, st.health, st.health_note),
             c.message(self.store, "health_note"),
             pn.Row(
-                pn.Column("### Free capacity by flavor", c.live(self.free, st.nodes, st.capacity)),
-                pn.Column("### MIG layouts", c.live(self.layouts, st.nodes)),
+                pn.Column(
+                    "### Free capacity by flavor",
+                    c.live(self.free, st.nodes, st.capacity),
+                    sizing_mode="stretch_width",
+                ),
+                pn.Column(
+                    "### MIG layouts", c.live(self.layouts, st.nodes), sizing_mode="stretch_width"
+                ),
             ),
             pn.Row(
-                pn.Column("### Selected node", choose, c.live(self.node_mig, st.nodes, st.detail)),
-                pn.Column(pn.bind(self.topology, st.detail)),
+                pn.Column(
+                    "### Selected node",
+                    choose,
+                    c.live(self.node_mig, st.nodes, st.detail),
+                    sizing_mode="stretch_width",
+                ),
+                pn.Column(pn.bind(self.topology, st.detail), sizing_mode="stretch_width"),
             ),
             sizing_mode="stretch_width",
         )

@@ -110,9 +110,15 @@ class CostView(Viewer):
             pn.widgets.RadioButtonGroup.from_param(self.param.measure, name="chart"),
             pn.pane.HoloViews(self.bars(), sizing_mode="stretch_width"),
             pn.Row(
-                pn.Column("### By tenant", c.live(self.tenants, st.daily)),
-                pn.Column("### By flavor", c.live(self.flavors, st.flavors)),
-                pn.Column("### Top idle spend", c.live(self.idle, st.owners)),
+                pn.Column(
+                    "### By tenant", c.live(self.tenants, st.daily), sizing_mode="stretch_width"
+                ),
+                pn.Column(
+                    "### By flavor", c.live(self.flavors, st.flavors), sizing_mode="stretch_width"
+                ),
+                pn.Column(
+                    "### Top idle spend", c.live(self.idle, st.owners), sizing_mode="stretch_width"
+                ),
             ),
             "### Budgets",
             c.live(self.budgets, st.budgets),
