@@ -18,9 +18,9 @@ from policies.alerts import AlertState
 from portal.alerting.store import AlertStore, StoredAlert
 from portal.allocator import Allocator
 from portal.api.auth import Caller, CallerKind, Scope
-from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
+from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES
-from portal.api.schemas import Page
+from portal.api.schemas import ErrorBody, Page
 
 router = APIRouter(prefix="/alerts", tags=["alerts"], responses=ERROR_RESPONSES)
 
@@ -76,7 +76,12 @@ def _sees_whole_tenant(caller: Caller, tenant: str) -> bool:
     )
 
 
-@router.get("", response_model=Page[AlertOut], summary="List alerts")
+@router.get(
+    "",
+    response_model=Page[AlertOut],
+    summary="List alerts",
+    responses={404: {"model": ErrorBody, "description": "no such tenant"}},
+)
 def list_alerts(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
@@ -88,7 +93,7 @@ def list_alerts(
     ] = None,
     rule: Annotated[str | None, Query(max_length=64, description="Only this rule.")] = None,
 ) -> Page[AlertOut]:
-    shown = visible_tenants(caller, Scope.WORKLOADS_READ, tenant)
+    shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     everywhere = caller.can_everywhere(Scope.WORKLOADS_READ)
     stored = AlertStore(alloc.store.engine).alerts(
         states=state or SHOWN_STATES, tenants=shown, rule=rule

@@ -13,7 +13,7 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader
 
-from policies.errors import Forbidden, InvalidRequest
+from policies.errors import Forbidden, InvalidRequest, NotFound
 from portal.allocator import Allocator
 from portal.api.auth import Authenticator, Caller, Scope, token_from_header
 from portal.api.errors import PreconditionRequired, Unauthorized
@@ -119,6 +119,19 @@ def visible_tenants(caller: Caller, scope: Scope, tenant: str | None) -> frozens
     if caller.can_everywhere(scope):
         return None
     return caller.tenants_for(scope)
+
+
+def listed_tenants(
+    caller: Caller, scope: Scope, tenant: str | None, alloc: Allocator
+) -> frozenset[str] | None:
+    """``visible_tenants`` for lists of what tenants have now (quotas, usage, queue,
+    workloads, alerts): a named tenant that does not exist is a 404, like reading it. The
+    scope is checked first, so a caller learns nothing of tenants it may not see. (Cost
+    lists take tenants deleted since: their history still costs.)"""
+    shown = visible_tenants(caller, scope, tenant)
+    if tenant is not None and tenant not in {t.name for t in alloc.tenants()}:
+        raise NotFound("tenant", tenant)
+    return shown
 
 
 def etag(version: int) -> str:

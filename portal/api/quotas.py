@@ -15,9 +15,9 @@ from portal.api.deps import (
     allocator,
     etag,
     expected_version,
+    listed_tenants,
     paging,
     requires,
-    visible_tenants,
 )
 from portal.api.errors import ERROR_RESPONSES, PreconditionFailed, Responses
 from portal.api.schemas import ErrorBody, Page, QuotaIn, QuotaOut
@@ -36,14 +36,19 @@ _EDIT: Responses = {
 }
 
 
-@router.get("/quotas", response_model=Page[QuotaOut], summary="List quotas")
+@router.get(
+    "/quotas",
+    response_model=Page[QuotaOut],
+    summary="List quotas",
+    responses={404: {"model": ErrorBody, "description": "no such tenant"}},
+)
 def list_quotas(
     caller: Annotated[Caller, requires(Scope.QUOTAS_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
     tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
 ) -> Page[QuotaOut]:
-    shown = visible_tenants(caller, Scope.QUOTAS_READ, tenant)
+    shown = listed_tenants(caller, Scope.QUOTAS_READ, tenant, alloc)
     quotas = [convert.quota_out(q) for q in alloc.quotas() if shown is None or q.tenant in shown]
     return page.page(quotas)
 

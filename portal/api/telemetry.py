@@ -33,7 +33,7 @@ from portal.telemetry.reads import (
     series,
 )
 from portal.telemetry.service import Telemetry
-from portal.telemetry.wire import IngestResult, SampleBatch
+from portal.telemetry.wire import MAX_EPOCH_S, IngestResult, SampleBatch
 
 router = APIRouter(prefix="/telemetry", tags=["telemetry"], responses=ERROR_RESPONSES)
 
@@ -169,9 +169,13 @@ def get_series(
     workload_id: Annotated[str | None, Query(max_length=64, description="A workload.")] = None,
     resolution: Annotated[Resolution, Query(description="raw, 1m or 1h.")] = Resolution.MINUTE,
     start: Annotated[
-        float | None, Query(ge=0, description="Epoch s; default: an hour before end.")
+        float | None,
+        Query(ge=0, lt=MAX_EPOCH_S, description="Epoch s; default: an hour before end."),
     ] = None,
-    end: Annotated[float | None, Query(gt=0, description="Epoch s; default: now.")] = None,
+    end: Annotated[
+        float | None,
+        Query(gt=0, lt=MAX_EPOCH_S, description="Epoch s (before the year 2286); default: now."),
+    ] = None,
     limit: Annotated[
         int, Query(ge=1, le=MAX_POINTS, description="Most points per series.")
     ] = MAX_POINTS,
@@ -240,9 +244,13 @@ def get_devices(
     caller: Annotated[Caller, requires(Scope.USAGE_READ)],
     telemetry: Annotated[Telemetry, Depends(telemetry_of)],
     start: Annotated[
-        float | None, Query(ge=0, description="Epoch s; default: five minutes before end.")
+        float | None,
+        Query(ge=0, lt=MAX_EPOCH_S, description="Epoch s; default: five minutes before end."),
     ] = None,
-    end: Annotated[float | None, Query(gt=0, description="Epoch s; default: now.")] = None,
+    end: Annotated[
+        float | None,
+        Query(gt=0, lt=MAX_EPOCH_S, description="Epoch s (before the year 2286); default: now."),
+    ] = None,
 ) -> DeviceMinutesOut:
     hi = end if end is not None else time.time()
     lo = start if start is not None else hi - LATEST_WINDOW_S

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
-from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
+from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES
 from portal.api.schemas import ErrorBody, Page, UsageOut
 
@@ -28,7 +28,7 @@ def list_usage(
     page: Annotated[Paging, Depends(paging)],
     tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
 ) -> Page[UsageOut]:
-    shown = visible_tenants(caller, Scope.USAGE_READ, tenant)
+    shown = listed_tenants(caller, Scope.USAGE_READ, tenant, alloc)
     names = [t.name for t in alloc.tenants()] if shown is None else sorted(shown)
     if tenant is None:
         known = {t.name for t in alloc.tenants()}

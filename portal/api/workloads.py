@@ -11,7 +11,7 @@ from policies.requests import DeviceRequest, WorkloadRequest
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, CallerKind, Scope
-from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
+from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.schemas import ErrorBody, Page, WorkloadIn, WorkloadOut
 from portal.store.records import WorkloadState
@@ -105,7 +105,12 @@ def request_workload(
     return convert.workload_out(status)
 
 
-@router.get("", response_model=Page[WorkloadOut], summary="List live workloads")
+@router.get(
+    "",
+    response_model=Page[WorkloadOut],
+    summary="List live workloads",
+    responses={404: {"model": ErrorBody, "description": "no such tenant"}},
+)
 def list_workloads(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
@@ -114,7 +119,7 @@ def list_workloads(
     state: Annotated[WorkloadState | None, Query(description="Only this state.")] = None,
 ) -> Page[WorkloadOut]:
     """Queued, running and preempting workloads in arrival order; ended ones by id only."""
-    shown = visible_tenants(caller, Scope.WORKLOADS_READ, tenant)
+    shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     items = [
         convert.workload_out(s)
         for s in alloc.workloads()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.portal.api.conftest import auth, gpu_request
@@ -61,3 +62,16 @@ def test_nodes_without_topology_are_the_same_nodes_without_links_and_numa(
     bad = client.get("/api/v1/nodes?topology=maybe", headers=auth("root"))
     assert bad.status_code == 422
     assert (bad.json()["code"], bad.json()["field"]) == ("invalid", "topology")
+
+
+@pytest.mark.parametrize("path", ["/usage", "/quotas", "/queue", "/workloads", "/alerts"])
+def test_a_list_narrowed_to_an_unknown_tenant_is_a_404_after_the_scope_check(
+    client: TestClient, path: str
+) -> None:
+    r = client.get(f"/api/v1{path}?tenant=team-z", headers=auth("root"))
+    assert r.status_code == 404
+    assert r.json() == {"status": 404, "code": "not_found", "message": "unknown tenant 'team-z'"}
+    # A member of team-a learns nothing of other names: 403 whether the tenant exists or not.
+    assert client.get(f"/api/v1{path}?tenant=team-z", headers=auth("alice")).status_code == 403
+    assert client.get(f"/api/v1{path}?tenant=team-b", headers=auth("alice")).status_code == 403
+    assert client.get(f"/api/v1{path}?tenant=team-a", headers=auth("alice")).status_code == 200

@@ -227,3 +227,16 @@ def test_latest_device_minutes_are_scoped_like_device_series(
     status, body = get("ops", start=T0, end=T0 + 7200)
     assert status == 422 and body["field"] == "time range" and "3600" in body["message"]
     assert get("agent")[0] == 403
+
+
+@pytest.mark.parametrize("route", ["series", "devices"])
+@pytest.mark.parametrize("bound", ["start", "end"])
+def test_a_time_past_the_year_2286_is_a_422_not_a_500(
+    setup: tuple[Portal, TestClient, Clock], route: str, bound: str
+) -> None:
+    # Found by the API fuzz test: milliseconds of such a time overflow SQLite's integers.
+    _, client, _ = setup
+    params = {bound: 9223372036854776.0}
+    r = client.get(f"/api/v1/telemetry/{route}", params=params, headers=h("ops"))
+    assert r.status_code == 422
+    assert bound in r.text
