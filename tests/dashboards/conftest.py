@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -96,6 +97,17 @@ class Portal:
     def seen(self, token: str) -> list[Exchange]:
         """What the portal received with ``token``, in order."""
         return [e for e in self.recorder.seen if e.token == token]
+
+    def ingest(self, node: str, samples: list[dict[str, object]]) -> None:
+        """Post ``samples`` of ``node`` through the ingest route as its agent would (all must
+        be accepted)."""
+        reply = httpx.post(
+            f"{self.url}/api/v1/telemetry/samples",
+            json={"node": node, "source": "nvml", "samples": samples},
+            headers={"Authorization": f"token {AGENT_TOKEN}"},
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["accepted"] == len(samples), reply.text
 
 
 @contextmanager

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import math
 
-import httpx
-
 from dashboards.cluster import ClusterView
 from dashboards.stores import ClusterStore
-from tests.dashboards.conftest import AGENT_TOKEN, Portal
+from tests.dashboards.conftest import Portal
 from tests.dashboards.seed import NOW
 
 
@@ -43,13 +41,7 @@ def post(
         for ago, util in minutes.items()
         for k in range(6)
     ]
-    reply = httpx.post(
-        f"{portal.url}/api/v1/telemetry/samples",
-        json={"node": node, "source": "nvml", "samples": samples},
-        headers={"Authorization": f"token {AGENT_TOKEN}"},
-    )
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["accepted"] == len(samples), reply.text
+    portal.ingest(node, samples)
 
 
 def test_heatmap_cells_are_each_gpus_latest_minute(portal: Portal) -> None:

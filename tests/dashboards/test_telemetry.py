@@ -17,7 +17,6 @@ so the view shows 90% now, 60% over the hour, 20,480 MiB now and at most.
 from __future__ import annotations
 
 import holoviews as hv
-import httpx
 import panel as pn
 from panel.viewable import Viewable
 
@@ -26,7 +25,7 @@ from dashboards.my_work import MyWorkView
 from dashboards.stores import ClusterStore, MyWorkStore
 from policies.alerts.engine import Alert, AlertKey, AlertState
 from portal.alerting.store import AlertStore
-from tests.dashboards.conftest import AGENT_TOKEN, Portal
+from tests.dashboards.conftest import Portal
 from tests.dashboards.seed import NOW
 
 MINUTES = ((30.0, 10240.0), (60.0, 10240.0), (90.0, 20480.0))
@@ -61,13 +60,7 @@ def post_minutes(portal: Portal, node: str, gpu: str) -> None:
         for m, (util, memory) in enumerate(MINUTES)
         for k in range(6)
     ]
-    reply = httpx.post(
-        f"{portal.url}/api/v1/telemetry/samples",
-        json={"node": node, "source": "nvml", "samples": samples},
-        headers={"Authorization": f"token {AGENT_TOKEN}"},
-    )
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["accepted"] == len(samples), reply.text
+    portal.ingest(node, samples)
     portal.telemetry.maintain()  # the service's loop: roll the closed minutes up
 
 

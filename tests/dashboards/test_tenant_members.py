@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import cast
 
-import httpx
 import pytest
 from fastapi import FastAPI
 
@@ -25,7 +24,7 @@ from portal.accounting.service import Accounting
 from portal.accounting.telemetry import TelemetryUtilization
 from portal.alerting.store import AlertStore
 from portal.api.cost import use_accounting
-from tests.dashboards.conftest import AGENT_TOKEN, Portal
+from tests.dashboards.conftest import Portal
 from tests.dashboards.seed import NOW, PRICES, VIEWERS
 from tests.dashboards.test_scoping import rendered
 from tests.dashboards.test_telemetry import _html, gpu_of
@@ -58,12 +57,7 @@ def post_utilization(portal: Portal, name: str, util: float, minutes: int) -> No
         }
         for m in range(minutes)
     ]
-    reply = httpx.post(
-        f"{portal.url}/api/v1/telemetry/samples",
-        json={"node": node, "source": "nvml", "samples": samples},
-        headers={"Authorization": f"token {AGENT_TOKEN}"},
-    )
-    assert reply.status_code == 200, reply.text
+    portal.ingest(node, samples)
     portal.telemetry.maintain()
 
 
