@@ -3,14 +3,13 @@ bounds and windows the stores share."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import httpx
 import param
 
-from dashboards.sources import (
-    Source,
-)
+from dashboards.sources import Source
 from policies.errors import PortalError
 
 MAX_UNITS = 10_000_000  # the API's bound on guaranteed and limit
@@ -44,3 +43,9 @@ class Store(param.Parameterized):
 
     def _read(self) -> None:
         raise NotImplementedError
+
+    def _set_changed(self, read: Mapping[str, object]) -> None:
+        """Set the parameters of ``read`` whose values differ from the ones held, in one
+        batch. param counts a new list of records as changed even when equal, and every
+        change re-renders a chart or a table: an unchanged read redraws nothing."""
+        self.param.update({k: v for k, v in read.items() if v != getattr(self, k)})

@@ -6,14 +6,8 @@ from decimal import Decimal
 
 import param
 
-from dashboards.sources import (
-    Budget,
-    CostGroup,
-    CostReport,
-)
-from dashboards.stores.base import (
-    Store,
-)
+from dashboards.sources import Budget, CostGroup, CostReport
+from dashboards.stores.base import Store
 
 
 class CostStore(Store):
@@ -44,9 +38,7 @@ class CostStore(Store):
             "budgets": budgets,
             "report": daily,
         }
-        # Only what changed, like the other stores: param counts lists of records as always
-        # changed, and each change redraws a chart or a table.
-        self.param.update({k: v for k, v in read.items() if v != getattr(self, k)})
+        self._set_changed(read)
 
     def stacked(self) -> list[tuple[str, str, float, float]]:
         """(UTC day, tenant, cost, GPU-hours) per tenant and day: the stacked bars."""

@@ -6,15 +6,8 @@ import time
 
 import param
 
-from dashboards.sources import (
-    AlertInfo,
-    UsagePoint,
-    Workload,
-)
-from dashboards.stores.base import (
-    USAGE_WINDOW_S,
-    Store,
-)
+from dashboards.sources import AlertInfo, UsagePoint, Workload
+from dashboards.stores.base import USAGE_WINDOW_S, Store
 from policies.errors import PortalError
 
 

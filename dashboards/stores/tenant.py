@@ -7,19 +7,8 @@ from dataclasses import dataclass
 
 import param
 
-from dashboards.sources import (
-    AlertInfo,
-    CostGroup,
-    QueueEntry,
-    Quota,
-    Usage,
-    Workload,
-)
-from dashboards.stores.base import (
-    MAX_UNITS,
-    UTILIZATION_WINDOW_S,
-    Store,
-)
+from dashboards.sources import AlertInfo, CostGroup, QueueEntry, Quota, Usage, Workload
+from dashboards.stores.base import MAX_UNITS, UTILIZATION_WINDOW_S, Store
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 
@@ -94,9 +83,7 @@ class TenantStore(Store):
             "alerts": alerts,
             "note": "; ".join(notes),
         }
-        # Only what changed: param finds lists of records always changed, and re-rendering
-        # the quota bars on every live update costs more than all of the reads.
-        self.param.update({k: v for k, v in read.items() if v != getattr(self, k)})
+        self._set_changed(read)
 
     def _latest(self, workloads: list[Workload], notes: list[str]) -> dict[str, float | None]:
         """The last measured minute of each running workload within the last five; one

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Collection
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -24,9 +25,9 @@ from portal.api.auth import Caller, Scope
 from portal.api.deps import allocator, requires
 from portal.api.errors import ERROR_RESPONSES
 from portal.api.schemas import ErrorBody
+from portal.telemetry.attribution import AllocationIndex
 from portal.telemetry.reads import (
     MAX_POINTS,
-    DeviceMinute,
     Point,
     Resolution,
     latest_minutes,
@@ -152,6 +153,25 @@ def _point(p: Point) -> PointOut:
     )
 
 
+def _window(
+    start: float | None, end: float | None, default_s: float, max_s: float
+) -> tuple[float, float]:
+    """``[start, end)`` in epoch s: ``end`` defaults to now, ``start`` to ``default_s``
+    before it; a window that is empty or longer than ``max_s`` is a 422."""
+    hi = end if end is not None else time.time()
+    lo = start if start is not None else hi - default_s
+    if not 0 < hi - lo <= max_s:
+        raise InvalidRequest("time range", f"[{lo}, {hi})", f"end > start, at most {max_s} s")
+    return lo, hi
+
+
+def _held_by(index: AllocationIndex, device: str, tenants: Collection[str]) -> bool:
+    """Whether a workload of ``tenants`` holds ``device`` (a GPU, or one of its MIG
+    instances) now: what a filtered caller may read of a device."""
+    holders = index.holders.get(device.split("/", 1)[0], ())
+    return any(h.tenant in tenants for h in holders)
+
+
 @router.get(
     "/series",
     response_model=SeriesPage,
@@ -181,10 +201,7 @@ def get_series(
     ] = MAX_POINTS,
 ) -> SeriesPage:
     """One device, one workload, or (neither given) every live workload the caller may see."""
-    hi = end if end is not None else time.time()
-    lo = start if start is not None else hi - 3600
-    if not 0 < hi - lo <= MAX_RANGE_S:
-        raise InvalidRequest("time range", f"[{lo}, {hi})", f"end > start, at most {MAX_RANGE_S} s")
+    lo, hi = _window(start, end, 3600, MAX_RANGE_S)
     everywhere = caller.can_everywhere(Scope.USAGE_READ)
     tenants = caller.tenants_for(Scope.USAGE_READ)
     engine = telemetry.store.engine
@@ -192,13 +209,11 @@ def get_series(
     if device is not None and workload_id is not None:
         raise InvalidRequest("series", "device and workload_id", "one of them, or neither")
     if device is not None:
-        if not everywhere:
-            holders = telemetry.index().holders.get(device.split("/", 1)[0], ())
-            if not any(h.tenant in tenants for h in holders):
-                raise Forbidden(
-                    f"device {device} is not held by a workload of your tenants "
-                    f"({', '.join(sorted(tenants))})"
-                )
+        if not everywhere and not _held_by(telemetry.index(), device, tenants):
+            raise Forbidden(
+                f"device {device} is not held by a workload of your tenants "
+                f"({', '.join(sorted(tenants))})"
+            )
         targets = [(device, None)]
     elif workload_id is not None:
         caller.require(Scope.USAGE_READ, alloc.status(workload_id).tenant)
@@ -252,24 +267,14 @@ def get_devices(
         Query(gt=0, lt=MAX_EPOCH_S, description="Epoch s (before the year 2286); default: now."),
     ] = None,
 ) -> DeviceMinutesOut:
-    hi = end if end is not None else time.time()
-    lo = start if start is not None else hi - LATEST_WINDOW_S
-    if not 0 < hi - lo <= MAX_LATEST_WINDOW_S:
-        raise InvalidRequest(
-            "time range", f"[{lo}, {hi})", f"end > start, at most {MAX_LATEST_WINDOW_S} s"
-        )
+    lo, hi = _window(start, end, LATEST_WINDOW_S, MAX_LATEST_WINDOW_S)
     index = telemetry.index()
     everywhere = caller.can_everywhere(Scope.USAGE_READ)
     tenants = caller.tenants_for(Scope.USAGE_READ)
 
-    def shown(m: DeviceMinute) -> bool:
-        # As for a device series: a filtered caller sees the GPUs its tenants hold now.
-        holders = index.holders.get(m.device.split("/", 1)[0], ())
-        return everywhere or any(h.tenant in tenants for h in holders)
-
     out = []
     for m in latest_minutes(telemetry.store.engine, lo, hi):
-        if not shown(m):
+        if not everywhere and not _held_by(index, m.device, tenants):
             continue
         gpu = m.device.split("/", 1)[0]
         info = index.gpus.get(gpu)
