@@ -12,10 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from portal.api.schemas import GpuOut, NodeOut
+from portal.api.schemas import GpuOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 from portal.client import Portal
+
+if TYPE_CHECKING:
+    from portal.api.cost import BudgetOut  # a route module: only for the annotation
 
 # ------------------------------------------------------------------ records
 
@@ -273,69 +276,50 @@ def _node(n: NodeOut) -> NodeInfo:
     )
 
 
-def _quota(q: Mapping[str, Any]) -> Quota:
-    budget = q.get("budget_gpu_hours")
+def _quota(q: QuotaOut) -> Quota:
     return Quota(
-        tenant=str(q["tenant"]),
-        flavor=str(q["flavor"]),
-        guaranteed=int(q["guaranteed"]),
-        limit=int(q["limit"]),
-        budget_gpu_hours=float(budget) if budget is not None else None,
-        version=int(q["version"]),
+        tenant=q.tenant,
+        flavor=q.flavor,
+        guaranteed=q.guaranteed,
+        limit=q.limit,
+        budget_gpu_hours=q.budget_gpu_hours,
+        version=q.version,
     )
 
 
-def _usage(u: Mapping[str, Any]) -> Usage:
-    return Usage(
-        tenant=str(u["tenant"]),
-        flavor=str(u["flavor"]),
-        guaranteed=int(u["guaranteed"]),
-        limit=int(u["limit"]),
-        used=int(u["used"]),
-        borrowed=int(u["borrowed"]),
-        lent=int(u["lent"]),
-    )
+def _usage(u: UsageOut) -> Usage:
+    return Usage(u.tenant, u.flavor, u.guaranteed, u.limit, u.used, u.borrowed, u.lent)
 
 
-def _queue_entry(e: Mapping[str, Any]) -> QueueEntry:
-    eta = e.get("eta_s")
+def _queue_entry(e: QueueEntryOut) -> QueueEntry:
     return QueueEntry(
-        workload_id=str(e["workload_id"]),
-        tenant=str(e["tenant"]),
-        owner=str(e["owner"]),
-        name=str(e["name"]),
-        position=int(e["position"]),
-        tenant_position=int(e["tenant_position"]),
-        reason=str(e["reason"]),
-        message=str(e["message"]),
-        gpu_equivalent=float(e["gpu_equivalent"]),
-        eta_s=float(eta) if eta is not None else None,
+        workload_id=e.workload_id,
+        tenant=e.tenant,
+        owner=e.owner,
+        name=e.name,
+        position=e.position,
+        tenant_position=e.tenant_position,
+        reason=e.reason,
+        message=e.message,
+        gpu_equivalent=e.gpu_equivalent,
+        eta_s=e.eta_s,
     )
 
 
-def _workload(w: Mapping[str, Any]) -> Workload:
-    eta = w.get("eta_s")
-    pos = w.get("position")
+def _workload(w: WorkloadOut) -> Workload:
     return Workload(
-        id=str(w["id"]),
-        tenant=str(w["tenant"]),
-        owner=str(w["owner"]),
-        name=str(w["name"]),
-        kind=str(w["kind"]),
-        state=str(w["state"]),
-        reason=str(w["reason"]),
-        message=str(w["message"]),
-        position=int(pos) if pos is not None else None,
-        eta_s=float(eta) if eta is not None else None,
+        id=w.id,
+        tenant=w.tenant,
+        owner=w.owner,
+        name=w.name,
+        kind=w.kind,
+        state=w.state.value,
+        reason=w.reason,
+        message=w.message,
+        position=w.position,
+        eta_s=w.eta_s,
         devices=tuple(
-            Device(
-                node=str(a["node"]),
-                gpus=tuple(int(i) for i in a["gpus"]),
-                flavor=str(a["flavor"]),
-                amount=int(a["amount"]),
-                borrowed=bool(a["borrowed"]),
-            )
-            for a in w["allocations"]
+            Device(a.node, tuple(a.gpus), a.flavor, a.amount, a.borrowed) for a in w.allocations
         ),
     )
 
@@ -352,8 +336,8 @@ class ApiSource:
     def __init__(self, base_url: str, token: str) -> None:
         self._portal = Portal(base_url, token)
 
-    # The client's typed answers are turned into the dashboards' records through their JSON
-    # form.
+    # The client's typed answers become the dashboards' records field by field (the cost
+    # report still through its JSON form: its money is text there).
 
     def tenants(self) -> list[str]:
         return sorted(t.name for t in self._portal.tenants())
@@ -370,16 +354,16 @@ class ApiSource:
         return [Capacity(c.flavor, c.capacity) for c in self._portal.capacity()]
 
     def quotas(self, tenant: str | None = None) -> list[Quota]:
-        return [_quota(q.model_dump(mode="json")) for q in self._portal.quotas(tenant)]
+        return [_quota(q) for q in self._portal.quotas(tenant)]
 
     def usage(self, tenant: str | None = None) -> list[Usage]:
-        return [_usage(u.model_dump(mode="json")) for u in self._portal.usage(tenant)]
+        return [_usage(u) for u in self._portal.usage(tenant)]
 
     def queue(self, tenant: str | None = None) -> list[QueueEntry]:
-        return [_queue_entry(e.model_dump(mode="json")) for e in self._portal.queue(tenant)]
+        return [_queue_entry(e) for e in self._portal.queue(tenant)]
 
     def workloads(self, tenant: str | None = None) -> list[Workload]:
-        return [_workload(w.model_dump(mode="json")) for w in self._portal.workloads(tenant)]
+        return [_workload(w) for w in self._portal.workloads(tenant)]
 
     def set_quota(
         self,
@@ -399,16 +383,18 @@ class ApiSource:
             budget_gpu_hours=budget_gpu_hours,
             if_match=f'"{version}"',
         )
-        return _quota(saved.value.model_dump(mode="json"))
+        return _quota(saved.value)
 
     def release(self, workload_id: str) -> Workload:
-        return _workload(self._portal.release(workload_id).model_dump(mode="json"))
+        return _workload(self._portal.release(workload_id))
 
     def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]:
         """1-minute points of every live workload the viewer may see, by workload id."""
         page = self._portal.series(resolution="1m", start=start, end=end)
         return {
-            s.workload_id: [_point(p.at, p.utilization_avg, p.memory_used_avg) for p in s.points]
+            s.workload_id: [
+                UsagePoint(p.at, p.utilization_avg, p.memory_used_avg) for p in s.points
+            ]
             for s in page.series
             if s.workload_id is not None
         }
@@ -453,16 +439,12 @@ class ApiSource:
         )
 
     def budgets(self, tenant: str | None = None) -> list[Budget]:
-        return [_budget(b.model_dump(mode="json")) for b in self._portal.budgets(tenant)]
+        return [_budget(b) for b in self._portal.budgets(tenant)]
 
     def chargeback_csv(
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
     ) -> str:
         return self._portal.chargeback(start=start, end=end, step=step)
-
-
-def _point(at: float, utilization: float | None, memory_mib: float) -> UsagePoint:
-    return UsagePoint(at, utilization, memory_mib)
 
 
 def _when(raw: object) -> datetime | None:
@@ -484,15 +466,15 @@ def _cost_group(g: Mapping[str, Any]) -> CostGroup:
     )
 
 
-def _budget(b: Mapping[str, Any]) -> Budget:
+def _budget(b: BudgetOut) -> Budget:
     return Budget(
-        tenant=str(b["tenant"]),
-        flavor=b.get("flavor"),
-        kind=str(b["kind"]),
-        period_end=datetime.fromisoformat(str(b["period_end"])),
-        budget=float(b["budget"]),
-        spent=float(b["spent"]),
-        projected=float(b["projected"]),
-        over=bool(b["over"]),
-        exhausted_at=_when(b.get("exhausted_at")),
+        tenant=b.tenant,
+        flavor=b.flavor,
+        kind=b.kind,
+        period_end=b.period_end,
+        budget=b.budget,
+        spent=b.spent,
+        projected=b.projected,
+        over=b.over,
+        exhausted_at=b.exhausted_at,
     )
