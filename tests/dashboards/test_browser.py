@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from dashboards.app import Settings, serve
 from dashboards.auth import TokenArgIdentity
@@ -25,18 +25,12 @@ from portal.alerting.store import AlertStore
 from tests.dashboards.conftest import Portal, free_port, running_portal
 from tests.dashboards.seed import NOW, VIEWERS
 from tests.dashboards.test_telemetry import gpu_of, post_minutes
+from tests.support.browser import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 WAIT_MS = 120_000  # two shared CPUs: a first render may take a while under load
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @dataclass
@@ -78,12 +72,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium package is required for the browser tests"
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ The pages themselves render over Bokeh's websocket, so they are read in Debian's
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -21,12 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from portal.demo import DASHBOARDS_SERVICE, dashboards_service, demo_seed
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from portal.inventory import simulated
 from spawner import hubconfig
+from tests.support.browser import chromium
 from tests.support.hub import RunningHub, free_port, make_hub
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
@@ -40,7 +40,6 @@ USERS = {
 DASHBOARDS = f"/services/{DASHBOARDS_SERVICE}/"
 UP_TIMEOUT_S = 120.0
 WAIT_MS = 120_000  # two shared CPUs: a first render may take a while under load
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 def _config(directory: Path, portal_port: int, dashboards_port: int) -> str:
@@ -121,12 +120,8 @@ def _login(hub: RunningHub, user: str) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium package is required for the browser tests"
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @contextmanager

@@ -10,33 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.portal.test_demo import PASSWORD, Demo, _start_demo
+from tests.support.browser import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.hub, pytest.mark.slow]
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 LAB_TIMEOUT_MS = 180_000
 
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium package is not installed"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture
