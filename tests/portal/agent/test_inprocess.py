@@ -45,18 +45,7 @@ def test_the_service_loop_samples_this_host_into_the_portals_telemetry(
     assert source is not None
     loops.start()
     try:
-        deadline = time.monotonic() + 10
-        points: list[Point] = []
-        while len(points) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = time.time()
-            points = series(
-                telemetry.store.engine,
-                resolution=Resolution.RAW,
-                start=now - 60,
-                end=now + 1,
-                workload_id=workload,
-            )
+        points = _raw_points(telemetry, workload, at_least=2)
     finally:
         loops.stop()
         source.close()
@@ -73,6 +62,24 @@ def test_without_a_driver_no_loop_is_added(
     assert inprocess.register(loops, _NoIngest(), "box") is None
     assert "node agent not started: no NVIDIA driver found" in caplog.text
     loops.add(inprocess.LOOP_NAME, 1.0, lambda: None)  # the name is still free
+
+
+def _raw_points(telemetry: Telemetry, workload: str, at_least: int) -> list[Point]:
+    """The workload's raw points of the last minute once there are ``at_least`` (or what
+    there is after 10 s)."""
+    deadline = time.monotonic() + 10
+    points: list[Point] = []
+    while len(points) < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = time.time()
+        points = series(
+            telemetry.store.engine,
+            resolution=Resolution.RAW,
+            start=now - 60,
+            end=now + 1,
+            workload_id=workload,
+        )
+    return points
 
 
 class _NoIngest:
@@ -101,20 +108,11 @@ def test_a_simulated_inventory_gets_synthetic_samples_attributed_to_its_workload
     )
     loops.start()
     try:
-        deadline = time.monotonic() + 10
-        points: list[Point] = []
-        while not points and time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = time.time()
-            points = series(
-                telemetry.store.engine,
-                resolution=Resolution.RAW,
-                start=now - 60,
-                end=now + 1,
-                workload_id=workload,
-            )
+        points = _raw_points(telemetry, workload, at_least=1)
     finally:
         loops.stop()
         store.close()
     # The demo wave stays within 50 ± 45 %.
-    assert points and all(5.0 <= p.utilization_avg <= 95.0 for p in points)
+    assert points and all(
+        p.utilization_avg is not None and 5.0 <= p.utilization_avg <= 95.0 for p in points
+    )
