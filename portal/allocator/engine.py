@@ -72,6 +72,8 @@ class Allocator:
         self._half_life = fairness_half_life_s
         self._lock = threading.RLock()
         self._cluster = ClusterState()
+        # Positions in the cluster's change log mean something only to this allocator.
+        self._epoch = uuid.uuid4().hex[:12]
         self._nodes: dict[str, Node] = {}
         self._tenants: dict[str, TenantRecord] = {}
         self._quotas: dict[tuple[str, str], QuotaRecord] = {}
@@ -422,6 +424,12 @@ class Allocator:
     def cluster(self) -> ClusterState:
         """The live cluster state; read it through ``inspect`` from other threads."""
         return self._cluster
+
+    @property
+    def epoch(self) -> str:
+        """Random per allocator: tells a change-log position (``ClusterState.seq``) of this
+        allocator from one of another process or an earlier start."""
+        return self._epoch
 
     def inspect(self, read: Callable[[ClusterState], T]) -> T:
         """Run ``read`` on the cluster state under the allocator's lock, for a consistent view."""

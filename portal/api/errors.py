@@ -35,6 +35,13 @@ class PreconditionFailed(PortalError):
     code = "precondition_failed"
 
 
+class Expired(PortalError):
+    """A change-log position the portal no longer holds (it restarted, or the reader fell too
+    far behind): read the full list again."""
+
+    code = "expired"
+
+
 class PreconditionRequired(PortalError):
     """An edit came without ``If-Match`` (or ``If-None-Match: *`` to create)."""
 
@@ -50,6 +57,7 @@ STATUS: tuple[tuple[type[PortalError], int], ...] = (
     (PreconditionFailed, 412),
     (PreconditionRequired, 428),
     (Conflict, 409),
+    (Expired, 410),
     (Unavailable, 503),
     (PortalError, 400),
 )

@@ -34,7 +34,8 @@ class ErrorBody(Model):
     code: str = Field(
         description=(
             "Stable identifier: invalid, unauthorized, forbidden, not_found, conflict, "
-            "precondition_failed, precondition_required, unavailable, method_not_allowed."
+            "precondition_failed, precondition_required, expired, unavailable, "
+            "method_not_allowed."
         )
     )
     message: str = Field(description="What was wrong, with which value, and what would be valid.")
@@ -282,6 +283,17 @@ class NodeOut(Model):
     numa: list[int] | None = Field(
         description="NUMA node of each GPU; null when unknown or listed with `topology=false`."
     )
+
+
+class NodeChangesOut(Model):
+    """What changed in the inventory since a version read before (list-then-follow, as
+    Kubernetes clients do with a resource version)."""
+
+    version: str = Field(
+        description="The inventory's version now: pass it as `since` to read the next changes."
+    )
+    nodes: list[NodeOut] = Field(description="Nodes added or changed since `since`, by name.")
+    removed: list[str] = Field(description="Nodes gone from the inventory since `since`, sorted.")
 
 
 class CapacityOut(Model):

@@ -14,13 +14,14 @@ Both are thin: requests are built and answers read in ``portal.client.core``; ev
 
 from portal.client.aio import AsyncPortal
 from portal.client.config import MissingConfiguration
-from portal.client.core import WithETag
+from portal.client.core import Versioned, WithETag
 from portal.client.errors import (
     ApiConflict,
     ApiError,
     ApiForbidden,
     ApiInvalidRequest,
     ApiNotFound,
+    Expired,
     PortalUnreachable,
     PreconditionFailed,
     PreconditionRequired,
@@ -36,6 +37,7 @@ __all__ = [
     "ApiInvalidRequest",
     "ApiNotFound",
     "AsyncPortal",
+    "Expired",
     "MissingConfiguration",
     "Portal",
     "PortalUnreachable",
@@ -43,5 +45,6 @@ __all__ = [
     "PreconditionRequired",
     "Unauthorized",
     "Unavailable",
+    "Versioned",
     "WithETag",
 ]

@@ -20,6 +20,7 @@ from portal.api.schemas import (
     MAX_PAGE,
     CapacityOut,
     DevicesIn,
+    NodeChangesOut,
     NodeOut,
     QueueEntryOut,
     QuotaOut,
@@ -29,7 +30,7 @@ from portal.api.schemas import (
 )
 from portal.client import core
 from portal.client.config import resolve_token, resolve_url
-from portal.client.core import Call, Op, WithETag
+from portal.client.core import Call, Op, Versioned, WithETag
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -215,6 +216,12 @@ class AsyncPortal:
 
     async def nodes(self, *, topology: bool = True) -> list[NodeOut]:
         return await self._run(core.nodes(self._page_size, topology))
+
+    async def versioned_nodes(self, *, topology: bool = True) -> Versioned[list[NodeOut]]:
+        return await self._run(core.versioned_nodes(self._page_size, topology))
+
+    async def node_changes(self, since: str, *, topology: bool = True) -> NodeChangesOut:
+        return await self._run(core.node_changes(since, topology))
 
     async def node(self, name: str) -> NodeOut:
         return await self._run(core.node(name))

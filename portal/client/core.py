@@ -25,6 +25,7 @@ from portal.api.schemas import (
     MAX_PAGE,
     CapacityOut,
     DevicesIn,
+    NodeChangesOut,
     NodeOut,
     Page,
     QueueEntryOut,
@@ -72,6 +73,15 @@ class Call:
 
 Op = Generator[Call, httpx.Response, T]
 """An operation: yields calls, receives their responses, returns the result."""
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned(Generic[T]):
+    """A list and the version it was read at; pass ``version`` back as ``since`` to read
+    what changed afterwards."""
+
+    value: T
+    version: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,15 +218,25 @@ def every_page(
     path: str, model: type[M], page_size: int, params: Mapping[str, Param] | None = None
 ) -> Op[list[M]]:
     """All items of a paged list, following ``next_offset`` to the last page."""
+    items, _first = yield from pages(path, model, page_size, params)
+    return items
+
+
+def pages(
+    path: str, model: type[M], page_size: int, params: Mapping[str, Param] | None = None
+) -> Op[tuple[list[M], httpx.Response]]:
+    """All items of a paged list and the first page's response (for its headers)."""
     items: list[M] = []
     offset = 0
+    first: httpx.Response | None = None
     while True:
         query = {**(params or {}), "limit": page_size, "offset": offset}
         response = yield Call("GET", path, query, idempotent=True)
+        first = first or response
         page = parsed_page(model, response)
         items.extend(page.items)
         if page.next_offset is None:
-            return items
+            return items, first
         if page.next_offset <= offset:
             raise ApiError(
                 500, "error", f"GET {path} paged backwards: next_offset {page.next_offset}"
@@ -379,6 +399,20 @@ def usage(page_size: int, tenant: str | None) -> Op[list[UsageOut]]:
 def nodes(page_size: int, topology: bool = True) -> Op[list[NodeOut]]:
     params: dict[str, Param] = {} if topology else {"topology": "false"}
     return (yield from every_page(f"{API}/nodes", NodeOut, page_size, params))
+
+
+def versioned_nodes(page_size: int, topology: bool = True) -> Op[Versioned[list[NodeOut]]]:
+    params: dict[str, Param] = {} if topology else {"topology": "false"}
+    items, first = yield from pages(f"{API}/nodes", NodeOut, page_size, params)
+    return Versioned(items, first.headers.get("Inventory-Version", ""))
+
+
+def node_changes(since: str, topology: bool = True) -> Op[NodeChangesOut]:
+    params: dict[str, Param] = {"since": since}
+    if not topology:
+        params["topology"] = "false"
+    call = Call("GET", f"{API}/inventory/changes", params, idempotent=True)
+    return (yield from one(call, NodeChangesOut))
 
 
 def node(name: str) -> Op[NodeOut]:

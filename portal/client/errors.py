@@ -68,6 +68,10 @@ class PreconditionRequired(ApiError):
     """428 ``precondition_required``: an edit came without ``If-Match`` (or create)."""
 
 
+class Expired(ApiError):
+    """410 ``expired``: a change-log position the portal no longer holds; list again."""
+
+
 class Unauthorized(ApiError):
     """401 ``unauthorized``: no token, or one the hub does not know (expired, revoked)."""
 
@@ -96,6 +100,7 @@ BY_CODE: dict[str, type[ApiError]] = {
     "precondition_required": PreconditionRequired,
     "unauthorized": Unauthorized,
     "unavailable": Unavailable,
+    "expired": Expired,
 }
 """The class for each ``code`` of the error body; other codes become a plain ``ApiError``."""
 
@@ -104,6 +109,7 @@ _BY_STATUS = {
     403: ApiForbidden,
     404: ApiNotFound,
     409: ApiConflict,
+    410: Expired,
     412: PreconditionFailed,
     428: PreconditionRequired,
     503: Unavailable,

@@ -15,6 +15,7 @@ from portal.api.schemas import (
     MAX_PAGE,
     CapacityOut,
     DevicesIn,
+    NodeChangesOut,
     NodeOut,
     QueueEntryOut,
     QuotaOut,
@@ -24,7 +25,7 @@ from portal.api.schemas import (
 )
 from portal.client import core
 from portal.client.config import resolve_token, resolve_url
-from portal.client.core import Call, Op, WithETag
+from portal.client.core import Call, Op, Versioned, WithETag
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -254,6 +255,17 @@ class Portal:
         ``topology=False`` leaves each node's ``links`` and ``numa`` out (None): a lighter
         read of many nodes; ``node(name)`` has one node's topology."""
         return self._run(core.nodes(self._page_size, topology))
+
+    def versioned_nodes(self, *, topology: bool = True) -> Versioned[list[NodeOut]]:
+        """``nodes`` and the inventory's version they were read at: follow it with
+        ``node_changes``."""
+        return self._run(core.versioned_nodes(self._page_size, topology))
+
+    def node_changes(self, since: str, *, topology: bool = True) -> NodeChangesOut:
+        """Nodes added, changed or removed since the version ``since`` (from
+        ``versioned_nodes`` or an earlier answer); ``Expired`` when the portal no longer holds
+        that version (it restarted, or too much changed): list again."""
+        return self._run(core.node_changes(since, topology))
 
     def node(self, name: str) -> NodeOut:
         return self._run(core.node(name))

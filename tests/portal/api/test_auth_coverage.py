@@ -59,6 +59,9 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
     app: FastAPI, client: TestClient
 ) -> None:
     wid = client.post("/api/v1/workloads", json=gpu_request(), headers=auth("alice")).json()["id"]
+    # Required query values, real ones.
+    version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
+    queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
     bad: list[str] = []
     checked = 0
     for method, path, scopes in operations(app):
@@ -71,6 +74,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
         url = fill(path, wid)
         body = BODIES.get((method, path))
+        query = queries.get((method, path), {})
         tries = {
             "no token": ({}, 401),
             "unknown token": (auth("expired-or-unknown"), 401),
@@ -79,11 +83,13 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
             "lacking scope": (auth("lacking"), 403),
         }
         for label, (headers, expected) in tries.items():
-            r = client.request(method, url, headers=headers, json=body)
+            r = client.request(method, url, headers=headers, json=body, params=query)
             if r.status_code != expected or r.json().get("status") != expected:
                 bad.append(f"{method} {url} {label}: {r.status_code} {r.text[:120]}")
         # The same call with the right token succeeds, so the refusals above were about auth.
-        r = client.request(method, url, headers={**auth("root"), "If-Match": '"1"'}, json=body)
+        r = client.request(
+            method, url, headers={**auth("root"), "If-Match": '"1"'}, json=body, params=query
+        )
         if r.status_code >= 400:
             bad.append(f"{method} {url} with admin: {r.status_code} {r.text[:120]}")
     assert checked >= 15

@@ -18,6 +18,7 @@ from portal.api.schemas import DevicesIn
 from portal.client import (
     ApiError,
     ApiNotFound,
+    Expired,
     Portal,
     PortalUnreachable,
     PreconditionFailed,
@@ -223,6 +224,23 @@ def test_nodes_without_topology_follow_every_page(portal_server: Served) -> None
         lean = root.nodes(topology=False)
         assert [n.links for n in full if n.name == "n1"] != [None]
         assert [n.model_copy(update={"links": None, "numa": None}) for n in full] == lean
+
+
+def test_nodes_are_listed_once_and_then_followed_by_their_changes(portal_server: Served) -> None:
+    with portal(portal_server, page_size=2) as root, portal(portal_server, "alice") as alice:
+        listed = root.versioned_nodes(topology=False)
+        assert [n.name for n in listed.value] == ["n1", "n2", "t1"]
+        assert root.node_changes(listed.version).nodes == []
+        made = alice.request("team-a", "H100-80GB", count=2)
+        (held,) = {a.node for a in made.allocations}
+        changed = root.node_changes(listed.version, topology=False)
+        assert [n.name for n in changed.nodes] == [held]
+        assert changed.nodes[0].links is None
+        assert sum(g.free_milli for g in changed.nodes[0].gpus) == 6000
+        assert root.node_changes(changed.version).nodes == []
+        with pytest.raises(Expired) as caught:
+            root.node_changes("0123456789ab.0")
+        assert caught.value.status == 410
 
 
 # ------------------------------------------------------------------ errors

@@ -52,6 +52,7 @@ def client_operations() -> list[core.Op[object]]:
         core.queue(1, None),
         core.usage(1, None),
         core.nodes(1),
+        core.node_changes("e.1"),
         core.node("n"),
         core.capacity(),
         core.offers("t"),
