@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 from portal.api.schemas import GpuOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
-from portal.client import Portal
+from portal.client import Expired, Portal
 
 if TYPE_CHECKING:
     from portal.api.cost import BudgetOut  # a route module: only for the annotation
@@ -60,6 +60,17 @@ class NodeInfo:
     gpus: tuple[Gpu, ...]
     links: tuple[tuple[str, ...], ...] | None
     numa: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChanges:
+    """Nodes read at ``version``: every node (``complete``), or those added or changed since
+    the version asked about and the names of those removed."""
+
+    version: str
+    nodes: list[NodeInfo]
+    removed: list[str]
+    complete: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +220,7 @@ class Source(Protocol):
     the client's ``PortalError`` subclasses (the portal's error body, or no answer)."""
 
     def tenants(self) -> list[str]: ...
-    def nodes(self, *, topology: bool = True) -> list[NodeInfo]: ...
+    def node_changes(self, since: str | None, *, topology: bool = True) -> NodeChanges: ...
     def node(self, name: str) -> NodeInfo: ...
     def capacity(self) -> list[Capacity]: ...
     def quotas(self, tenant: str | None = None) -> list[Quota]: ...
@@ -342,9 +353,19 @@ class ApiSource:
     def tenants(self) -> list[str]:
         return sorted(t.name for t in self._portal.tenants())
 
-    def nodes(self, *, topology: bool = True) -> list[NodeInfo]:
-        """Every node by name; ``topology=False`` reads them without ``links`` and ``numa``."""
-        return [_node(n) for n in self._portal.nodes(topology=topology)]
+    def node_changes(self, since: str | None, *, topology: bool = True) -> NodeChanges:
+        """The nodes changed since the inventory version ``since``, or every node by name
+        when ``since`` is None or the portal no longer holds it (it restarted, or too much
+        changed). ``topology=False`` reads them without ``links`` and ``numa``."""
+        if since:
+            try:
+                ch = self._portal.node_changes(since, topology=topology)
+            except Expired:
+                pass  # list again below
+            else:
+                return NodeChanges(ch.version, [_node(n) for n in ch.nodes], ch.removed, False)
+        listed = self._portal.versioned_nodes(topology=topology)
+        return NodeChanges(listed.version, [_node(n) for n in listed.value], [], True)
 
     def node(self, name: str) -> NodeInfo:
         """One node with its topology."""

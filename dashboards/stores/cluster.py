@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import param
 
-from dashboards.sources import AlertInfo, Capacity, NodeInfo
+from dashboards.sources import AlertInfo, Capacity, NodeInfo, Source
 from dashboards.stores.base import HEALTH_RULES, UTILIZATION_WINDOW_S, Store
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
@@ -42,13 +42,21 @@ class ClusterStore(Store):
     utilization_note = param.String(default="", doc="Why utilization is not shown.")
     clock = param.Callable(default=time.time, doc="Epoch seconds: the end of usage windows.")
 
+    def __init__(self, source: Source, **params: object) -> None:
+        super().__init__(source, **params)
+        # The inventory version ``nodes`` were read at (None: list them all next time).
+        self._inventory_version: str | None = None
+        self._pending_version: str | None = None
+
     def _read(self) -> None:
-        # Topology (an 8 x 8 link matrix per node) only for the node shown: without it the
-        # read of every node is what a live update of a large cluster can afford.
-        nodes = self.source.nodes(topology=False)
+        nodes, changed = self._nodes_now()
         names = {n.name for n in nodes}
         selected = self.selected if self.selected in names else (nodes[0].name if nodes else "")
-        detail = self.source.node(selected) if selected else None
+        # Topology (an 8 x 8 link matrix per node) only for the node shown, and read again
+        # only when that node changed.
+        detail = self.detail
+        if selected and (detail is None or detail.name != selected or selected in changed):
+            detail = self.source.node(selected)
         capacity = self.source.capacity()
         health, note = self._health()
         # Read only while shown: one more request per refresh.
@@ -62,10 +70,31 @@ class ClusterStore(Store):
             "health_note": note,
             "utilization": utilization,
             "utilization_note": unmeasured,
-            "detail": detail,
+            "detail": detail if selected else None,
             "selected": selected,
         }
-        self._set_changed(read)  # 10,000 GPUs compare in milliseconds
+        self._set_changed(read)  # unchanged nodes are the same objects: compared at once
+        self._inventory_version = self._pending_version
+
+    def _nodes_now(self) -> tuple[list[NodeInfo], set[str]]:
+        """Every node by name, and the names of those that changed since the last read.
+
+        The first read lists every node; later ones read only what changed since (a few
+        nodes instead of 10,000 GPUs on a live update of a large cluster) and keep the
+        other records as they are."""
+        changes = self.source.node_changes(self._inventory_version, topology=False)
+        self._pending_version = changes.version
+        if changes.complete:
+            return changes.nodes, {n.name for n in changes.nodes}
+        changed = {n.name for n in changes.nodes} | set(changes.removed)
+        if not changed:
+            return self.nodes, changed
+        by_name = {n.name: n for n in self.nodes}
+        for n in changes.nodes:
+            by_name[n.name] = n
+        for name in changes.removed:
+            by_name.pop(name, None)
+        return [by_name[name] for name in sorted(by_name)], changed
 
     @param.depends("selected", watch=True)
     def _node_chosen(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 import pytest
@@ -89,6 +90,42 @@ def test_live_update_follows_the_allocator(portal: Portal) -> None:
     store.refresh()
     assert changes == ["nodes"]
     assert store.totals()[1] == pytest.approx(6 + 0.25 + 0.333)
+    assert {(n, i): a for n, i, a in store.allocation()}[("hgx-1", 0)] == 0.0
+
+
+def test_a_live_update_reads_only_the_nodes_that_changed(portal: Portal) -> None:
+    store = ClusterStore(portal.source("tok-ops"), selected="a100-1")
+    store.refresh()
+    before = {n.name: n for n in store.nodes}
+    detail = store.detail
+    start = len(portal.seen("tok-ops"))
+    portal.allocator.release(workload_id(portal, "nb-alice"))  # on hgx-1
+    store.refresh()
+    reads = portal.seen("tok-ops")[start:]
+    paths = [e.path for e in reads]
+    assert "/api/v1/nodes" not in paths  # no full listing
+    (follow,) = [e for e in reads if e.path == "/api/v1/inventory/changes"]
+    assert [n["name"] for n in json.loads(follow.body)["nodes"]] == ["hgx-1"]
+    # The selected node did not change: its topology is not read again.
+    assert "/api/v1/nodes/a100-1" not in paths and store.detail is detail
+    after = {n.name: n for n in store.nodes}
+    assert list(after) == sorted(before)
+    assert after["hgx-1"] != before["hgx-1"]
+    assert all(after[k] is before[k] for k in before if k != "hgx-1")
+    assert {(n, i): a for n, i, a in store.allocation()}[("hgx-1", 0)] == 0.0
+
+
+def test_a_portal_restart_makes_the_store_list_every_node_again(portal: Portal) -> None:
+    store = ClusterStore(portal.source("tok-ops"))
+    store.refresh()
+    store._inventory_version = "000000000000.0"  # what a restarted portal no longer holds
+    start = len(portal.seen("tok-ops"))
+    portal.allocator.release(workload_id(portal, "nb-alice"))
+    store.refresh()
+    assert store.error == ""
+    reads = [(e.path, e.query) for e in portal.seen("tok-ops")[start:]]
+    assert ("/api/v1/inventory/changes", "since=000000000000.0&topology=false") in reads
+    assert ("/api/v1/nodes", "topology=false&limit=500&offset=0") in reads
     assert {(n, i): a for n, i, a in store.allocation()}[("hgx-1", 0)] == 0.0
 
 
