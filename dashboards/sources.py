@@ -219,6 +219,10 @@ class Source(Protocol):
     """What the stores read and change. Every call acts as the viewer; errors are
     the client's ``PortalError`` subclasses (the portal's error body, or no answer)."""
 
+    origin: str
+    """The portal read: records of one origin that are the same for every viewer (the
+    inventory) may be shared between the stores of different viewers."""
+
     def tenants(self) -> list[str]: ...
     def node_changes(self, since: str | None, *, topology: bool = True) -> NodeChanges: ...
     def node(self, name: str) -> NodeInfo: ...
@@ -346,6 +350,7 @@ class ApiSource:
 
     def __init__(self, base_url: str, token: str) -> None:
         self._portal = Portal(base_url, token)
+        self.origin = base_url.rstrip("/")
 
     # The client's typed answers become the dashboards' records field by field (the cost
     # report still through its JSON form: its money is text there).

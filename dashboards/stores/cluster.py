@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import param
 
-from dashboards.sources import AlertInfo, Capacity, NodeInfo, Source
+from dashboards.sources import AlertInfo, Capacity, NodeChanges, NodeInfo, Source
 from dashboards.stores.base import HEALTH_RULES, UTILIZATION_WINDOW_S, Store
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
@@ -19,6 +19,19 @@ class FreeCapacity:
     flavor: str
     capacity: int
     free: int
+
+
+_LATEST: dict[str, tuple[str, list[NodeInfo]]] = {}
+"""Per portal origin: the latest inventory version read by any Cluster page and its nodes."""
+
+
+def _merged(held: list[NodeInfo], changes: NodeChanges) -> list[NodeInfo]:
+    by_name = {n.name: n for n in held}
+    for n in changes.nodes:
+        by_name[n.name] = n
+    for name in changes.removed:
+        by_name.pop(name, None)
+    return [by_name[name] for name in sorted(by_name)]
 
 
 class ClusterStore(Store):
@@ -79,22 +92,26 @@ class ClusterStore(Store):
     def _nodes_now(self) -> tuple[list[NodeInfo], set[str]]:
         """Every node by name, and the names of those that changed since the last read.
 
-        The first read lists every node; later ones read only what changed since (a few
-        nodes instead of 10,000 GPUs on a live update of a large cluster) and keep the
-        other records as they are."""
-        changes = self.source.node_changes(self._inventory_version, topology=False)
+        Reads only what changed since the nodes held (a few nodes instead of 10,000 GPUs on
+        a live update of a large cluster) and keeps the other records as they are. A new
+        page starts from the latest listing any page of this process read from the same
+        portal (the inventory is the same for every viewer) and asks, with its own viewer's
+        token, for what changed since: the portal still checks this viewer's scope, and the
+        first render skips listing every node."""
+        version, held = self._inventory_version, self.nodes
+        if version is None:
+            version, held = _LATEST.get(self.source.origin, (None, []))
+        changes = self.source.node_changes(version, topology=False)
         self._pending_version = changes.version
         if changes.complete:
-            return changes.nodes, {n.name for n in changes.nodes}
-        changed = {n.name for n in changes.nodes} | set(changes.removed)
-        if not changed:
-            return self.nodes, changed
-        by_name = {n.name: n for n in self.nodes}
-        for n in changes.nodes:
-            by_name[n.name] = n
-        for name in changes.removed:
-            by_name.pop(name, None)
-        return [by_name[name] for name in sorted(by_name)], changed
+            nodes, changed = changes.nodes, {n.name for n in changes.nodes}
+        else:
+            changed = {n.name for n in changes.nodes} | set(changes.removed)
+            nodes = held if not changed else _merged(held, changes)
+            if held is not self.nodes:
+                changed = {n.name for n in nodes}  # all new to this page
+        _LATEST[self.source.origin] = (changes.version, nodes)
+        return nodes, changed
 
     @param.depends("selected", watch=True)
     def _node_chosen(self) -> None:

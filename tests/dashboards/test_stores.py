@@ -129,6 +129,28 @@ def test_a_portal_restart_makes_the_store_list_every_node_again(portal: Portal) 
     assert {(n, i): a for n, i, a in store.allocation()}[("hgx-1", 0)] == 0.0
 
 
+def test_a_new_page_starts_from_another_pages_listing_with_its_own_scope_checked(
+    portal: Portal,
+) -> None:
+    first = ClusterStore(portal.source("tok-ops"))
+    first.refresh()
+    portal.allocator.release(workload_id(portal, "nb-alice"))  # on hgx-1
+    start = len(portal.recorder.seen)
+    second = ClusterStore(portal.source("tok-root"))
+    second.refresh()
+    assert second.error == ""
+    reads = [e for e in portal.recorder.seen[start:] if e.token == "tok-root"]
+    assert "/api/v1/nodes" not in [e.path for e in reads]  # no second full listing
+    (follow,) = [e for e in reads if e.path == "/api/v1/inventory/changes"]
+    assert [n["name"] for n in json.loads(follow.body)["nodes"]] == ["hgx-1"]
+    assert [n.name for n in second.nodes] == [n.name for n in first.nodes]
+    assert {(n, i): a for n, i, a in second.allocation()}[("hgx-1", 0)] == 0.0
+    # A viewer without inventory:read is refused by the portal, shared listing or not.
+    member = ClusterStore(portal.source("tok-lead"))
+    member.refresh()
+    assert member.nodes == [] and "inventory:read" in member.error
+
+
 def test_tenant_bars_and_queue(portal: Portal) -> None:
     a = TenantStore(portal.source("tok-anna"), tenant="team-a")
     a.refresh()
