@@ -14,6 +14,10 @@ from dashboards.sources import AlertInfo, Workload
 from dashboards.stores import Store
 
 hv.Store.set_current_backend("bokeh")
+# Canvas, not WebGL: these plots are small (one raster, a few hundred bars), where a WebGL
+# context and its shaders cost a page more than the drawing does (~0.1 s per page in a
+# browser that renders GL in software, as on GPU-less servers).
+hv.renderer("bokeh").webgl = False
 
 MAX_ROWS = 500
 TABLE_CSS = """
@@ -21,6 +25,7 @@ table.gp-table { border-collapse: collapse; font-size: 13px; }
 table.gp-table th, table.gp-table td { padding: 3px 10px; border-bottom: 1px solid #ddd; }
 table.gp-table th { text-align: left; }
 table.gp-table td { font-variant-numeric: tabular-nums; }
+table.gp-topology td { text-align: center; font-size: 12px; padding: 3px 6px; }
 """
 
 

@@ -34,3 +34,20 @@ def test_a_live_update_changes_the_heatmap_in_place(portal: Portal) -> None:
     after = heatmap_source(root)
     assert after is before  # the same plot, its data replaced
     assert allocated(after, "hgx-1", 0) == 0.0
+
+
+def test_the_selected_nodes_link_classes_are_a_matrix_of_nvidia_smi_codes(
+    portal: Portal,
+) -> None:
+    store = ClusterStore(portal.source("tok-ops"), selected="hgx-1")
+    store.refresh()
+    view = ClusterView(store)
+    nvswitch = view.topology()
+    assert "Link classes of hgx-1" in nvswitch
+    assert nvswitch.count(">NVS</td>") == 8 * 7 and nvswitch.count("<td>X</td>") == 8
+    store.selected = "a100-1"  # PCIe GPUs, NVLink bridges in pairs
+    pcie = view.topology()
+    assert "Link classes of a100-1" in pcie and ">NVS</td>" not in pcie
+    pairs = {(i, j) for i, j, k in store.link_classes() if k == "nvlink"}
+    assert pcie.count(">NV</td>") == len(pairs) > 0
+    assert 'title="GPU 0 – GPU 1: NVLink"' in pcie
