@@ -17,6 +17,7 @@ import bisect
 import calendar
 import itertools
 import math
+import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -58,6 +59,8 @@ from portal.store.records import QuotaRecord
 from portal.store.writer import Store
 
 MAX_PERIODS = 1000
+PRICED_KEPT = 16
+"""Answers of ``Accounting._price`` kept (the open hours of the windows read last)."""
 """Most periods one question may split into (about three years of days)."""
 
 
@@ -204,6 +207,8 @@ class Accounting:
         self.idle_threshold_pct = idle_threshold_pct
         self.clock = clock
         self.closed_days = ClosedDays(max_closed_days)
+        self._priced: dict[tuple[object, ...], tuple[CostLine, ...]] = {}
+        self._priced_lock = threading.Lock()
 
     def report(
         self,
@@ -330,17 +335,42 @@ class Accounting:
         held_until: datetime,
         resolution: int,
     ) -> list[CostLine]:
-        """Lines of the contiguous ``pieces``, priced from the allocations overlapping them."""
+        """Lines of the contiguous ``pieces``, priced from the allocations overlapping them.
+
+        The last few answers are kept: the reads of one page (a report by day, by flavor, by
+        owner, budgets) price the same open hour up to the same second. A kept answer is
+        used only for the same pieces, tenants, resolution and end of held allocations (a
+        whole second, as pricing counts), while the store's generation (nothing committed)
+        and the measurements' version are unchanged: it is what pricing again would give.
+        """
         lo, hi = pieces[0].start, pieces[-1].end
+        version = self.utilization.version(lo, hi, resolution) if self.utilization else None
+        key = (
+            tuple(pieces),
+            None if tenants is None else frozenset(tenants),
+            resolution,
+            min(epoch_seconds(held_until), hi),
+            self.store.generation,
+            version,
+        )
+        with self._priced_lock:
+            kept = self._priced.get(key)
+        if kept is not None:
+            return list(kept)
         start, end = datetime.fromtimestamp(lo, UTC), datetime.fromtimestamp(hi, UTC)
         intervals = usage_intervals(self.store, start, end, held_until, tenants)
-        if not intervals:
-            return []
-        book = self._book_for(intervals)
-        segments: list[UtilizationSegment] = []
-        if self.utilization is not None:
-            segments = list(self.utilization(intervals, lo, hi, resolution))
-        return cost_lines(intervals, book, pieces, segments, self.idle_threshold_pct)
+        lines: list[CostLine] = []
+        if intervals:
+            book = self._book_for(intervals)
+            segments: list[UtilizationSegment] = []
+            if self.utilization is not None:
+                segments = list(self.utilization(intervals, lo, hi, resolution))
+            lines = cost_lines(intervals, book, pieces, segments, self.idle_threshold_pct)
+        with self._priced_lock:
+            self._priced[key] = tuple(lines)
+            while len(self._priced) > PRICED_KEPT:
+                self._priced.pop(next(iter(self._priced)))
+        return lines
 
     def chargeback(
         self, start: datetime, end: datetime, step: Step, tenants: Collection[str] | None = None

@@ -11,6 +11,7 @@ GPU or MIG slice out twice.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -145,6 +146,14 @@ class Store:
             raise
         self._prepare()
         self._checkpointer = Checkpointer.start_for(self.engine)
+        self._generations = itertools.count(1)
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Bumped after every change this store committed: while it stays the same, nothing
+        the allocator writes has changed (it is the database's only writer)."""
+        return self._generation
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -289,6 +298,7 @@ class Store:
         try:
             with raw_write(self.engine) as tx:
                 self._apply(tx, changes, new_claims, now)
+            self._generation = next(self._generations)
         except IntegrityError as err:
             raise self._explain(changes, new_claims, err) from err
         except StatementError as err:

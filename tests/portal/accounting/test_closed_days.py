@@ -304,6 +304,7 @@ def test_a_warm_report_reads_only_the_allocations_of_its_open_days(db_url: str) 
         )
         month = datetime(2026, 11, 1, tzinfo=UTC)
         acc.report(month, h.clock(), Step.DAY)
+        h.clock.advance(seconds=1)  # within the same second the open hour's answer is kept
         reads: list[Any] = []
 
         def seen(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
@@ -325,6 +326,67 @@ def test_a_warm_report_reads_only_the_allocations_of_its_open_days(db_url: str) 
         assert min(_times(reads[0])) == first_open
         days = (first_open - epoch_seconds(month)) // DAY_S
         assert len(acc.closed_days) == days + (first_open % DAY_S != 0)
+    finally:
+        h.store.close()
+
+
+def test_reads_of_one_second_price_the_open_hour_once_until_something_changes(
+    db_url: str,
+) -> None:
+    h = simulate(db_url, 5)
+    try:
+        acc = Accounting(
+            h.store, PRICES, utilization=TelemetryUtilization(h.store.engine), clock=h.clock
+        )
+        month = datetime(2026, 11, 1, tzinfo=UTC)
+        reads: list[Any] = []
+        counting = [True]
+
+        def seen(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            if "FROM allocations" in statement and counting[0]:
+                reads.append(params)
+
+        def report(step: Step, end: datetime | None = None) -> CostReport:
+            at = end or h.clock()
+            got = acc.report(month, at, step)
+            counting[0] = False  # the reference's own reads do not count
+            assert got == uncached(acc, month, at, step, None, h.clock())
+            counting[0] = True
+            return got
+
+        h.clock.now = h.clock.now.replace(microsecond=0)  # the reads below share one second
+        daily = report(Step.DAY)
+        event.listen(h.store.engine, "before_cursor_execute", seen)
+        try:
+            # The same second, nothing committed: the page's other reads price nothing again.
+            h.clock.advance(microseconds=10)
+            report(Step.WHOLE, end=datetime.fromtimestamp(daily.periods[-1].end, UTC))
+            report(Step.DAY)
+            assert reads == []
+            # A commit moves the store's generation: priced again. The allocation was stamped
+            # two seconds before it was committed (as a slow commit would be), so it belongs
+            # to the second already priced: the kept answer would miss it.
+            now = h.clock.now
+            h.clock.now = now - timedelta(seconds=2)
+            made = h.alloc.request(wl("a", gpus(1), name="late", owner="a-late"))
+            assert made.state is WorkloadState.RUNNING
+            h.clock.now = now + timedelta(microseconds=10)
+            after = report(Step.DAY)
+            assert len(reads) == 1
+            assert "a-late" not in {x.owner for x in daily.lines}
+            assert "a-late" in {x.owner for x in after.lines}
+            # New measurements: the answer still equals pricing at once (a kept answer is used
+            # only while the measurements' version stands).
+            reads.clear()
+            h.clock.advance(seconds=30)
+            batch = sample(h.alloc, h.clock.now, random.Random(7))
+            for node in {x.gpu_uuid.split("-")[1] for x in batch}:
+                mine = [x for x in batch if x.gpu_uuid.split("-")[1] == node]
+                h.telemetry.ingest(SampleBatch(node=node, source=Source.NVML, samples=mine))
+            h.telemetry.maintain()
+            report(Step.DAY)
+        finally:
+            event.remove(h.store.engine, "before_cursor_execute", seen)
     finally:
         h.store.close()
 
