@@ -242,7 +242,9 @@ class Source(Protocol):
         version: int,
     ) -> Quota: ...
     def release(self, workload_id: str) -> Workload: ...
-    def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]: ...
+    def series(
+        self, *, start: float, end: float, tenant: str | None = None, owner: str | None = None
+    ) -> dict[str, list[UsagePoint]]: ...
     def device_usage(self, *, start: float, end: float) -> list[DeviceUsage]: ...
     def alerts(self, tenant: str | None = None) -> list[AlertInfo]: ...
     def cost(
@@ -414,9 +416,14 @@ class ApiSource:
     def release(self, workload_id: str) -> Workload:
         return _workload(self._portal.release(workload_id))
 
-    def series(self, *, start: float, end: float) -> dict[str, list[UsagePoint]]:
-        """1-minute points of every live workload the viewer may see, by workload id."""
-        page = self._portal.series(resolution="1m", start=start, end=end)
+    def series(
+        self, *, start: float, end: float, tenant: str | None = None, owner: str | None = None
+    ) -> dict[str, list[UsagePoint]]:
+        """1-minute points of every live workload the viewer may see (of ``tenant``, of
+        ``owner``), by workload id."""
+        page = self._portal.series(
+            resolution="1m", start=start, end=end, tenant=tenant, owner=owner
+        )
         return {
             s.workload_id: [
                 UsagePoint(p.at, p.utilization_avg, p.memory_used_avg) for p in s.points

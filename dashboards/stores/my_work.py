@@ -31,7 +31,7 @@ class MyWorkStore(Store):
         if any(w.state == "running" for w in mine):
             now = float(self.clock())
             try:
-                series = self.source.series(start=now - USAGE_WINDOW_S, end=now)
+                series = self.source.series(start=now - USAGE_WINDOW_S, end=now, owner=self.owner)
             except PortalError as exc:  # e.g. no usage:read: the rest of the page still shows
                 notes.append(f"not shown: GPU usage: {exc.message}")
             else:

@@ -93,7 +93,9 @@ class TenantStore(Store):
             return {}
         now = float(self.clock())
         try:
-            series = self.source.series(start=now - UTILIZATION_WINDOW_S, end=now)
+            series = self.source.series(
+                start=now - UTILIZATION_WINDOW_S, end=now, tenant=self.tenant
+            )
         except PortalError as exc:
             notes.append(f"not shown: GPU utilization: {exc.message}")
             return {}

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from policies.errors import Forbidden, InvalidRequest
 from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
-from portal.api.deps import allocator, requires
+from portal.api.deps import allocator, listed_tenants, requires
 from portal.api.errors import ERROR_RESPONSES
 from portal.api.schemas import ErrorBody
 from portal.telemetry.attribution import AllocationIndex
@@ -175,7 +175,7 @@ def _held_by(index: AllocationIndex, device: str, tenants: Collection[str]) -> b
 @router.get(
     "/series",
     response_model=SeriesPage,
-    responses={404: {"model": ErrorBody, "description": "no such workload"}},
+    responses={404: {"model": ErrorBody, "description": "no such workload or tenant"}},
     summary="Utilization series",
 )
 def get_series(
@@ -199,8 +199,17 @@ def get_series(
     limit: Annotated[
         int, Query(ge=1, le=MAX_POINTS, description="Most points per series.")
     ] = MAX_POINTS,
+    tenant: Annotated[
+        str | None,
+        Query(max_length=63, description="Without device and workload_id: only this tenant's."),
+    ] = None,
+    owner: Annotated[
+        str | None,
+        Query(max_length=255, description="Without device and workload_id: only this user's."),
+    ] = None,
 ) -> SeriesPage:
-    """One device, one workload, or (neither given) every live workload the caller may see."""
+    """One device, one workload, or (neither given) every live workload the caller may see,
+    at most 200: ``tenant`` and ``owner`` narrow that list to the workloads a view shows."""
     lo, hi = _window(start, end, 3600, MAX_RANGE_S)
     everywhere = caller.can_everywhere(Scope.USAGE_READ)
     tenants = caller.tenants_for(Scope.USAGE_READ)
@@ -208,6 +217,13 @@ def get_series(
     targets: list[tuple[str | None, str | None]]
     if device is not None and workload_id is not None:
         raise InvalidRequest("series", "device and workload_id", "one of them, or neither")
+    narrowed = tenant is not None or owner is not None
+    if narrowed and (device is not None or workload_id is not None):
+        raise InvalidRequest(
+            "series",
+            "tenant or owner with device or workload_id",
+            "tenant and owner only with neither (they narrow the list of live workloads)",
+        )
     if device is not None:
         if not everywhere and not _held_by(telemetry.index(), device, tenants):
             raise Forbidden(
@@ -219,8 +235,14 @@ def get_series(
         caller.require(Scope.USAGE_READ, alloc.status(workload_id).tenant)
         targets = [(None, workload_id)]
     else:
-        live = [w for w in alloc.workloads() if w.allocations]
-        shown = [w.id for w in live if everywhere or w.tenant in tenants]
+        visible = listed_tenants(caller, Scope.USAGE_READ, tenant, alloc)
+        shown = [
+            w.id
+            for w in alloc.workloads()
+            if w.allocations
+            and (visible is None or w.tenant in visible)
+            and (owner is None or w.owner == owner)
+        ]
         targets = [(None, wid) for wid in shown[:MAX_WORKLOADS]]
     out = [
         SeriesOut(

@@ -267,8 +267,12 @@ class AsyncPortal:
         start: float | None = None,
         end: float | None = None,
         limit: int | None = None,
+        tenant: str | None = None,
+        owner: str | None = None,
     ) -> SeriesPage:
-        return await self._run(core.series(device, workload_id, resolution, start, end, limit))
+        return await self._run(
+            core.series(device, workload_id, resolution, start, end, limit, tenant, owner)
+        )
 
     async def device_usage(
         self, *, start: float | None = None, end: float | None = None

@@ -470,6 +470,8 @@ def series(
     start: float | None,
     end: float | None,
     limit: int | None,
+    tenant: str | None = None,
+    owner: str | None = None,
 ) -> Op[SeriesPage]:
     from portal.api.telemetry import SeriesPage
 
@@ -480,6 +482,8 @@ def series(
         start=start,
         end=end,
         limit=limit,
+        tenant=tenant,
+        owner=owner,
     )
     call = Call("GET", f"{API}/telemetry/series", params, idempotent=True)
     return (yield from one(call, SeriesPage))

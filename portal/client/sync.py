@@ -318,10 +318,15 @@ class Portal:
         start: float | None = None,
         end: float | None = None,
         limit: int | None = None,
+        tenant: str | None = None,
+        owner: str | None = None,
     ) -> SeriesPage:
-        """Utilization series of a device (GPU UUID, or ``<UUID>/gi<id>`` for MIG) or a
-        workload; times in epoch seconds; ``resolution``: raw, 1m or 1h."""
-        return self._run(core.series(device, workload_id, resolution, start, end, limit))
+        """Utilization series of a device (GPU UUID, or ``<UUID>/gi<id>`` for MIG), a
+        workload, or (neither) every live workload the token may see, at most 200, narrowed
+        to ``tenant`` and ``owner``; times in epoch seconds; ``resolution``: raw, 1m or 1h."""
+        return self._run(
+            core.series(device, workload_id, resolution, start, end, limit, tenant, owner)
+        )
 
     def device_usage(
         self, *, start: float | None = None, end: float | None = None

@@ -238,3 +238,14 @@ def test_chargeback_csv_has_a_row_per_day_owner_and_flavor(portal: Portal) -> No
     assert lines[0].startswith("period_start,period_end,tenant,owner,flavor")
     # Per day: alice H100-80GB, alice T4/share, bob H100-80GB, bob A100 MIG: 4 rows × 2 days.
     assert len(lines) == 1 + 8
+
+
+def test_utilization_reads_ask_only_for_the_views_tenant_or_owner(portal: Portal) -> None:
+    # The portal lists at most 200 live workloads' series: a view asks for its own only.
+    TenantStore(portal.source("tok-anna"), tenant="team-a").refresh()
+    MyWorkStore(portal.source("tok-alice"), owner="alice").refresh()
+    queries = {
+        e.token: e.query for e in portal.recorder.seen if e.path == "/api/v1/telemetry/series"
+    }
+    assert "tenant=team-a" in queries["tok-anna"].split("&")
+    assert "owner=alice" in queries["tok-alice"].split("&")

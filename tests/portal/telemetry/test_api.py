@@ -240,3 +240,34 @@ def test_a_time_past_the_year_2286_is_a_422_not_a_500(
     r = client.get(f"/api/v1/telemetry/{route}", params=params, headers=h("ops"))
     assert r.status_code == 422
     assert bound in r.text
+
+
+def test_the_list_of_series_narrows_to_a_tenant_and_an_owner_within_the_scope(
+    setup: tuple[Portal, TestClient, Clock],
+) -> None:
+    p, client, clock = setup
+    wa = p.gpus("team-a", 1, owner="alice")
+    wa2 = p.gpus("team-a", 1, owner="carol")
+    wb = p.gpus("team-b", 1, owner="bob")
+    clock.now = T0 + 60
+    q = {"start": T0, "end": T0 + 60}
+
+    def get(token: str, **params: object) -> tuple[int, dict[str, Any]]:
+        r = client.get("/api/v1/telemetry/series", params={**q, **params}, headers=h(token))
+        return r.status_code, r.json()
+
+    def listed(token: str, **params: object) -> set[str]:
+        status, body = get(token, **params)
+        assert status == 200, body
+        return {s["workload_id"] for s in body["series"]}
+
+    assert listed("ops") == {wa, wa2, wb}
+    assert listed("ops", tenant="team-b") == {wb}
+    assert listed("ops", tenant="team-a", owner="carol") == {wa2}
+    assert listed("alice", owner="alice") == {wa}
+    assert listed("alice", owner="bob") == set()  # bob's are team-b's: not alice's to see
+    # Another tenant's name is refused, an unknown one is not found (after the scope check).
+    assert get("alice", tenant="team-b")[0] == 403
+    assert get("ops", tenant="team-z")[0] == 404
+    status, body = get("ops", tenant="team-a", workload_id=wa)
+    assert status == 422 and "tenant and owner only with neither" in body["message"]
