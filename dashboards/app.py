@@ -156,6 +156,17 @@ def applications(settings: Settings) -> dict[str, Callable[[], Any]]:
     return apps
 
 
+def _without_mathjax() -> None:
+    """Pages without MathJax: Panel adds its 1.8 MB of JavaScript to every page that holds an
+    HTML pane, in case the HTML has LaTeX in it. These pages have none, and parsing MathJax
+    cost each page load 0.15-0.25 s in the browser. (Panel has no setting for this: its
+    check is replaced; ``tests/dashboards/test_browser.py`` asserts the pages load no
+    MathJax, so a Panel that moves the check fails there.)"""
+    from panel.io import resources
+
+    resources._panel_use_mathjax = lambda roots: False
+
+
 def serve(
     settings: Settings,
     *,
@@ -167,6 +178,7 @@ def serve(
 ) -> Any:
     """Serve every view; blocks unless ``threaded`` (then returns the server's thread, which
     has ``stop()``)."""
+    _without_mathjax()
     # Panel, Bokeh and HoloViews are a large heap that lives as long as the process: kept out
     # of the collector's generations, full collections during a live update stop walking it.
     gc.collect()

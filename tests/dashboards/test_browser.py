@@ -119,6 +119,10 @@ def test_cluster_view(page: tuple[Page, Console], served: Served) -> None:
     assert row(p, "0") == ["0", "3g.40gb", "0", "free"]
     shoot(p, served, "cluster")
     assert console.errors == []
+    # The page loads Bokeh and Panel but not MathJax (1.8 MB no page here needs).
+    loaded = p.evaluate("performance.getEntriesByType('resource').map(r => r.name)")
+    assert any("bokeh" in url for url in loaded)
+    assert [url for url in loaded if "mathjax" in url.lower()] == []
 
 
 def test_tenant_view_for_its_admin(page: tuple[Page, Console], served: Served) -> None:
