@@ -126,6 +126,11 @@ def test_an_agent_token_filtered_to_one_tenant_may_not_post(
     assert r.status_code == 403 and "needs it unfiltered" in r.json()["message"]
 
 
+def read_series(client: TestClient, token: str, **params: object) -> tuple[int, dict[str, Any]]:
+    r = client.get("/api/v1/telemetry/series", params=params, headers=h(token))
+    return r.status_code, r.json()
+
+
 def test_series_are_scoped_to_the_callers_tenants(
     setup: tuple[Portal, TestClient, Clock],
 ) -> None:
@@ -136,11 +141,9 @@ def test_series_are_scoped_to_the_callers_tenants(
     post(client, "agent", sample(ga, T0 + 10, util=80.0), sample(gb, T0 + 10, util=20.0))
     clock.now = T0 + 60
     p.telemetry.roll_up(clock.now)
-    q = {"start": T0, "end": T0 + 60}
 
     def get(token: str, **params: object) -> tuple[int, dict[str, Any]]:
-        r = client.get("/api/v1/telemetry/series", params={**q, **params}, headers=h(token))
-        return r.status_code, r.json()
+        return read_series(client, token, start=T0, end=T0 + 60, **params)
 
     status, body = get("alice", workload_id=wa)
     assert status == 200
@@ -250,11 +253,9 @@ def test_the_list_of_series_narrows_to_a_tenant_and_an_owner_within_the_scope(
     wa2 = p.gpus("team-a", 1, owner="carol")
     wb = p.gpus("team-b", 1, owner="bob")
     clock.now = T0 + 60
-    q = {"start": T0, "end": T0 + 60}
 
     def get(token: str, **params: object) -> tuple[int, dict[str, Any]]:
-        r = client.get("/api/v1/telemetry/series", params={**q, **params}, headers=h(token))
-        return r.status_code, r.json()
+        return read_series(client, token, start=T0, end=T0 + 60, **params)
 
     def listed(token: str, **params: object) -> set[str]:
         status, body = get(token, **params)
