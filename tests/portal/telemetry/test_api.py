@@ -143,7 +143,7 @@ def test_series_are_scoped_to_the_callers_tenants(
     p.telemetry.roll_up(clock.now)
 
     def get(token: str, **params: object) -> tuple[int, dict[str, Any]]:
-        return read_series(client, token, start=T0, end=T0 + 60, **params)
+        return read_series(client, token, **{"start": T0, "end": T0 + 60, **params})
 
     status, body = get("alice", workload_id=wa)
     assert status == 200
@@ -255,7 +255,7 @@ def test_the_list_of_series_narrows_to_a_tenant_and_an_owner_within_the_scope(
     clock.now = T0 + 60
 
     def get(token: str, **params: object) -> tuple[int, dict[str, Any]]:
-        return read_series(client, token, start=T0, end=T0 + 60, **params)
+        return read_series(client, token, **{"start": T0, "end": T0 + 60, **params})
 
     def listed(token: str, **params: object) -> set[str]:
         status, body = get(token, **params)
