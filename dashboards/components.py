@@ -128,13 +128,11 @@ def table_html(
     )
 
 
-def live(html_of: Callable[..., str], *deps: object) -> pn.pane.HTML:
+def live(html_of: Callable[..., str], *deps: object, css: str = TABLE_CSS) -> pn.pane.HTML:
     """One HTML pane whose text follows ``html_of(*deps)``: a live update changes the text of
     the pane already in the page instead of replacing it with a new one (a new pane costs the
-    browser a new view and a layout pass; new text costs an innerHTML)."""
-    return pn.pane.HTML(
-        pn.bind(html_of, *deps), stylesheets=[TABLE_CSS], sizing_mode="stretch_width"
-    )
+    browser a new view and a layout pass; new text costs an innerHTML). ``css`` styles it."""
+    return pn.pane.HTML(pn.bind(html_of, *deps), stylesheets=[css], sizing_mode="stretch_width")
 
 
 def _cell(value: object) -> str:

@@ -231,9 +231,7 @@ class TenantView(Viewer):
         return pn.Column(
             f"## Tenant {self.store.tenant}",
             c.status_line(self.store),
-            pn.pane.HTML(
-                pn.bind(self.bars, st.usage), stylesheets=[BAR_CSS], sizing_mode="stretch_width"
-            ),
+            c.live(self.bars, st.usage, css=BAR_CSS),
             c.live(self.numbers, st.usage),
             "### Queue",
             c.live(self.queue, st.queue),

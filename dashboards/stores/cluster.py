@@ -59,10 +59,9 @@ class ClusterStore(Store):
         super().__init__(source, **params)
         # The inventory version ``nodes`` were read at (None: list them all next time).
         self._inventory_version: str | None = None
-        self._pending_version: str | None = None
 
     def _read(self) -> None:
-        nodes, changed = self._nodes_now()
+        nodes, changed, version = self._nodes_now()
         names = {n.name for n in nodes}
         selected = self.selected if self.selected in names else (nodes[0].name if nodes else "")
         # Topology (an 8 x 8 link matrix per node) only for the node shown, and read again
@@ -87,10 +86,11 @@ class ClusterStore(Store):
             "selected": selected,
         }
         self._set_changed(read)  # unchanged nodes are the same objects: compared at once
-        self._inventory_version = self._pending_version
+        self._inventory_version = version
 
-    def _nodes_now(self) -> tuple[list[NodeInfo], set[str]]:
-        """Every node by name, and the names of those that changed since the last read.
+    def _nodes_now(self) -> tuple[list[NodeInfo], set[str], str]:
+        """Every node by name, the names of those that changed since the last read, and the
+        inventory version they were read at.
 
         Reads only what changed since the nodes held (a few nodes instead of 10,000 GPUs on
         a live update of a large cluster) and keeps the other records as they are. A new
@@ -102,7 +102,6 @@ class ClusterStore(Store):
         if version is None:
             version, held = _LATEST.get(self.source.origin, (None, []))
         changes = self.source.node_changes(version, topology=False)
-        self._pending_version = changes.version
         if changes.complete:
             nodes, changed = changes.nodes, {n.name for n in changes.nodes}
         else:
@@ -111,7 +110,7 @@ class ClusterStore(Store):
             if held is not self.nodes:
                 changed = {n.name for n in nodes}  # all new to this page
         _LATEST[self.source.origin] = (changes.version, nodes)
-        return nodes, changed
+        return nodes, changed, changes.version
 
     @param.depends("selected", watch=True)
     def _node_chosen(self) -> None:

@@ -397,8 +397,7 @@ def usage(page_size: int, tenant: str | None) -> Op[list[UsageOut]]:
 
 
 def nodes(page_size: int, topology: bool = True) -> Op[list[NodeOut]]:
-    params: dict[str, Param] = {} if topology else {"topology": "false"}
-    return (yield from every_page(f"{API}/nodes", NodeOut, page_size, params))
+    return (yield from versioned_nodes(page_size, topology)).value
 
 
 def versioned_nodes(page_size: int, topology: bool = True) -> Op[Versioned[list[NodeOut]]]:
