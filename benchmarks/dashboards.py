@@ -380,14 +380,11 @@ def browser_side(url: str, repeat: int, timings: dict[str, Timing], change: Live
     settings = Settings(url, TokenArgIdentity(VIEWERS), refresh_s=1.0)
     log = RefreshLog()
     with log.watching():
-        server: Any = serve(
-            settings,
-            port=port,
-            threaded=True,
-            # Closed pages stop refreshing soon, so only the measured page refreshes.
-            unused_session_lifetime_milliseconds=500,
-            check_unused_sessions_milliseconds=500,
-        )
+        # Closed pages stop refreshing at once (the service refreshes watched pages only), so
+        # only the measured page refreshes. Bokeh's default session lifetime is kept: a
+        # shorter one expired sessions whose page had not connected yet, which were then built
+        # a second time when it did.
+        server: Any = serve(settings, port=port, threaded=True)
         time.sleep(1)
         try:
             with sync_playwright() as pw:
@@ -424,7 +421,6 @@ def browser_side(url: str, repeat: int, timings: dict[str, Timing], change: Live
                                 tm.browser_live_s.append(float(found) / 1000 - start)
                             page.close()
                         context.close()
-                        time.sleep(1.5)  # the closed sessions' refreshes end
                 b.close()
         finally:
             server.stop()

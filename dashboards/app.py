@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import panel as pn
+from bokeh.document import Document
 from panel.viewable import Viewer
 
 from dashboards.auth import HubOAuthIdentity, Identify, Identity
@@ -134,7 +135,13 @@ def _session_page(view: str, settings: Settings) -> Any:
     page = build_view(view, source, identity.viewer, args, settings.clock)
     if page.stores:
         # Live updates: the stores' parameters change and their views re-render in place.
-        pn.state.add_periodic_callback(page.refresh, period=int(settings.refresh_s * 1000))
+        doc = pn.state.curdoc
+
+        def refresh() -> None:
+            if doc is not None and watched(doc):
+                page.refresh()
+
+        pn.state.add_periodic_callback(refresh, period=int(settings.refresh_s * 1000))
     home = f"./{'?' + urlencode({'token': args['token']}) if 'token' in args else ''}"
     return shell(f"{TITLE} — {page.title}", home, page.view)
 
@@ -165,6 +172,20 @@ def shell(title: str, home: str, view: Any) -> pn.Column:
         sizing_mode="stretch_width",
         margin=0,
     )
+
+
+def watched(doc: Document) -> bool:
+    """Whether a browser is connected to ``doc``'s session now. Refreshes skip pages nobody
+    watches: Bokeh keeps a closed page's session (and its periodic callbacks) for its unused
+    lifetime, 15-32 s by default, and a page not yet connected was read when it was built.
+    Ten closed pages each reading the portal every second would slow every other page."""
+    context = doc.session_context
+    if context is None:  # not served (tests build views without a server)
+        return True
+    server = getattr(context, "server_context", None)
+    if server is None:
+        return True
+    return any(s.id == context.id and s.connection_count > 0 for s in server.sessions)
 
 
 def applications(settings: Settings) -> dict[str, Callable[[], Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
+from dashboards import app as dashboards_app
 from dashboards.app import Settings, serve
 from dashboards.auth import TokenArgIdentity
 from policies.alerts.engine import Alert, AlertKey, AlertState
@@ -266,3 +268,30 @@ def test_quota_edit_through_the_ui(page: tuple[Page, Console], served: Served) -
     p.set_viewport_size({"width": 1400, "height": 1450})  # down to the editor's message
     shoot(p, served, "quota-editor")
     assert console.errors == []
+
+
+def test_only_watched_pages_refresh(
+    browser: Browser, served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's periodic refresh reads the portal while a browser shows it and stops when the
+    page is closed (Bokeh keeps a closed page's session for 15 s or more)."""
+    runs: list[str] = []
+    original = dashboards_app.Page.refresh
+
+    def counted(self: dashboards_app.Page) -> None:
+        runs.append(self.title)
+        original(self)
+
+    monkeypatch.setattr(dashboards_app.Page, "refresh", counted)
+    p = browser.new_page(viewport={"width": 1400, "height": 1000})
+    open_view(p, served, "cluster", "tok-ops")
+    expect(p.get_by_text("GPUs 24").first).to_be_visible(timeout=WAIT_MS)
+    deadline = time.monotonic() + 30
+    while "Cluster" not in runs and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "Cluster" in runs  # refreshes every second while shown
+    p.close()
+    time.sleep(1.5)  # a refresh already running when the page closed
+    after_close = len(runs)
+    time.sleep(3)  # three refresh periods
+    assert runs[after_close:] == []
