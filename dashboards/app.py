@@ -38,6 +38,14 @@ from portal.api.auth import Caller, Scope
 
 TITLE = "gpuportal"
 VIEWS = ("my_work", "tenant", "cluster", "cost")
+# What each page is called: in its header and the browser tab.
+TITLES = {
+    "landing": "Home",
+    "my_work": "My work",
+    "tenant": "Tenant",
+    "cluster": "Cluster",
+    "cost": "Cost",
+}
 
 
 @dataclass
@@ -62,10 +70,10 @@ def _tenant_page(
         else tenants_for(viewer, Scope.QUOTAS_READ)
     )
     if not names:
-        return Page("Tenant", pn.pane.Markdown("*No tenant you may see.*"))
+        return Page(TITLES["tenant"], pn.pane.Markdown("*No tenant you may see.*"))
     wanted = args.get("tenant", "")
     store = TenantStore(source, tenant=wanted if wanted in names else names[0], clock=clock)
-    page = Page("Tenant", pn.Column(sizing_mode="stretch_width"), [store])
+    page = Page(TITLES["tenant"], pn.Column(sizing_mode="stretch_width"), [store])
     choose = pn.widgets.Select(label="tenant", options=names, value=store.tenant, width=240)
 
     def show(tenant: str) -> None:
@@ -91,18 +99,18 @@ def build_view(
     page: Page
     if view == "cluster":
         cluster = ClusterStore(source, selected=args.get("node", ""))
-        page = Page("Cluster", ClusterView(cluster), [cluster])
+        page = Page(TITLES["cluster"], ClusterView(cluster), [cluster])
     elif view == "tenant":
         page = _tenant_page(source, viewer, args, clock)
     elif view == "cost":
         cost = CostStore(source)
-        page = Page("Cost", CostView(cost), [cost])
+        page = Page(TITLES["cost"], CostView(cost), [cost])
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name, clock=clock)
-        page = Page("My work", MyWorkView(work), [work])
+        page = Page(TITLES["my_work"], MyWorkView(work), [work])
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""
-        page = Page("Home", LandingView(viewer, query))
+        page = Page(TITLES["landing"], LandingView(viewer, query))
     page.refresh()
     return page
 
@@ -128,7 +136,6 @@ def _session_page(view: str, settings: Settings) -> Any:
     request: Any = pn.state.curdoc.session_context.request  # type: ignore[union-attr]
     identity: Identity | None = settings.identify(request)
     if identity is None:
-        pn.state.curdoc.title = TITLE  # type: ignore[union-attr]
         return pn.pane.Markdown("## Not logged in\n\nOpen the dashboards from JupyterHub.")
     args = {k: v[0].decode("utf-8", "replace") for k, v in request.arguments.items() if v}
     source = ApiSource(settings.portal_url, identity.token)
@@ -158,7 +165,6 @@ def shell(title: str, home: str, view: Any) -> pn.Column:
     """The page around a view: a header with the title and a link home. A plain column,
     not one of Panel's templates: a template cost every page load ~0.1 s on the server and
     Bootstrap's 0.3 MB of CSS and JavaScript in the browser, for a header bar."""
-    pn.state.curdoc.title = title  # type: ignore[union-attr]
     header = pn.pane.HTML(
         f'<header class="gp-header"><h1>{html.escape(title)}</h1>'
         f'<a href="{html.escape(home)}">home</a></header>',
@@ -203,6 +209,13 @@ def applications(settings: Settings) -> dict[str, Callable[[], Any]]:
     return apps
 
 
+def page_titles() -> dict[str, str]:
+    """The browser tab's title of each application (Panel sets it on every page)."""
+    return {"/": f"{TITLE} — {TITLES['landing']}"} | {
+        f"/{view}": f"{TITLE} — {TITLES[view]}" for view in VIEWS
+    }
+
+
 def _without_mathjax() -> None:
     """Pages without MathJax: Panel adds its 1.8 MB of JavaScript to every page that holds an
     HTML pane, in case the HTML has LaTeX in it. These pages have none, and parsing MathJax
@@ -237,6 +250,7 @@ def serve(
         prefix=prefix,
         show=False,
         threaded=threaded,
+        title=page_titles(),
         **server_kw,
     )
 

@@ -113,6 +113,7 @@ def test_cluster_view(page: tuple[Page, Console], served: Served) -> None:
     p, console = page
     open_view(p, served, "cluster", "tok-ops")
     expect(p.get_by_text("GPUs 24").first).to_be_visible(timeout=WAIT_MS)
+    expect(p).to_have_title("gpuportal — Cluster")
     expect(p.get_by_text("allocated 7.6 GPUs (32%)").first).to_be_visible()
     expect(p.get_by_text("fragmentation 14%").first).to_be_visible()
     assert row(p, "H100-80GB") == ["H100-80GB", "16", "9"]
