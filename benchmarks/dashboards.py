@@ -45,6 +45,7 @@ from dashboards.auth import TokenArgIdentity
 from dashboards.sources import ApiSource
 from dashboards.stores import ClusterStore
 from dashboards.stores import Store as DataStore
+from dashboards.warmup import warm_up
 from policies.flavors import FlavorKind
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.accounting.history import epoch_seconds, usage_intervals
@@ -513,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> str:
         accounting = Accounting(store, prices, utilization=utilization, clock=clock)
         accounting.warm()  # as ``gpuportal serve`` does at start
         use_accounting(app, accounting)
+        warm_up()  # as the dashboards service does at start (``dashboards.app.serve``)
         with serving(app) as url:
             timings = server_side(url, args.repeat)
             if args.browser:

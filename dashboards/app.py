@@ -34,6 +34,7 @@ from dashboards.stores import (
     tenants_for,
 )
 from dashboards.tenant import TenantView
+from dashboards.warmup import warm_up
 from portal.api.auth import Caller, Scope
 
 TITLE = "gpuportal"
@@ -239,6 +240,7 @@ def serve(
     """Serve every view; blocks unless ``threaded`` (then returns the server's thread, which
     has ``stop()``)."""
     _without_mathjax()
+    warm_up()  # the first visitor does not pay for first-use set-up (~1 s)
     # Panel, Bokeh and HoloViews are a large heap that lives as long as the process: kept out
     # of the collector's generations, full collections during a live update stop walking it.
     gc.collect()

@@ -143,12 +143,14 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def message(store: param.Parameterized, name: str = "message") -> pn.viewable.Viewable:
-    """The store's last action result as an alert: red when it starts with 'invalid' or 'not'."""
+def message(store: param.Parameterized, name: str = "message") -> pn.pane.Alert:
+    """The store's last action result as an alert: red when it starts with 'invalid' or 'not'.
+    One Alert whose text, colour and visibility follow the parameter (not a function Panel
+    must find a pane type for on every change: that search imports matplotlib's figure
+    module the first time, ~0.7 s of a process's first page)."""
+    text = store.param[name]
 
-    def show(text: str) -> pn.pane.Alert:
-        bad = text.startswith(("invalid", "not ", "unknown"))
-        return pn.pane.Alert(text, alert_type="danger" if bad else "success", visible=bool(text))
+    def kind(value: str) -> str:
+        return "danger" if value.startswith(("invalid", "not ", "unknown")) else "success"
 
-    shown: pn.viewable.Viewable = pn.panel(pn.bind(show, store.param[name]))  # type: ignore[assignment]
-    return shown
+    return pn.pane.Alert(text, alert_type=pn.bind(kind, text), visible=pn.bind(bool, text))
