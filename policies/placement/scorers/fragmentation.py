@@ -12,9 +12,8 @@ against {1 GPU: 0.5, 0.5 GPU: 0.5}: the whole GPU fits and strands the 300 (F = 
 half fits on GPU 0 and strands the 300 too (F = 300); F = 0.5·300 + 0.5·300 = 300.
 
 Values depend only on (CPU free, model, sorted free milli), so they are memoised on that key.
-
-``cpu_deficit`` is the CPU side of the same question, for the future fill rather than the next
-request: the GPU milli a node's remaining CPU cannot feed at the mix's CPU-per-GPU ratio.
+The host side of the same question, for the future fill rather than the next request, is
+``host.host_deficit``.
 """
 
 from __future__ import annotations
@@ -110,34 +109,6 @@ class FragModel:
 
     def after(self, st: NodeState, p: Placement) -> float:
         return self.value(key_after(st, p))
-
-
-def cpu_per_milli(typical: Iterable[tuple[Shape, float]]) -> float:
-    """CPU milli the GPU-using shapes ask per GPU milli, frequency-weighted (0: none use GPUs).
-
-    Example: {1 GPU with 12 000m CPU: 0.5, 0.5 GPU with 2 000m CPU: 0.5} → (0.5·12 000 +
-    0.5·2 000) / (0.5·1000 + 0.5·500) = 7 000 / 750 = 9.33.
-    """
-    cpu = milli = 0.0
-    for s, p in typical:
-        if s.count:
-            cpu += p * s.cpu_milli
-            milli += p * s.milli * s.count
-    return cpu / milli if milli else 0.0
-
-
-def cpu_deficit(key: tuple[int, str, tuple[int, ...]], ratio: float) -> float:
-    """Idle GPU milli the node's free CPU cannot feed at ``ratio`` CPU milli per GPU milli.
-
-    ``max(0, idle − cpu_free / ratio)``: if the node fills up with the usual mix, that much GPU
-    stays idle because the CPU ran out first, however well the shares pack. Example: 8 idle GPUs
-    (8 000 milli), 78 400m CPU free, ratio 10.9 → 78 400 / 10.9 = 7 193 milli fed → 807
-    stranded; with 96 000m free → 8 807 fed → 0. ``ratio`` 0 (no GPU demand seen): 0.
-    """
-    if ratio <= 0:
-        return 0.0
-    cpu_free, _, frees = key
-    return max(0.0, sum(frees) - cpu_free / ratio)
 
 
 def _fragment(m: Shape, cpu_free: int, model: str, frees: Sequence[int], idle: int) -> int:

@@ -11,14 +11,17 @@ whole GPUs, each slot for MIG) and keeps the best:
    cluster's fixed order, which packs load onto a stable prefix of nodes and keeps the rest
    whole for large requests (measured on openb: finer steps, down to FGD's ~40 milli, and
    coarser ones, 500, both strand more GPU).
-   **CPU stranding** joins Δ in the same milli unit: ``D(node) − D(node after)`` with
-   ``D = cpu_deficit`` (fragmentation.py), the idle GPU milli the node's free CPU could not feed
-   at the CPU-per-GPU-milli ratio of the learned GPU shapes. FGD's ``F`` only sees CPU when it
-   is already too short for the next request; ``D`` sees that a CPU-only pod taking 17 cores of
-   an empty 96-core 8-GPU node (ratio 10.9) leaves CPU for only 7 193 of its 8 000 milli, while
-   a 104-core 2-GPU node loses nothing — so CPU-heavy pods go where CPU is spare and GPUs keep
-   the CPU they will need. Measured on openb (10 seeds): 4.87 → 4.19 % of GPU unallocated at
-   100 % arrived (FGD 4.80), and ahead of FGD on every trace variant tried (openb.md).
+   **Host stranding** joins Δ in the same milli unit: ``D(node) − D(node after)`` with
+   ``D = host_deficit`` (host.py), the idle GPU milli the node's free CPU and memory could not
+   feed at the CPU and memory per GPU milli that the GPU-using requests seen ask for
+   (``HostDemand``, decayed like the histogram). FGD's ``F`` only sees the host when it is
+   already too short for the next request; ``D`` sees that a CPU-only pod of 17 cores and
+   50 GiB on an empty 8-GPU node with 96 cores and 384 GiB (openb mix: 10.9 CPU milli and
+   41 MiB per GPU milli) leaves CPU for only 7 248 of its 8 000 milli, while a 2-GPU node with
+   104 cores and 512 GiB loses nothing — so CPU- and memory-heavy pods go where the host is
+   spare and GPUs keep the CPU and memory they will need. Measured on openb (10 seeds): CPU
+   alone took 4.87 → 4.19 % of GPU unallocated at 100 % arrived (FGD 4.80); counting memory
+   too, 4.10 → 4.06 (4.02 → 3.99 at 130 %).
    **Leftover of partly used GPUs** orders what that coarse Δ ties: ``L(node) − L(after)``
    with ``L`` (leftover.py) the idle milli the learned share mix is expected to leave on the
    node's partly used GPUs once it has filled them — a 470 share goes into a 530 free share
@@ -53,14 +56,8 @@ from collections.abc import Sequence
 
 from policies import mig
 from policies.flavors import MILLI_PER_GPU
-from policies.placement.scorers.fragmentation import (
-    FragModel,
-    Shape,
-    cpu_deficit,
-    cpu_per_milli,
-    key_after,
-    state_key,
-)
+from policies.placement.scorers.fragmentation import FragModel, Shape, key_after, state_key
+from policies.placement.scorers.host import HostDemand, host_deficit
 from policies.placement.scorers.leftover import LeftoverModel
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest
@@ -97,7 +94,7 @@ class GpuPortal:
     by more than ``drift`` in total variation — each adoption invalidates cached scores.
     Defaults measured on openb (10 seeds): half-life 20 000 and drift 0.02 strand 0.10 points
     less GPU than 4 000 and 0.08 (the mix is learned more accurately). ``quantum``: Δ's
-    rounding step; ``weight_cpu``/``weight_leftover``: the CPU-deficit and leftover terms
+    rounding step; ``weight_host``/``weight_leftover``: the host-deficit and leftover terms
     (0 turns one off).
     """
 
@@ -111,11 +108,11 @@ class GpuPortal:
         drift: float = 0.02,
         weight_frag: float = 0.8,
         quantum: float = 200.0,
-        weight_cpu: float = 1.0,
+        weight_host: float = 1.0,
         weight_leftover: float = 0.2,
     ) -> None:
         self.quantum = quantum
-        self.weight_cpu = weight_cpu
+        self.weight_host = weight_host
         self.weight_leftover = weight_leftover
         self.decay = 0.5 ** (1.0 / half_life)
         self.coverage = coverage
@@ -130,12 +127,16 @@ class GpuPortal:
         self._dist: dict[Shape, float] = dict(PRIOR)
         self.frag = FragModel(PRIOR)
         self.leftover = LeftoverModel(PRIOR)
-        self.cpu_ratio = cpu_per_milli(PRIOR)
+        # CPU milli and memory MiB per GPU milli of the GPU-using requests seen (0: none yet).
+        self.host = HostDemand()
+        self.cpu_ratio = 0.0
+        self.memory_ratio = 0.0
         self._mig_dist: dict[tuple[str, str], float] = {}
 
     # -- learning ------------------------------------------------------------------------
 
     def observe(self, req: DeviceRequest, placement: Placement | None) -> None:
+        self.host.add(req, self._inc)
         shape = Shape.of(req)
         if shape is not None:
             self._hist[shape] = self._hist.get(shape, 0.0) + self._inc
@@ -149,13 +150,23 @@ class GpuPortal:
             self._rescale()
         self._seen += 1
         n = self._seen
+        generation = self._generation
         if (n & (n - 1) == 0 and n < self.refresh_every) or n % self.refresh_every == 0:
             self._refresh()
+        # Host ratios follow each adopted distribution (and the first GPU request), so they
+        # change only when cached scores are invalidated anyway.
+        if self._generation != generation or not (self.cpu_ratio or self.memory_ratio):
+            ratios = self.host.ratios()
+            if ratios != (self.cpu_ratio, self.memory_ratio):
+                self.cpu_ratio, self.memory_ratio = ratios
+                if self._generation == generation:
+                    self._generation += 1
 
     def _rescale(self) -> None:
         for d in (self._hist, self._mig_hist):
             for k in d:
                 d[k] /= self._inc  # type: ignore[index]
+        self.host.scale(1.0 / self._inc)
         self._inc = 1.0
 
     def _refresh(self) -> None:
@@ -177,7 +188,6 @@ class GpuPortal:
                 self._dist = dist
                 self.frag = FragModel(dist.items())
                 self.leftover = LeftoverModel(dist.items())
-                self.cpu_ratio = cpu_per_milli(dist.items())
                 self._generation += 1
         mig_total = sum(self._mig_hist.values())
         if mig_total > 0:
@@ -207,9 +217,11 @@ class GpuPortal:
             return self._mig(st, option)
         before, after = state_key(st), key_after(st, option)
         delta = self.frag.value(before) - self.frag.value(after)
-        if self.weight_cpu and self.cpu_ratio > 0:
-            delta += self.weight_cpu * (
-                cpu_deficit(before, self.cpu_ratio) - cpu_deficit(after, self.cpu_ratio)
+        if self.weight_host:
+            rc, rm = self.cpu_ratio, self.memory_ratio
+            delta += self.weight_host * (
+                host_deficit(before, st.mem_free, rc, rm)
+                - host_deficit(after, st.mem_free - option.memory_mib, rc, rm)
             )
         if self.quantum > 0:
             delta = self.quantum * round(delta / self.quantum)

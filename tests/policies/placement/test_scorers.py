@@ -16,14 +16,10 @@ from policies.placement.scorers import DEFAULT_POLICY, POLICIES, policy
 from policies.placement.scorers.bestfit import BestFit
 from policies.placement.scorers.dotprod import DotProd
 from policies.placement.scorers.fgd import FGD
-from policies.placement.scorers.fragmentation import (
-    FragModel,
-    Shape,
-    cpu_deficit,
-    cpu_per_milli,
-)
+from policies.placement.scorers.fragmentation import FragModel, Shape
 from policies.placement.scorers.gpu_packing import GpuPacking
 from policies.placement.scorers.gpuportal import GpuPortal
+from policies.placement.scorers.host import HostDemand, host_deficit
 from policies.placement.scorers.leftover import LeftoverModel
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest
@@ -166,18 +162,87 @@ def test_gpuportal_learns_from_observe_and_invalidates_caches() -> None:
     assert gp.distribution == {Shape(0, 1000, 8): 1.0}
 
 
-def test_cpu_deficit_arithmetic() -> None:
-    # Ratio: (0.5·12 000 + 0.5·2 000) / (0.5·1000 + 0.5·500) = 7 000 / 750; CPU-only shapes
-    # do not count, and without GPU shapes the ratio is 0.
-    mix = [(Shape(12_000, 1000, 1), 0.5), (Shape(2_000, 500, 1), 0.5), (Shape(9_000, 0, 0), 3.0)]
-    assert cpu_per_milli(mix) == pytest.approx(7_000 / 750)
-    assert cpu_per_milli([(Shape(9_000, 0, 0), 1.0)]) == 0.0
-    # 8 idle GPUs, 78 400m CPU, ratio 10.9: 78 400 / 10.9 = 7 192.7 milli fed → 807.3 stranded;
-    # 96 000m → 8 807 fed → 0; ratio 0 → 0.
+def test_host_demand_ratios() -> None:
+    # Docstring example: a whole GPU with 12 000m and 48 GiB, a 500 share with 2 000m and 16 GiB
+    # → (14 000 / 1 500, 65 536 / 1 500). CPU-only and MIG requests do not count; weights do.
+    hd = HostDemand()
+    assert hd.ratios() == (0.0, 0.0)
+    hd.add(DeviceRequest(FlavorKind.GPU, count=1, cpu_milli=12_000, memory_mib=49_152), 1.0)
+    hd.add(
+        DeviceRequest(FlavorKind.SHARE, count=1, milli=500, cpu_milli=2_000, memory_mib=16_384), 1.0
+    )
+    hd.add(DeviceRequest(cpu_milli=50_000, memory_mib=500_000), 1.0)
+    hd.add(
+        DeviceRequest(
+            FlavorKind.MIG,
+            models=frozenset({"A100-40GB"}),
+            mig_profile="1g.5gb",
+            cpu_milli=50_000,
+            memory_mib=500_000,
+        ),
+        1.0,
+    )
+    assert hd.ratios() == pytest.approx((14_000 / 1_500, 65_536 / 1_500))
+    hd.scale(0.5)
+    assert hd.ratios() == pytest.approx((14_000 / 1_500, 65_536 / 1_500))
+    # Halved: 7 000m over 750 milli; two GPUs with 10 000m at weight 3 add 30 000m over 6 000.
+    hd.add(DeviceRequest(FlavorKind.GPU, count=2, cpu_milli=10_000, memory_mib=1_024), 3.0)
+    assert hd.ratios()[0] == pytest.approx((7_000 + 30_000) / (750 + 6_000))
+
+
+def test_host_deficit_arithmetic() -> None:
+    # Docstring example: 8 idle GPUs, 79 000m CPU and 342 016 MiB free, ratios 10.9 / 41.1:
+    # min(79 000 / 10.9, 342 016 / 41.1) = min(7 247.7, 8 321.6) fed → 752.3 stranded.
     eight = (1000,) * 8
-    assert cpu_deficit((78_400, "G2", eight), 10.9) == pytest.approx(8000 - 78_400 / 10.9)
-    assert cpu_deficit((96_000, "G2", eight), 10.9) == 0.0
-    assert cpu_deficit((0, "G2", eight), 0.0) == 0.0
+    key = (79_000, "G2", eight)
+    assert host_deficit(key, 342_016, 10.9, 41.1) == pytest.approx(8000 - 79_000 / 10.9)
+    # Memory binds once it is shorter: 300 000 / 41.1 = 7 299 fed is above the CPU's 7 248;
+    # 250 000 / 41.1 = 6 083 is below it.
+    assert host_deficit(key, 250_000, 10.9, 41.1) == pytest.approx(8000 - 250_000 / 41.1)
+    # A ratio of 0 does not bound; both 0 strand nothing; enough of both strands nothing.
+    assert host_deficit(key, 0, 10.9, 0.0) == pytest.approx(8000 - 79_000 / 10.9)
+    assert host_deficit(key, 250_000, 0.0, 41.1) == pytest.approx(8000 - 250_000 / 41.1)
+    assert host_deficit(key, 0, 0.0, 0.0) == 0.0
+    assert host_deficit((96_000, "G2", eight), 393_216, 10.9, 41.1) == 0.0
+    # Only idle milli can be stranded: partly used GPUs count their free share.
+    assert host_deficit((10_900, "G2", (300, 200, 0)), 10**9, 10.9, 41.1) == 0.0
+    assert host_deficit((1_090, "G2", (300, 200, 0)), 10**9, 10.9, 41.1) == pytest.approx(400)
+
+
+def test_gpuportal_puts_memory_heavy_pods_where_memory_is_spare() -> None:
+    # Learned mix: one GPU with 8 000m CPU and 40 GiB → ratios 8 and 40.96 MiB per milli. A
+    # CPU-only pod of 4 cores and 96 GiB on the 8-GPU, 96-core, 384 GiB node (first in order)
+    # leaves CPU for 92 000 / 8 = 11 500 milli (no CPU shortage) but memory for only
+    # (393 216 − 98 304) / 40.96 = 7 200 of its 8 000: D goes 0 → 800, Δ = −800. On the
+    # 2-GPU, 104-core, 512 GiB node D stays 0, so it wins. Neither F nor the CPU alone tells
+    # the nodes apart, so without the memory in the term the tie goes to the first node.
+    def host(name: str, gpus: int, cpu: int, memory: int) -> Node:
+        return Node(
+            name, tuple(GPU(i, "G2", 16_384, shareable=True) for i in range(gpus)), cpu, memory
+        )
+
+    cl = ClusterState([host("lean", 8, 96_000, 393_216), host("rich", 2, 104_000, 524_288)])
+    pod = DeviceRequest(cpu_milli=4_000, memory_mib=98_304)
+    gpu_pod = DeviceRequest(FlavorKind.GPU, count=1, cpu_milli=8_000, memory_mib=40_960)
+    picks = {}
+    for weight, memory in ((1.0, True), (0.0, True), (1.0, False)):
+        gp = GpuPortal(refresh_every=1, weight_host=weight)
+        for _ in range(4):
+            gp.observe(gpu_pod if memory else whole(1, 8_000), None)
+        assert (gp.cpu_ratio, gp.memory_ratio) == pytest.approx((8.0, 40.96 if memory else 0.0))
+        lean = gp.score(
+            pod, cl.node("lean"), Placement("lean", cpu_milli=4_000, memory_mib=98_304), cl
+        )
+        rich = gp.score(
+            pod, cl.node("rich"), Placement("rich", cpu_milli=4_000, memory_mib=98_304), cl
+        )
+        if weight and memory:
+            assert lean == pytest.approx(100 * (0.8 * (1 / (1 + math.exp(0.8))) + 0.2))
+            assert rich == pytest.approx(60.0)
+        got = place(pod, cl, Policy("gpuportal", [(gp, 1.0)]))
+        assert not isinstance(got, NoFit)
+        picks[weight, memory] = got.node
+    assert picks == {(1.0, True): "rich", (0.0, True): "lean", (1.0, False): "lean"}
 
 
 def test_gpuportal_puts_cpu_heavy_pods_where_cpu_is_spare() -> None:
@@ -190,7 +255,7 @@ def test_gpuportal_puts_cpu_heavy_pods_where_cpu_is_spare() -> None:
     cpu_pod = DeviceRequest(cpu_milli=17_000)
     picks = {}
     for weight in (1.0, 0.0):
-        gp = GpuPortal(refresh_every=1, weight_cpu=weight)
+        gp = GpuPortal(refresh_every=1, weight_host=weight)
         for _ in range(4):
             gp.observe(whole(1, 11_000), None)
         assert gp.cpu_ratio == pytest.approx(11.0)
