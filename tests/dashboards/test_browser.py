@@ -205,6 +205,7 @@ def test_cost_view(page: tuple[Page, Console], served: Served) -> None:
     assert row(p, "team-b")[:2] == ["team-b", "198.86"]
     assert row(p, "H100-80GB")[:2] == ["H100-80GB", "672.00"]
     expect(p.get_by_role("button", name="Chargeback CSV")).to_be_visible()
+    expect(p.locator("canvas").first).to_be_visible(timeout=WAIT_MS)  # the chart follows
     shoot(p, served, "cost")
     assert console.errors == []
 
