@@ -40,7 +40,7 @@ from typing import Any
 import panel as pn
 import uvicorn
 
-from dashboards.app import Page, Settings, build_view, serve
+from dashboards.app import TITLES, Page, Settings, build_view, serve
 from dashboards.auth import TokenArgIdentity
 from dashboards.sources import ApiSource
 from dashboards.stores import ClusterStore
@@ -447,7 +447,6 @@ def browser_side(url: str, repeat: int, timings: dict[str, Timing], change: Live
 
 # The views with a Bokeh chart on the benchmark's data (My work has no telemetry here).
 CHARTED = ("cluster", "cost")
-TITLES = {"cluster": "Cluster", "tenant": "Tenant", "my_work": "My work", "cost": "Cost"}
 
 
 def report(

@@ -189,10 +189,9 @@ def watched(doc: Document) -> bool:
     context = doc.session_context
     if context is None:  # not served (tests build views without a server)
         return True
-    server = getattr(context, "server_context", None)
-    if server is None:
-        return True
-    return any(s.id == context.id and s.connection_count > 0 for s in server.sessions)
+    return any(
+        s.id == context.id and s.connection_count > 0 for s in context.server_context.sessions
+    )
 
 
 def applications(settings: Settings) -> dict[str, Callable[[], Any]]:
