@@ -127,6 +127,22 @@ class ClusterView(Viewer):
     def _heatmap_of(self, _version: int) -> hv.HeatMap | hv.Image:
         return self.heatmap()
 
+    def chart(self) -> pn.viewable.Viewable:
+        """The heatmap, drawn once the page shows: the headline and tables appear first, the
+        heatmap right after (as Cost's chart; its plot is most of this page's server time)."""
+        st = self.store.param
+        deferred: pn.viewable.Viewable = pn.panel(  # type: ignore[assignment]
+            lambda: pn.pane.HoloViews(
+                pn.bind(self.live_heatmap, st.metric, self.param.shape),
+                sizing_mode="stretch_width",
+                linked_axes=False,
+            ),
+            defer_load=True,
+            sizing_mode="stretch_width",
+            min_height=260,  # the heatmap's own least height: no jump, no gap
+        )
+        return deferred
+
     def free(self, *_: object) -> str:
         rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
         return c.table_html(rows, ["flavor", "capacity", "free"], empty="no GPUs")
@@ -206,11 +222,7 @@ class ClusterView(Viewer):
             c.status_line(self.store),
             pn.widgets.RadioButtonGroup.from_param(st.metric, name="heatmap"),
             c.message(self.store, "utilization_note"),
-            pn.pane.HoloViews(
-                pn.bind(self.live_heatmap, st.metric, self.param.shape),
-                sizing_mode="stretch_width",
-                linked_axes=False,
-            ),
+            self.chart(),
             "### Node health",
             c.live(self.health, st.health, st.health_note),
             c.message(self.store, "health_note"),

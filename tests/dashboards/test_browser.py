@@ -120,6 +120,7 @@ def test_cluster_view(page: tuple[Page, Console], served: Served) -> None:
     assert row(p, "T4/share") == ["T4/share", "4,000", "3,750"]
     # The selected node (a100-1, first by name): its MIG instances, GPU 0's first.
     assert row(p, "0") == ["0", "3g.40gb", "0", "free"]
+    expect(p.locator("canvas").first).to_be_visible(timeout=WAIT_MS)  # the heatmap follows
     shoot(p, served, "cluster")
     assert console.errors == []
     # The page loads Bokeh and Panel but not MathJax (1.8 MB no page here needs).
