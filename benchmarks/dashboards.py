@@ -420,7 +420,7 @@ def browser_side(url: str, repeat: int, timings: dict[str, Timing], change: Live
                             expect(page.get_by_text(headline).first).to_be_visible(timeout=120_000)
                             into.append(time.perf_counter() - t)
                             if view in CHARTED and into is tm.browser_s:
-                                # Cost draws its chart after its numbers: time both.
+                                # Cost and Cluster draw their chart after their numbers: time both.
                                 chart = page.locator("canvas").first
                                 expect(chart).to_be_visible(timeout=120_000)
                                 tm.browser_chart_s.append(time.perf_counter() - t)

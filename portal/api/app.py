@@ -22,7 +22,7 @@ from portal.api.deps import allocator
 from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
 
 PREFIX = "/api/v1"
-PUBLIC_PATHS = frozenset({"/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
+PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
 """Paths answered without a token; every other route must declare a scope."""
 
 
@@ -52,6 +52,16 @@ def create_app(
     app.include_router(telemetry_routes.router, prefix=PREFIX)
     app.include_router(alert_routes.router, prefix=PREFIX)
     app.include_router(service_metrics.router)
+
+    @app.get("/", tags=["health"], summary="What this service is and where its API lives")
+    def index() -> dict[str, str]:
+        # JupyterHub checks a service's URL every minute; the paths are relative to it.
+        return {
+            "service": "gpuportal",
+            "api": PREFIX.lstrip("/"),
+            "docs": f"{PREFIX}/docs".lstrip("/"),
+            "health": "health",
+        }
 
     @app.get("/health", tags=["health"], summary="The process answers")
     def health() -> dict[str, str]:

@@ -41,8 +41,8 @@ log = logging.getLogger("portal.api.access")
 
 UNMATCHED = "unmatched"
 """The ``route`` label of requests no route matched (keeps the label set bounded)."""
-QUIET_ROUTES = frozenset({"/health", "/ready", "/metrics"})
-"""Probe and scrape routes: logged at debug level, not info."""
+QUIET_ROUTES = frozenset({"/", "/health", "/ready", "/metrics"})
+"""Probe and scrape routes (JupyterHub checks ``/`` every minute): logged at debug level."""
 ALLOCATING_ROUTE = ("POST", "/api/v1/workloads")
 
 # Request latencies from sub-millisecond reads to slow allocations behind a busy lock.

@@ -25,3 +25,22 @@ def test_ready_only_after_the_allocator_started(tmp_path: Path) -> None:
         assert client.get("/ready").status_code == 200
     finally:
         store.close()
+
+
+def test_the_service_root_names_the_service_and_its_api_without_a_token(tmp_path: Path) -> None:
+    # JupyterHub asks a service's URL every minute; a 404 there was logged every time.
+    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+    try:
+        client = TestClient(
+            create_app(Allocator(store, clock=ManualClock()), StaticAuthenticator({}))
+        )
+        index = client.get("/")
+        assert index.status_code == 200
+        body = index.json()
+        assert body["service"] == "gpuportal"
+        # Relative paths: they resolve under the hub's /services/<name>/ prefix too.
+        assert client.get(f"/{body['docs']}").status_code == 200
+        assert client.get(f"/{body['health']}").json() == {"status": "ok"}
+        assert client.get(f"/{body['api']}/tenants").status_code == 401  # the API needs a token
+    finally:
+        store.close()

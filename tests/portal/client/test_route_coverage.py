@@ -20,6 +20,7 @@ from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
     ("POST", "/api/v1/telemetry/samples"): "node agents send samples with portal.agent",
+    ("GET", "/"): "JupyterHub's service check and people, not clients",
     ("GET", "/health"): "probes, not clients",
     ("GET", "/ready"): "probes, not clients",
     ("GET", "/metrics"): "Prometheus scrapes it",

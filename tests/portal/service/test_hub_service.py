@@ -193,6 +193,10 @@ def test_the_hub_runs_the_portal_as_a_service_behind_its_proxy(hub: Hub) -> None
     assert httpx.get(f"{base}/api/v1/openapi.json").json()["servers"] == [
         {"url": "/services/gpuportal"}
     ]
+    # The URL the hub checks every minute answers (it was a 404 logged each time).
+    index = httpx.get(f"{base}/")
+    assert index.status_code == 200 and index.json()["service"] == "gpuportal"
+    assert httpx.get(f"{base}/{index.json()['docs']}").status_code == 200
 
 
 def test_stopping_the_hub_stops_the_service_cleanly(tmp_path: Path, hub: Hub) -> None:
