@@ -128,6 +128,8 @@ class GPUKubeSpawner(GPUPortalMixin, KubeSpawner):  # type: ignore[misc]
                 jobs_service_account=self.tenant_service_account,
                 shared_gpu_resource=self.shared_gpu_resource,
                 shared_gpu_replicas=self.shared_gpu_replicas,
+                dra_gpu_device_class=self.dra_gpu_device_class,
+                dra_mig_device_class=self.dra_mig_device_class,
             ),
             container=NOTEBOOK_CONTAINER,
             run_as_user=self.notebook_uid,

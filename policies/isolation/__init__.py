@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from policies.isolation.common import MANAGER, Manifest, managed_labels
 from policies.isolation.namespace import (
+    dra_device_limits,
     gpu_resource_limits,
     limit_range,
     namespace,
@@ -55,6 +56,7 @@ __all__ = [
     "IsolationSettings",
     "Manifest",
     "TenantSpec",
+    "dra_device_limits",
     "gpu_resource_limits",
     "internet_except",
     "jobs_service_account",

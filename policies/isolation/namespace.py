@@ -10,6 +10,7 @@ from policies.isolation.spec import IsolationSettings, TenantSpec
 
 WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+DRA_QUOTA_SUFFIX = "deviceclass.resource.k8s.io/devices"
 POD_SECURITY_LEVEL = "restricted"
 NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 QUOTA_NAME = "tenant-quota"
@@ -68,10 +69,32 @@ def gpu_resource_limits(spec: TenantSpec, settings: IsolationSettings) -> dict[s
     return dict(sorted(totals.items()))
 
 
+def dra_device_limits(spec: TenantSpec, settings: IsolationSettings) -> dict[str, int]:
+    """DRA quota name -> the most devices the tenant's ResourceClaims may request of that
+    DeviceClass (``<class>.deviceclass.resource.k8s.io/devices``; the apiserver counts a
+    claim's requests when it is created). The same totals as the device-plugin resources:
+    whole GPUs of every model under the GPU class, every MIG profile under the MIG class.
+    Without this, pods whose devices are pinned by a claim ask for no counted GPU resource
+    and the quota would not see their GPUs at all."""
+    whole = mig = 0
+    for name, limit in spec.gpu_limits.items():
+        kind = Flavor.parse(name).kind
+        if kind is FlavorKind.GPU:
+            whole += limit
+        elif kind is FlavorKind.MIG:
+            mig += limit
+    return {
+        f"{settings.dra_gpu_device_class}.{DRA_QUOTA_SUFFIX}": whole,
+        f"{settings.dra_mig_device_class}.{DRA_QUOTA_SUFFIX}": mig,
+    }
+
+
 def resource_quota(spec: TenantSpec, settings: IsolationSettings) -> Manifest:
-    """The apiserver's backstop for the allocator: GPUs per device-plugin resource, CPU,
-    memory and pods. Extended resources only have ``requests.`` quotas."""
+    """The apiserver's backstop for the allocator: GPUs per device-plugin resource and per
+    DRA device class, CPU, memory and pods. Extended resources only have ``requests.``
+    quotas."""
     hard = {f"requests.{res}": str(n) for res, n in gpu_resource_limits(spec, settings).items()}
+    hard.update({res: str(n) for res, n in dra_device_limits(spec, settings).items()})
     cpu, memory = cpu_quantity(spec.cpu_millis), memory_quantity(spec.memory_mib)
     hard.update(
         {

@@ -23,6 +23,7 @@ _LABEL_KEY_RE = re.compile(
 _LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,20})?")
 _LABEL_PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,200}[a-z0-9])?/")
+_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _RESOURCE_RE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9._]*[a-z0-9])?")
 
 
@@ -123,6 +124,9 @@ class IsolationSettings:
         portal_service_account: name of the portal's ServiceAccount (and ClusterRole).
         shared_gpu_resource: the device plugin's resource name for time-sliced GPU shares.
         shared_gpu_replicas: shares per GPU the device plugin advertises (its ``replicas``).
+        dra_gpu_device_class, dra_mig_device_class: the DeviceClasses of whole GPUs and MIG
+            devices in DRA claims (NVIDIA's DRA driver's names by default); the quota caps the
+            devices a tenant's claims request of each.
         flavors: the flavors this cluster offers, or ``None`` not to check tenant flavors
             against a catalogue. With a catalogue, MIG profiles a tenant has no quota for get a
             quota of 0.
@@ -161,6 +165,8 @@ class IsolationSettings:
     portal_service_account: str = "gpuportal"
     shared_gpu_resource: str = "nvidia.com/gpu.shared"
     shared_gpu_replicas: int = 10
+    dra_gpu_device_class: str = "gpu.nvidia.com"
+    dra_mig_device_class: str = "mig.nvidia.com"
     flavors: frozenset[str] | None = None
     default_cpu_request_millis: int = 100
     default_memory_request_mib: int = 256
@@ -219,6 +225,12 @@ class IsolationSettings:
                 "an extended resource name such as 'nvidia.com/gpu.shared'",
             )
         _count("shared_gpu_replicas", self.shared_gpu_replicas, 1, 1000)
+        for what in ("dra_gpu_device_class", "dra_mig_device_class"):
+            value = getattr(self, what)
+            if not isinstance(value, str) or not _SUBDOMAIN_RE.fullmatch(value):
+                raise InvalidRequest(
+                    what, repr(value), "a DeviceClass name (a DNS subdomain, e.g. 'gpu.nvidia.com')"
+                )
         for what in (
             "default_cpu_request_millis",
             "default_memory_request_mib",

@@ -13,6 +13,7 @@ from policies.errors import InvalidRequest, NotFound
 from policies.isolation import (
     IsolationSettings,
     TenantSpec,
+    dra_device_limits,
     gpu_resource_limits,
     portal_manifests,
     tenant_manifests,
@@ -71,6 +72,31 @@ def test_gpu_limits_sum_models_and_round_shares_up() -> None:
         "nvidia.com/gpu": 5,
         "nvidia.com/mig-3g.20gb": 1,
     }
+
+
+def test_dra_device_classes_are_capped_like_the_device_plugin_resources() -> None:
+    spec = TenantSpec(
+        "t1",
+        {
+            "H100-80GB": 3,
+            "A100-80GB": 2,
+            "A100-40GB/3g.20gb": 1,
+            "A30-24GB/1g.6gb": 4,
+            "T4/share": 9,
+        },
+        cpu_millis=1000,
+        memory_mib=1024,
+        pods=1,
+    )
+    settings = IsolationSettings(dra_gpu_device_class="gpus.example.com")
+    # Whole GPUs of every model under the GPU class, every MIG profile under the MIG class;
+    # shares have no DRA form, so no class carries them.
+    assert dra_device_limits(spec, settings) == {
+        "gpus.example.com.deviceclass.resource.k8s.io/devices": 5,
+        "mig.nvidia.com.deviceclass.resource.k8s.io/devices": 5,
+    }
+    (quota,) = [m for m in tenant_manifests(spec, settings) if m["kind"] == "ResourceQuota"]
+    assert quota["spec"]["hard"]["gpus.example.com.deviceclass.resource.k8s.io/devices"] == "5"
 
 
 def test_builders_never_mutate_their_inputs_and_return_fresh_objects() -> None:
@@ -196,6 +222,11 @@ def test_bad_values_are_refused(kwargs: dict[str, Any], message: str) -> None:
             "invalid default_cpu_limit_millis 50: expected at least",
         ),
         ({"flavors": frozenset({"H100-80GB/7g.99gb"})}, "invalid MIG profile '7g.99gb'"),
+        (
+            {"dra_gpu_device_class": "GPU/nvidia"},
+            "invalid dra_gpu_device_class 'GPU/nvidia': expected a DeviceClass name",
+        ),
+        ({"dra_mig_device_class": ""}, "invalid dra_mig_device_class ''"),
     ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, Any], message: str | None) -> None:

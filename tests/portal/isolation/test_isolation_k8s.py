@@ -194,6 +194,58 @@ def test_a_pod_above_the_tenant_gpu_limit_is_refused_by_quota(
     assert "limited: requests.nvidia.com/gpu=1" in body
 
 
+def gpu_claim(name: str, devices: int, device_class: str = "gpu.nvidia.com") -> dict[str, Any]:
+    """A ResourceClaim asking for ``devices`` devices of ``device_class``, one request each,
+    like the spawner's (which selects each GPU by UUID; the quota counts requests)."""
+    requests = [
+        {"name": f"gpu-{i}", "exactly": {"deviceClassName": device_class, "count": 1}}
+        for i in range(devices)
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": requests}},
+    }
+
+
+def test_dra_claims_above_the_tenant_gpu_limit_are_refused_by_quota(
+    admin: client.ApiClient, tenants: tuple[TenantSpec, ...]
+) -> None:
+    # Pods whose GPUs are pinned by a claim ask for no counted GPU resource: the quota caps
+    # the devices their claims request per DeviceClass instead (tenant A: 1 whole GPU, no MIG).
+    custom = client.CustomObjectsApi(admin)
+
+    def create(body: dict[str, Any]) -> Any:
+        return custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", NS_A, "resourceclaims", body
+        )
+
+    with pytest.raises(ApiException) as refused:
+        create(gpu_claim("two-gpus", 2))
+    assert refused.value.status == 403
+    body = str(refused.value.body)
+    assert "exceeded quota: tenant-quota" in body
+    assert "requested: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2" in body
+    assert "limited: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=1" in body
+    with pytest.raises(ApiException) as no_mig:
+        create(gpu_claim("one-mig", 1, "mig.nvidia.com"))
+    assert no_mig.value.status == 403
+    assert "limited: mig.nvidia.com.deviceclass.resource.k8s.io/devices=0" in str(no_mig.value.body)
+    create(gpu_claim("one-gpu", 1))  # within the limit
+    try:
+        with pytest.raises(ApiException) as second:  # the first one counts
+            create(gpu_claim("another-gpu", 1))
+        assert second.value.status == 403
+        assert "used: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=1" in str(
+            second.value.body
+        )
+    finally:
+        custom.delete_namespaced_custom_object(
+            "resource.k8s.io", "v1", NS_A, "resourceclaims", "one-gpu"
+        )
+
+
 def test_tenant_admins_read_their_pods_only_and_never_secrets(
     k8s_cluster: K8sCluster, tenants: tuple[TenantSpec, ...]
 ) -> None:
