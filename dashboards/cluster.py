@@ -128,20 +128,16 @@ class ClusterView(Viewer):
         return self.heatmap()
 
     def chart(self) -> pn.viewable.Viewable:
-        """The heatmap, drawn once the page shows: the headline and tables appear first, the
-        heatmap right after (as Cost's chart; its plot is most of this page's server time)."""
-        st = self.store.param
-        deferred: pn.viewable.Viewable = pn.panel(  # type: ignore[assignment]
+        """The heatmap, drawn once the page shows (its plot is most of this page's server
+        time; the headline and tables appear first). 260: the heatmap's own least height."""
+        return c.after_load(
             lambda: pn.pane.HoloViews(
-                pn.bind(self.live_heatmap, st.metric, self.param.shape),
+                pn.bind(self.live_heatmap, self.store.param.metric, self.param.shape),
                 sizing_mode="stretch_width",
                 linked_axes=False,
             ),
-            defer_load=True,
-            sizing_mode="stretch_width",
-            min_height=260,  # the heatmap's own least height: no jump, no gap
+            min_height=260,
         )
-        return deferred
 
     def free(self, *_: object) -> str:
         rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
