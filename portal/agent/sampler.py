@@ -12,10 +12,11 @@ What NVML gives, and where:
   Monitoring (Hopper and later) the graphics-engine activity of each GPU instance between two
   samples (``NVML_GPM_METRIC_GRAPHICS_UTIL``, the same quantity as DCGM's
   ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``) is the instance's utilization. Memory and processes come
-  from the MIG device handle. Without GPM an instance has no utilization and is not sent (the
-  wire format needs one), and neither is its parent GPU's sample;
-- a MIG-mode GPU's own sample carries power, temperature, throttling, ECC and XID, with the
-  utilization its instances' activity adds up to (each weighted by its compute slices).
+  from the MIG device handle. Without GPM (A100, A30) an instance is sent with its memory and
+  processes and no utilization (``None``: not measured, which is not 0 %);
+- a MIG-mode GPU's own sample carries memory, power, temperature, throttling, ECC, XID, PCIe
+  and NVLink, with the utilization its instances' activity adds up to (each weighted by its
+  compute slices), or none when an instance's activity is not measured.
 """
 
 from __future__ import annotations
@@ -258,12 +259,13 @@ class NvmlSampler:
                 )
             ]
         out = []
-        weighted = 0.0
+        weighted: float | None = 0.0
         for inst in gpu.instances:
             activity = self._gpm_activity(gpu, inst)
             if activity is None:
-                return []  # no instance utilization on this GPU: nothing honest to send
-            weighted += activity * inst.slices
+                weighted = None  # one instance unmeasured: the GPU's sum is unknown too
+            elif weighted is not None:
+                weighted += activity * inst.slices
             inst_memory = pynvml.nvmlDeviceGetMemoryInfo(inst.handle)
             out.append(
                 GpuSample(
@@ -278,14 +280,10 @@ class NvmlSampler:
                     processes=self._processes(gpu, inst.handle, per_process_util=False),
                 )
             )
-        if not gpu.gpm:
-            return []
-        parent_util = weighted / gpu.total_slices if gpu.total_slices else 0.0
-        parent = GpuSample(
-            **common,
-            utilization_pct=min(parent_util, 100.0),
-            memory_used_mib=memory.used / MIB,
-        )
+        parent_util = None
+        if gpu.gpm and weighted is not None:
+            parent_util = min(weighted / gpu.total_slices, 100.0) if gpu.total_slices else 0.0
+        parent = GpuSample(**common, utilization_pct=parent_util, memory_used_mib=memory.used / MIB)
         return [parent, *out]
 
     def _processes(self, gpu: _Gpu, handle: Any, *, per_process_util: bool) -> list[ProcessSample]:

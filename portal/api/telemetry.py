@@ -102,9 +102,10 @@ class DeviceMinuteOut(_Model):
     node: str = Field(description="The GPU's node; '' when the inventory no longer has it.")
     at: float = Field(description="Start of the minute (epoch s).")
     samples: int = Field(ge=0, description="Raw samples the minute summarizes.")
-    utilization_avg: float = Field(
+    utilization_avg: float | None = Field(
         description="GPU utilization % of the device (a MIG "
-        "instance: of the instance), averaged over the minute."
+        "instance: of the instance), averaged over the minute's measured samples; null: not "
+        "measured (a MIG instance on a GPU without GPU Performance Monitoring, A100 and A30)."
     )
     memory_used_avg: float = Field(description="MiB in use on the device, averaged.")
 

@@ -5,6 +5,8 @@ of a workload aggregate its devices at each sample time; roll-up points are the 
 roll-ups. A device's utilization is of the device; a workload's is of its allocation (a
 500-milli share using 30 % of its GPU is at 60 %). Every point has ``samples`` (how many raw
 samples it summarizes), so an average can always be traced back and re-weighted.
+Utilization is ``None`` where no sample of the point or window measured it (a MIG instance on a
+GPU without GPU Performance Monitoring): "not measured", never 0 %.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class DeviceWindow:
     node: str
     samples: int
     last_at: float
-    utilization_avg: float
+    utilization_avg: float | None
     activity_avg: float | None
     memory_used_max: float
     memory_total_mib: float
@@ -220,7 +222,7 @@ def device_windows(
             node=r[2],
             samples=r[3],
             last_at=r[4] / 1000,
-            utilization_avg=float(r[5]),
+            utilization_avg=None if r[5] is None else float(r[5]),
             activity_avg=None if r[6] is None else float(r[6]),
             memory_used_max=float(r[7]),
             memory_total_mib=float(r[8]),
@@ -266,7 +268,7 @@ class DeviceMinute:
     device: str
     at: float
     samples: int
-    utilization_avg: float
+    utilization_avg: float | None
     memory_used_avg: float
 
 
@@ -293,4 +295,7 @@ def latest_minutes(engine: Engine, start: float, end: float) -> list[DeviceMinut
     )
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
-    return [DeviceMinute(r[0], r[1] / 1000, r[2], float(r[3]), float(r[4])) for r in rows]
+    return [
+        DeviceMinute(r[0], r[1] / 1000, r[2], None if r[3] is None else float(r[3]), float(r[4]))
+        for r in rows
+    ]

@@ -1,4 +1,5 @@
-"""Telemetry and alert tables, on the store's metadata (created by migrations 0002 and 0003).
+"""Telemetry and alert tables, on the store's metadata (created by migrations 0002 and 0003;
+utilization optional since 0004).
 
 Times are integer epoch milliseconds (``*_ms``): samples arrive by the thousand per second, and
 integers make bucketing (``at_ms - at_ms % step``) and duplicate detection exact and cheap on
@@ -14,6 +15,9 @@ both engines.
   ``min(100, utilization_pct / allocated_fraction)``.
 - ``telemetry_rollups`` / ``telemetry_workload_rollups``: aggregates per ``step_s`` (60, 3600)
   and bucket, recomputed from the level below, so recomputing is idempotent.
+- Utilization is NULL where it was not measured (a MIG instance on a GPU without GPU
+  Performance Monitoring, A100 and A30): averages, minima and maxima cover the measured
+  samples only, and a bucket without any is NULL, never 0 %; memory and the rest are kept.
 - ``telemetry_dirty``: buckets whose source rows changed since they were last rolled up.
 - ``telemetry_revisions``: per ``step_s`` and hour, a counter bumped in the same transaction as
   every write or delete of that hour's workload roll-ups (roll-up rounds, retention pruning), so
@@ -48,7 +52,7 @@ SAMPLES = Table(
     Column("node", String(NAME_LENGTH), nullable=False),
     Column("gpu_uuid", String(DEVICE_LENGTH), nullable=False),
     Column("source", String(16), nullable=False),
-    Column("utilization_pct", Float, nullable=False),
+    Column("utilization_pct", Float, nullable=True),
     Column("activity_pct", Float, nullable=True),
     Column("memory_used_mib", Float, nullable=False),
     Column("memory_total_mib", Float, nullable=False),
@@ -88,9 +92,9 @@ ROLLUPS = Table(
     Column("device", String(DEVICE_LENGTH), nullable=False),
     Column("bucket_ms", BigInteger, nullable=False),
     Column("samples", BigInteger, nullable=False),
-    Column("utilization_avg", Float, nullable=False),
-    Column("utilization_min", Float, nullable=False),
-    Column("utilization_max", Float, nullable=False),
+    Column("utilization_avg", Float, nullable=True),
+    Column("utilization_min", Float, nullable=True),
+    Column("utilization_max", Float, nullable=True),
     Column("activity_avg", Float, nullable=True),
     Column("memory_used_avg", Float, nullable=False),
     Column("memory_used_max", Float, nullable=False),

@@ -108,8 +108,15 @@ class GpuSample(WireModel):
         lt=MAX_EPOCH_S,
         description="When it was measured, epoch seconds (UTC), before the year 2286.",
     )
-    utilization_pct: float = Field(
-        ge=0, le=100, description="Percent of time a kernel ran (NVML/DCGM GPU_UTIL)."
+    # Optional with a default, like every other measurement here: an agent that always sends
+    # a number (every agent before this was optional) stays valid unchanged, and a device NVML
+    # cannot measure (a MIG instance without GPM) is sent with null rather than a made-up 0.
+    utilization_pct: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Percent of time a kernel ran (NVML/DCGM GPU_UTIL; a MIG instance: its "
+        "engine activity); null or absent: not measured, which is not 0 %.",
     )
     activity_pct: float | None = Field(
         default=None,

@@ -171,20 +171,60 @@ def test_mig_instances_report_gpm_activity_memory_and_their_own_processes(
     assert whole.gpu_uuid == "GPU-h100m-1" and whole.gpu_instance_id is None
 
 
-def test_mig_gpu_without_gpm_sends_nothing_for_it_but_samples_the_others(
+def test_mig_gpu_without_gpm_sends_its_health_and_instance_memory_without_utilization(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     machine = fake_nvml.a100_mig()  # A100: MIG on GPUs 0 and 1, no GPM
+    gpu0 = machine.gpus[0]
+    gpu0.usage.memory_used_mib, gpu0.usage.power_mw, gpu0.usage.temperature_c = 30_000, 250_000, 83
+    gpu0.usage.throttle_reasons, gpu0.usage.ecc_uncorrected = 0x40, 1
+    gpu0.usage.pcie_tx_kib_s = 10
+    gpu0.usage.xids.append(48)
+    gpu0.instances[0].usage.memory_used_mib = 20_000  # the 3g.40gb, GPU instance 1
+    gpu0.usage.processes = (FakeProcess(130, 20_000, instance=0),)
     machine.gpus[2].usage.gpu_pct = 33
     sampler = opened(monkeypatch, machine)
 
     samples = sampler.sample()
     sampler.close()
 
-    assert [(s.gpu_uuid, s.utilization_pct) for s in samples] == [
+    assert [(s.device, s.utilization_pct) for s in samples] == [
+        ("GPU-a100-0", None),
+        ("GPU-a100-0/gi1", None),
+        ("GPU-a100-0/gi2", None),
+        ("GPU-a100-0/gi3", None),
+        ("GPU-a100-0/gi4", None),
+        ("GPU-a100-1", None),  # MIG mode without instances: its health still counts
         ("GPU-a100-2", 33),
         ("GPU-a100-3", 0),
     ]
+    parent, big = samples[0], samples[1]
+    assert parent == GpuSample(
+        gpu_uuid="GPU-a100-0",
+        at=parent.at,
+        utilization_pct=None,
+        memory_used_mib=30_000,
+        memory_total_mib=81920,
+        power_w=250.0,
+        temperature_c=83,
+        throttle_reasons=0x40,
+        xid_count=1,
+        last_xid=48,
+        ecc_uncorrectable=1,
+        pcie_tx_bytes_s=10 * 1024,
+        pcie_rx_bytes_s=0,
+    )
+    assert big == GpuSample(
+        gpu_uuid="GPU-a100-0",
+        gpu_instance_id=1,
+        mig_uuid="MIG-a100-0-3g",
+        at=big.at,
+        utilization_pct=None,
+        activity_pct=None,
+        memory_used_mib=20_000,
+        memory_total_mib=40192,  # the 3g.40gb profile's memory
+        processes=[ProcessSample(pid=130, workload_id="w130", memory_used_mib=20_000)],
+    )
 
 
 def test_a_gpu_replaced_since_discovery_is_an_error_naming_both_uuids(

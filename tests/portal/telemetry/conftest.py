@@ -65,7 +65,7 @@ def portal(db_url: str) -> Iterator[Portal]:
     p.store.close()
 
 
-def sample(gpu: str, at: float, util: float = 50.0, **kw: object) -> dict[str, object]:
+def sample(gpu: str, at: float, util: float | None = 50.0, **kw: object) -> dict[str, object]:
     return {
         "gpu_uuid": gpu,
         "at": at,

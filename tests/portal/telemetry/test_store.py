@@ -155,3 +155,58 @@ def test_retention_settings_are_checked() -> None:
         Retention(raw_s=10 * 86_400, minute_s=5 * 86_400)
     with pytest.raises(InvalidRequest, match="raw retention"):
         Retention(raw_s=60)
+
+
+def test_unmeasured_utilization_rolls_up_to_null_and_never_weighs_as_zero(
+    portal: Portal,
+) -> None:
+    """A device without a utilization figure (a MIG instance of an A100) keeps its memory in
+    every level; utilization averages only the measured samples, and a bucket without any
+    is NULL (0 % would read as idle)."""
+    whole = portal.gpus("team-a", 2)
+    g0, g1 = portal.devices_of(whole)
+    idx = portal.index()
+    # g0: minute 0 half measured (80 %, 40 %) half not; minute 1 never measured.
+    # g1: never measured, in the whole hour.
+    samples = [
+        sample(g0, T0 + 10, util=80.0),
+        sample(g0, T0 + 20, util=None, memory_used_mib=3000.0),
+        sample(g0, T0 + 30, util=40.0),
+        sample(g0, T0 + 40, util=None),
+        sample(g0, T0 + 70, util=None, memory_used_mib=5000.0),
+        sample(g0, T0 + 80, util=None, memory_used_mib=7000.0),
+        sample(g1, T0 + 10, util=None, memory_used_mib=2000.0),
+        sample(g1, T0 + 70, util=None, memory_used_mib=4000.0),
+    ]
+    assert portal.telemetry.ingest(batch("n1", *samples), idx, now=T0 + 90).accepted == 8
+    portal.telemetry.roll_up(now=T0 + 3600)
+    engine = portal.store.engine
+
+    def points(
+        res: Resolution, device: str | None = None, workload_id: str | None = None
+    ) -> list[tuple[object, ...]]:
+        pts = series(
+            engine, resolution=res, start=T0, end=T0 + 3600, device=device, workload_id=workload_id
+        )
+        return [
+            (p.samples, p.utilization_avg, p.utilization_min, p.utilization_max, p.memory_used_max)
+            for p in pts
+        ]
+
+    assert points(Resolution.MINUTE, device=g0) == [
+        (4, 60.0, 40.0, 80.0, 3000.0),
+        (2, None, None, None, 7000.0),
+    ]
+    # The hour weighs the measured minute alone: 60, not (4 x 60 + 2 x 0) / 6 = 40.
+    assert points(Resolution.HOUR, device=g0) == [(6, 60.0, 40.0, 80.0, 7000.0)]
+    assert points(Resolution.HOUR, device=g1) == [(2, None, None, None, 4000.0)]
+    # The workload holds both GPUs: its raw points average g0 and g1 where measured.
+    assert points(Resolution.RAW, workload_id=whole)[:2] == [
+        (2, 80.0, 80.0, 80.0, 2000.0),
+        (1, None, None, None, 3000.0),
+    ]
+    assert points(Resolution.MINUTE, workload_id=whole) == [
+        (5, 60.0, 40.0, 80.0, 3000.0),
+        (3, None, None, None, 7000.0),
+    ]
+    assert points(Resolution.HOUR, workload_id=whole) == [(8, 60.0, 40.0, 80.0, 7000.0)]

@@ -66,6 +66,17 @@ def test_nan_and_infinity_are_refused_from_json() -> None:
             SampleBatch.model_validate_json(raw)
 
 
+def test_utilization_null_or_absent_is_not_measured_and_a_number_is_kept() -> None:
+    """An old agent's payload (always a number) parses as before; a device NVML cannot
+    measure is sent with null or without the field, and stays None, never 0."""
+    without = sample()
+    del without["utilization_pct"]
+    b = SampleBatch.model_validate(batch(sample(), sample(utilization_pct=None), without))
+    assert [s.utilization_pct for s in b.samples] == [50.0, None, None]
+    with pytest.raises(ValidationError, match="utilization_pct"):
+        SampleBatch.model_validate(batch(sample(utilization_pct="unknown")))
+
+
 def test_inconsistent_samples_are_refused() -> None:
     with pytest.raises(ValidationError, match="exceeds memory_total_mib"):
         SampleBatch.model_validate(batch(sample(memory_used_mib=90000)))
