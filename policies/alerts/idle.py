@@ -2,7 +2,9 @@
 
 The condition holds for a sample with an allocation whose utilization of its own allocation is
 below ``threshold_pct``. A share's utilization is of its parent GPU, so it is divided by the
-share (a 250-milli share at 4 % of the GPU uses 16 % of its share).
+share (a 250-milli share at 4 % of the GPU uses 16 % of its share). A sample whose utilization
+was not measured (``None``) is never idle: no evidence is not evidence of idleness, and an idle
+alert may cull the server.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ class IdleSettings:
         check_range("idle for", self.for_s, 0)
 
 
-def own_utilization(sample: DeviceSample) -> float:
-    """Utilization of the sample's own allocation, in percent (at most 100)."""
+def own_utilization(sample: DeviceSample) -> float | None:
+    """Utilization of the sample's own allocation, in percent (at most 100); ``None``: not
+    measured."""
     alloc = sample.allocation
+    if sample.utilization_pct is None:
+        return None
     if alloc is not None and alloc.share is ShareKind.MILLI:
         return min(100.0, sample.utilization_pct / alloc.parent_fraction)
     return sample.utilization_pct
@@ -48,7 +53,7 @@ class IdleRule:
             if alloc is None:
                 continue
             used = own_utilization(s)
-            if used < self.settings.threshold_pct:
+            if used is not None and used < self.settings.threshold_pct:
                 out.append(
                     Condition(
                         scope=s.device,

@@ -18,6 +18,10 @@ moving average of the device's activity (weight ``alpha`` per step), frozen whil
 so crowding does not become the new normal, and ignored below ``min_baseline_pct``. The
 condition holds, keyed by scope and offender, while an offender and at least one victim exist;
 it names the offender first, then the victims, and is scoped to the offender's tenant and owner.
+
+Samples without activity measured (``None``: a MIG instance on a GPU without GPU Performance
+Monitoring) take no part: neither offender nor victim, not counted in any share, and their
+baselines stay as they were.
 """
 
 from __future__ import annotations
@@ -63,10 +67,16 @@ class NoisyNeighbourSettings:
             )
 
 
+def _activity(sample: DeviceSample) -> float:
+    """The activity of a sample that has one (the rule filters the others out first)."""
+    assert sample.activity_pct is not None
+    return sample.activity_pct
+
+
 def measured_share(sample: DeviceSample) -> float:
     """The sample's activity as a part (0..1) of its parent GPU."""
     alloc = sample.allocation
-    part = sample.activity_pct / 100
+    part = _activity(sample) / 100
     if alloc is not None and alloc.share is ShareKind.MIG:
         return part * alloc.parent_fraction
     return part
@@ -91,12 +101,13 @@ class NoisyNeighbourRule:
             return (
                 base is not None
                 and base >= cfg.min_baseline_pct
-                and s.activity_pct < (1 - cfg.drop) * base
+                and _activity(s) < (1 - cfg.drop) * base
             )
 
+        measured = tuple(s for s in ctx.snapshot.devices if s.activity_pct is not None)
         victims_now: set[str] = set()
         out: list[Condition] = []
-        for scope, members in _groups(ctx.snapshot.devices, cfg.scopes):
+        for scope, members in _groups(measured, cfg.scopes):
             victims = {w: [d for d in m.devices if dropped(d)] for w, m in members.items()}
             for w, member in members.items():
                 a, m = member.allocated, member.measured
@@ -120,13 +131,11 @@ class NoisyNeighbourRule:
                         value=m,
                     )
                 )
-        for s in ctx.snapshot.devices:
+        for s in measured:
             if s.device in victims_now:
                 continue
-            base = baseline.get(s.device)
-            baseline[s.device] = (
-                s.activity_pct if base is None else base + cfg.alpha * (s.activity_pct - base)
-            )
+            base, now = baseline.get(s.device), _activity(s)
+            baseline[s.device] = now if base is None else base + cfg.alpha * (now - base)
         return RuleResult(tuple(out), MappingProxyType(baseline))
 
 
@@ -172,7 +181,7 @@ def _groups(
             else:
                 hosts[f"node:{alloc.node}"].append(s)
         for name, devs in sorted(hosts.items()):
-            total_activity = sum(d.activity_pct for d in devs)
+            total_activity = sum(_activity(d) for d in devs)
             members: dict[str, _Member] = {}
             for d in devs:
                 assert d.allocation is not None
@@ -181,7 +190,7 @@ def _groups(
                 )
                 member.allocated += 1 / len(devs)
                 if total_activity > 0:
-                    member.measured += d.activity_pct / total_activity
+                    member.measured += _activity(d) / total_activity
                 member.devices.append(d)
             out.append((name, members))
     return [(name, group) for name, group in out if len(group) >= 2]

@@ -4,7 +4,10 @@ A device sample names one GPU, MIG instance or share at one time ``at`` (epoch s
 (``utilization_pct``, ``activity_pct``) are of the device the sample names: of the MIG instance
 for a MIG sample (as DCGM reports per instance), of the parent GPU for a share sample (a
 workload's part of a GPU it shares with others, from per-process accounting) and of the GPU for
-a whole GPU. Counters (``xid_count``, ``ecc_uncorrectable``) are cumulative.
+a whole GPU. Counters (``xid_count``, ``ecc_uncorrectable``) are cumulative. A percentage of
+``None`` was not measured (a MIG instance on a GPU without GPU Performance Monitoring, A100 and
+A30): the rules that judge use (idle, noisy neighbour) leave such a sample out, and the health
+rules (XID, ECC, throttling) and memory rules judge it as any other.
 
 Malformed values (NaN, negative, a percentage above 100, a counter below 0) raise
 ``InvalidRequest`` when a sample is built, so they never reach the engine.
@@ -103,10 +106,10 @@ class DeviceSample:
 
     device: str
     at: float
-    utilization_pct: float
+    utilization_pct: float | None
     memory_used_mib: float = 0.0
     memory_total_mib: float = 0.0
-    activity_pct: float = 0.0
+    activity_pct: float | None = 0.0
     power_w: float = 0.0
     temperature_c: float = 0.0
     throttle_reasons: int = 0
@@ -118,8 +121,10 @@ class DeviceSample:
     def __post_init__(self) -> None:
         _name("device", self.device)
         _finite("sample time", self.at)
-        _finite("utilization", self.utilization_pct, 0, 100)
-        _finite("activity", self.activity_pct, 0, 100)
+        if self.utilization_pct is not None:
+            _finite("utilization", self.utilization_pct, 0, 100)
+        if self.activity_pct is not None:
+            _finite("activity", self.activity_pct, 0, 100)
         _finite("memory used", self.memory_used_mib)
         _finite("memory total", self.memory_total_mib)
         _finite("power", self.power_w)
