@@ -108,7 +108,9 @@ def _sample(
 def device_samples(measured: Measured, index: AllocationIndex) -> list[DeviceSample]:
     """The rules' samples: measured windows joined with who holds each device.
 
-    A device without SM activity measured is judged on its utilization.
+    A device without SM activity measured is judged on its utilization; one with neither (a
+    MIG instance on a GPU without GPU Performance Monitoring) keeps ``None`` for both, so the
+    rules judge its memory, errors and throttling but never call it idle.
     """
     by_device: dict[str, list[WorkloadWindow]] = {}
     for w in measured.workloads:

@@ -86,11 +86,15 @@ class AllocationIndex:
         if gpus is None:
             gpus = gpu_infos(nodes)
         by_id = {w.id: w for w in workloads}
+        # An allocation of a MIG instance the inventory knows by UUID names that instance;
+        # samples name its physical GPU (plus the GPU instance), so the holder goes there.
+        parent = {m: g for g, info in gpus.items() for m in info.mig_instances}
         holders: dict[str, list[Holder]] = {}
         for w in by_id.values():
             for a in w.allocations:
                 for uuid in a.gpu_uuids:
-                    holders.setdefault(uuid, []).append(_holder(a, w, gpus.get(uuid)))
+                    gpu = parent.get(uuid, uuid)
+                    holders.setdefault(gpu, []).append(_holder(a, w, gpus.get(gpu)))
         servers = {(w.owner, hub_server(w.owner, w.name)): w.id for w in by_id.values()}
         return cls(gpus, {k: tuple(v) for k, v in holders.items()}, servers)
 
