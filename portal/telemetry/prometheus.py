@@ -21,8 +21,11 @@ and the newest point of each series becomes part of a wire ``GpuSample``:
 - ``DCGM_FI_DEV_XID_ERRORS`` holds the *last* XID code, not a count, so the source counts the
   changes to a non-zero code it sees across polls (the same code twice in a row counts once).
 
-A device missing the series its sample needs (utilization, framebuffer) is left out and logged
-once; Prometheus being unreachable or answering an error raises ``PrometheusError``.
+A device without a utilization series (no ``GR_ENGINE_ACTIVE`` for a MIG instance where
+profiling metrics are off, or one of its instances lacking it for the GPU) is sent with
+``utilization_pct`` None: not measured, its memory and health still count. A device missing the
+framebuffer series is left out and logged once; Prometheus being unreachable or answering an
+error raises ``PrometheusError``.
 """
 
 from __future__ import annotations
@@ -169,8 +172,8 @@ class PrometheusSource:
             utilization = d.value(GPU_UTIL)
             if utilization is None:
                 utilization = _from_instances(d, devices.values())
-        if utilization is None or fb_used is None or fb_free is None or fb_used + fb_free <= 0:
-            self._warn_once(d, "no utilization or framebuffer series")
+        if fb_used is None or fb_free is None or fb_used + fb_free <= 0:
+            self._warn_once(d, "no framebuffer series")
             return None
         active = d.value(GR_ENGINE_ACTIVE)
         try:

@@ -72,9 +72,9 @@ def proc_tree(root: Path) -> Path:
     return root
 
 
-def per_workload_utilization(batches: list[SampleBatch]) -> dict[tuple[str, str], float]:
+def per_workload_utilization(batches: list[SampleBatch]) -> dict[tuple[str, str], float | None]:
     """Each pod's utilization: that of the device (GPU or MIG instance) it alone uses."""
-    out: dict[tuple[str, str], float] = {}
+    out: dict[tuple[str, str], float | None] = {}
     for batch in batches:
         for s in batch.samples:
             pods = {(p.namespace or "", p.pod or "") for p in s.processes}
@@ -87,7 +87,7 @@ def device_readings(batches: list[SampleBatch]) -> dict[str, tuple[object, ...]]
     """What both sources measure of every device, keyed by the portal's device id."""
     return {
         s.device: (
-            round(s.utilization_pct, 6),
+            None if s.utilization_pct is None else round(s.utilization_pct, 6),
             s.memory_used_mib,
             s.memory_total_mib,
             s.power_w,
@@ -365,7 +365,7 @@ def test_unusable_series_are_skipped_and_the_rest_still_read(
                 series("DCGM_FI_DEV_GPU_UTIL", "GPU-hot", "250"),
                 series("DCGM_FI_DEV_FB_USED", "GPU-hot", "1"),
                 series("DCGM_FI_DEV_FB_FREE", "GPU-hot", "1"),
-                # NaN utilization: as if absent, so no sample
+                # NaN utilization: as if absent, so not measured (memory still sent)
                 series("DCGM_FI_DEV_GPU_UTIL", "GPU-nan", "NaN"),
                 series("DCGM_FI_DEV_FB_USED", "GPU-nan", "1"),
                 series("DCGM_FI_DEV_FB_FREE", "GPU-nan", "1"),
@@ -382,8 +382,46 @@ def test_unusable_series_are_skipped_and_the_rest_still_read(
         batches = wait_for(PrometheusSource(client).batches, bool)
 
     assert len(batches) == 1
-    [good] = batches[0].samples
+    good, unmeasured = batches[0].samples
     assert (good.gpu_uuid, good.utilization_pct, good.memory_total_mib) == ("GPU-good", 12, 100)
     assert [(p.namespace, p.pod) for p in good.processes] == [("ns", "p1")]
-    for skipped in ("GPU-hot", "GPU-nan", "GPU-nofb"):
+    assert (unmeasured.gpu_uuid, unmeasured.utilization_pct) == ("GPU-nan", None)
+    assert (unmeasured.memory_used_mib, unmeasured.memory_total_mib) == (1, 2)
+    for skipped in ("GPU-hot", "GPU-nofb"):
         assert f"n1/{skipped}/None" in caplog.text
+    assert "GPU-nan" not in caplog.text
+
+
+def test_a_mig_gpu_without_engine_activity_is_sent_unmeasured_with_its_health(
+    prometheus_of: Callable[..., str],
+) -> None:
+    # An A100 in MIG mode whose exporter has no profiling metrics: no GPU_UTIL (MIG mode) and
+    # no GR_ENGINE_ACTIVE; its memory, temperature and ECC, and the instance's memory, remain.
+    def series(name: str, value: str, **extra: str) -> str:
+        labels = {"gpu": "0", "UUID": "GPU-a100", "Hostname": "n1", **extra}
+        labels["modelName"] = "NVIDIA A100 80GB PCIe"
+        pairs = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return f"{name}{{{pairs}}} {value}"
+
+    instance = {"GPU_I_ID": "1", "GPU_I_PROFILE": "3g.40gb", "namespace": "ns", "pod": "nb"}
+    text = "\n".join(
+        [
+            series("DCGM_FI_DEV_FB_USED", "21000"),
+            series("DCGM_FI_DEV_FB_FREE", "60920"),
+            series("DCGM_FI_DEV_GPU_TEMP", "83"),
+            series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "2"),
+            series("DCGM_FI_DEV_FB_USED", "20000", **instance),
+            series("DCGM_FI_DEV_FB_FREE", "20192", **instance),
+        ]
+    )
+    url = prometheus_of(lambda: text + "\n")
+    with httpx.Client(base_url=url, timeout=10) as client:
+        batches = wait_for(
+            PrometheusSource(client).batches, lambda b: sum(len(x.samples) for x in b) == 2
+        )
+
+    gpu, mig = batches[0].samples
+    assert (gpu.device, gpu.utilization_pct, gpu.activity_pct) == ("GPU-a100", None, None)
+    assert (gpu.memory_used_mib, gpu.temperature_c, gpu.ecc_uncorrectable) == (21000, 83, 2)
+    assert (mig.device, mig.utilization_pct, mig.memory_used_mib) == ("GPU-a100/gi1", None, 20000)
+    assert [(p.namespace, p.pod) for p in mig.processes] == [("ns", "nb")]
