@@ -4,6 +4,7 @@ about them (idle, noisy neighbour, ...), and a button to stop (running) or cance
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 import holoviews as hv
@@ -20,6 +21,10 @@ def waiting(w: Workload) -> str:
     if w.state != "queued":
         return ""
     return f"#{w.position} · {w.reason} · ETA {c.eta(w.eta_s)} — {w.message}"
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def usage_row(name: str, points: list[UsagePoint]) -> tuple[str, str, str, str, str]:
@@ -87,12 +92,13 @@ class MyWorkView(Viewer):
         names = {w.id: w.name for w in self.store.workloads}
         curves = []
         for metric, label in (("utilization", "GPU utilization %"), ("memory_mib", "memory MiB")):
+            # An unmeasured minute (None) is a gap in the line (NaN), neither 0 % nor a
+            # straight line drawn across it.
             per_workload = [
                 hv.Curve(
                     [
-                        (datetime.fromtimestamp(p.at, UTC), getattr(p, metric))
+                        (datetime.fromtimestamp(p.at, UTC), _or_nan(getattr(p, metric)))
                         for p in points
-                        if getattr(p, metric) is not None
                     ],
                     kdims=["time"],
                     vdims=[label],

@@ -194,13 +194,14 @@ class UsagePoint:
 @dataclass(frozen=True, slots=True)
 class DeviceUsage:
     """A device's latest measured minute, from ``/telemetry/devices``: a whole GPU
-    (``device == gpu_uuid``) or a MIG instance of it (``<GPU UUID>/gi<id>``)."""
+    (``device == gpu_uuid``) or a MIG instance of it (``<GPU UUID>/gi<id>``); ``utilization``
+    None: not measured (a MIG instance of an A100 or A30), its memory still is."""
 
     device: str
     gpu_uuid: str
     node: str
     at: float
-    utilization: float
+    utilization: float | None
     memory_mib: float
 
 

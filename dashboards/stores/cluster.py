@@ -131,7 +131,8 @@ class ClusterStore(Store):
         """Each GPU's latest 1-minute utilization from the portal's per-device read, and why
         none is shown ('' when read). A MIG GPU shows its busiest instance (the max: one
         saturated instance makes the GPU a busy one, and an idle GPU is idle in all of them);
-        a shared GPU shows the whole GPU's figure."""
+        a shared GPU shows the whole GPU's figure. Devices without a utilization figure
+        (MIG instances of an A100 or A30) leave their GPU blank rather than at 0 %."""
         now = float(self.clock())
         try:
             usage = self.source.device_usage(start=now - UTILIZATION_WINDOW_S, end=now)
@@ -141,7 +142,7 @@ class ClusterStore(Store):
         cells: dict[tuple[str, int], float] = {}
         for d in usage:
             cell = where.get(d.gpu_uuid)
-            if cell is not None:
+            if cell is not None and d.utilization is not None:
                 cells[cell] = max(d.utilization, cells.get(cell, d.utilization))
         return cells, ""
 

@@ -24,12 +24,12 @@ from tests.dashboards.seed import NOW
 
 
 def post(
-    portal: Portal, node: str, gpu: int, minutes: dict[int, float], gi: int | None = None
+    portal: Portal, node: str, gpu: int, minutes: dict[int, float | None], gi: int | None = None
 ) -> None:
     """Six samples a minute of GPU ``gpu`` of ``node`` (or its MIG instance ``gi``), for each
     ``minutes`` entry: minutes before ``NOW`` -> utilization %."""
     now = NOW.timestamp()
-    samples = [
+    samples: list[dict[str, object]] = [
         {
             "gpu_uuid": f"GPU-sim-{node}-{gpu}",
             **({} if gi is None else {"gpu_instance_id": gi}),
@@ -87,3 +87,20 @@ def test_a_viewer_without_usage_read_is_told_why(portal: Portal) -> None:
     assert store.utilization == {}
     assert store.utilization_note.startswith("not shown: utilization: ")
     assert "usage:read" in store.utilization_note
+
+
+def test_unmeasured_instances_leave_their_gpu_blank_never_at_zero(portal: Portal) -> None:
+    # An A100 without GPU Performance Monitoring: its instances' samples carry memory only.
+    # GPU 0: both instances unmeasured -> blank; GPU 1: one unmeasured, one at 40 -> 40.
+    post(portal, "a100-1", 0, {1: None}, gi=1)
+    post(portal, "a100-1", 0, {1: None}, gi=2)
+    post(portal, "a100-1", 1, {1: None}, gi=1)
+    post(portal, "a100-1", 1, {1: 40.0}, gi=2)
+    portal.telemetry.maintain()
+    store = ClusterStore(portal.source("tok-root"), clock=lambda: NOW.timestamp())
+    store.metric = "utilization"
+    assert store.error == "" and store.utilization_note == ""
+    assert store.utilization == {("a100-1", 1): 40.0}
+    cells = {(n, i): v for n, i, v in ClusterView(store).cells()}
+    assert math.isnan(cells[("a100-1", 0)])
+    assert cells[("a100-1", 1)] == 0.4

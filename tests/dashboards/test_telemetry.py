@@ -16,6 +16,8 @@ so the view shows 90% now, 60% over the hour, 20,480 MiB now and at most.
 
 from __future__ import annotations
 
+import math
+
 import holoviews as hv
 import panel as pn
 from panel.viewable import Viewable
@@ -93,6 +95,38 @@ def test_my_work_shows_utilization_and_memory_per_workload_by_the_minute(
     utilization, memory = plots
     assert list(utilization.get(0).dimension_values("GPU utilization %")) == [30.0, 60.0, 90.0]
     assert list(memory.get(0).dimension_values("memory MiB")) == [10240.0, 10240.0, 20480.0]
+
+
+def test_my_work_leaves_an_unmeasured_minute_out_of_the_average_and_a_gap_in_the_chart(
+    portal: Portal,
+) -> None:
+    # The middle minute carries memory only (as a MIG instance of an A100 would).
+    wid, node, gpu = gpu_of(portal, "nb-alice")
+    now = NOW.timestamp()
+    samples = [
+        {
+            "gpu_uuid": gpu,
+            "at": now - 180 + 60 * m + 10 * k,
+            **({} if util is None else {"utilization_pct": util}),
+            "memory_used_mib": 4096.0,
+            "memory_total_mib": 81920.0,
+        }
+        for m, util in enumerate((30.0, None, 90.0))
+        for k in range(6)
+    ]
+    portal.ingest(node, samples)
+    portal.telemetry.maintain()
+    store = _store(portal, "tok-alice", "alice")
+    assert [p.utilization for p in store.usage[wid]] == [30.0, None, 90.0]
+    view = MyWorkView(store)
+    # The hour's average is of the measured minutes, (30 + 90) / 2, not (30 + 0 + 90) / 3.
+    assert "<tr><td>nb-alice</td><td>90%</td><td>60%</td>" in _html(view.usage_table())
+    plots = view.usage_plot()
+    assert isinstance(plots, hv.Layout)
+    utilization, memory = plots
+    drawn = list(utilization.get(0).dimension_values("GPU utilization %"))
+    assert drawn[0] == 30.0 and math.isnan(drawn[1]) and drawn[2] == 90.0
+    assert list(memory.get(0).dimension_values("memory MiB")) == [4096.0] * 3
 
 
 def test_another_tenants_viewer_gets_none_of_that_usage(portal: Portal) -> None:
