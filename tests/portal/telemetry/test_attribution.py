@@ -100,3 +100,34 @@ def test_mig_samples_go_to_the_holder_of_the_instance(
 )
 def test_a_notebook_workload_names_its_hub_server(owner: str, name: str, server: str) -> None:
     assert hub_server(owner, name) == server
+
+
+def test_an_allocation_of_an_instance_known_by_uuid_is_held_on_its_gpu(tmp_path: Path) -> None:
+    # Discovered instances carry MIG UUIDs, and an allocation on one names it; samples name the
+    # physical GPU and the GPU instance, so the holder must be found under the GPU.
+    node = mig_node("MIG-first", "MIG-second")
+    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+    try:
+        alloc = Allocator(store, clock=ManualClock())
+        alloc.start([node])
+        alloc.set_tenant("team-a")
+        alloc.set_quota("team-a", f"A100-80GB/{PROFILE}", guaranteed=1, limit=1)
+        req = DeviceRequest(FlavorKind.MIG, mig_profile=PROFILE, models=frozenset({"A100-80GB"}))
+        wid = alloc.request(WorkloadRequest("team-a", "alice", "alice/nb", req)).id
+        (placed,) = alloc.status(wid).allocations
+        assert placed.gpu_uuids[0].startswith("MIG-")
+        idx = AllocationIndex.build([node], alloc.workloads())
+        assert [
+            (h.workload_id, h.mig_slices, h.mig_total_slices) for h in idx.holders["GPU-m1-0"]
+        ] == [(wid, 3, 7)]
+        assert placed.gpu_uuids[0] not in idx.holders
+        telemetry = TelemetryStore(store.engine)
+        gi = 1 if placed.mig_start == 0 else 2
+        s = sample("GPU-m1-0", T0 + 1, util=None, gpu_instance_id=gi, mig_uuid=placed.gpu_uuids[0])
+        assert telemetry.ingest(batch("m1", s), idx, now=T0 + 2).accepted == 1
+        points = series(
+            store.engine, resolution=Resolution.RAW, start=T0, end=T0 + 60, workload_id=wid
+        )
+        assert [(p.utilization_avg, p.memory_used_avg) for p in points] == [(None, 1000.0)]
+    finally:
+        store.close()
