@@ -77,6 +77,7 @@ class FakeUsage:
     nvlink_tx_kib: int = 0  # cumulative counters
     nvlink_rx_kib: int = 0
     activity_pct: float = 0.0  # GPM graphics activity (MIG instances on GPM-capable GPUs)
+    gpm_fails: bool = False  # the GPM metric of this MIG instance answers "not supported"
     processes: tuple[FakeProcess, ...] = ()
     xids: list[int] = field(default_factory=list)  # pending XID events, consumed by waits
 
@@ -576,7 +577,9 @@ class FakeNvmlLibrary:
         inst = self.machine.gpus[second[0]].instances[second[1] - 1]
         for k in range(request.numMetrics):
             metric = request.metrics[k]
-            if metric.metricId == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
+            if metric.metricId == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL and inst.usage.gpm_fails:
+                metric.nvmlReturn = _NOT_SUPPORTED
+            elif metric.metricId == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
                 metric.value = inst.usage.activity_pct
             else:

@@ -227,6 +227,30 @@ def test_mig_gpu_without_gpm_sends_its_health_and_instance_memory_without_utiliz
     )
 
 
+def test_a_gpm_instance_without_a_reading_is_unmeasured_and_so_is_its_gpus_sum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine = fake_nvml.h100_mig()
+    gpu0 = machine.gpus[0]
+    gpu0.instances[0].usage.activity_pct = 80.0
+    gpu0.instances[1].usage.gpm_fails = True
+    gpu0.usage.temperature_c = 61
+    sampler = opened(monkeypatch, machine)
+
+    parent, a, b, _whole = sampler.sample()
+    gpu0.instances[1].usage.gpm_fails = False  # readable again: the sum is known again
+    again = sampler.sample()[0]
+    sampler.close()
+
+    assert [(s.device, s.utilization_pct) for s in (parent, a, b)] == [
+        ("GPU-h100m-0", None),  # not (80 x 3 + 0 x 3) / 7
+        ("GPU-h100m-0/gi1", 80.0),
+        ("GPU-h100m-0/gi2", None),
+    ]
+    assert parent.temperature_c == 61
+    assert again.utilization_pct == pytest.approx(240 / 7)
+
+
 def test_a_gpu_replaced_since_discovery_is_an_error_naming_both_uuids(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
