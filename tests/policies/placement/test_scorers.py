@@ -310,6 +310,47 @@ def test_gpuportal_pairs_shares_by_their_leftover() -> None:
     assert picks == {0.2: "second", 0.0: "first"}
 
 
+def test_leftover_patience_arithmetic() -> None:
+    # Docstring example, mix {470: 0.5, 810: 0.5}: with patience 1 a 530 free share is written
+    # off when the next request is an 810 (V(530) = 295); with patience 20 half the requests
+    # fit it, so it is taken: V(530) = V(60) = 60. V(190): nothing fits, 190 either way.
+    mix = [(Shape(0, 470, 1), 1.0), (Shape(0, 810, 1), 1.0)]
+    assert LeftoverModel(mix, patience=1).leftover(530) == pytest.approx(295)
+    assert LeftoverModel(mix, patience=20).leftover(530) == pytest.approx(60)
+    assert LeftoverModel(mix, patience=20).leftover(190) == 190
+    # A rare filler: 160 is 1 in 25 share requests. Patience 20 takes the 190 with chance
+    # min(1, 20 · 0.04) = 0.8 → 0.2 · 190 + 0.8 · V(30) = 38 + 24 = 62; patience 1: 0.04 →
+    # 0.96 · 190 + 0.04 · 30 = 183.6.
+    rare = [(Shape(0, 160, 1), 1.0), (Shape(0, 810, 1), 24.0)]
+    assert LeftoverModel(rare, patience=20).leftover(190) == pytest.approx(62)
+    assert LeftoverModel(rare, patience=1).leftover(190) == pytest.approx(183.6)
+    for bad in (0.5, 0.0, -3.0, math.nan):
+        with pytest.raises(InvalidRequest, match="leftover patience"):
+            LeftoverModel(mix, patience=bad)
+
+
+def test_gpuportal_patient_leftover_keeps_common_gaps_for_common_shares() -> None:
+    # Shares {810: 2, 650: 1, 470: 1, 320: 2}. A 320 share on "lone470" (530 free → 210) or
+    # "lone320" (680 free → 360): Δ of F is 55 and −13, both 0 after rounding, so the leftover
+    # decides. Next request only (patience 1): V(530) − V(210) = 135 against V(680) − V(360)
+    # = 98 — the 530 looks likely to be wasted, so the 320 takes it and leaves 210, which only
+    # shares ≤ 210 (none here) fit. Patience 20: the 530 will get a 470 (−50 for taking it),
+    # the 680 → 360 keeps room for another 320 (+40): "lone320" wins.
+    picks = {}
+    for patience in (1.0, 20.0):
+        cl = ClusterState([node("lone470", gpus=1), node("lone320", gpus=1)])
+        cl.apply(Placement("lone470", gpus=(0,), milli=470))
+        cl.apply(Placement("lone320", gpus=(0,), milli=320))
+        gp = GpuPortal(refresh_every=1, leftover_patience=patience)
+        for milli in (810, 650, 470, 320, 810, 320):
+            gp.observe(share(milli, 0), None)
+        assert {s.milli for s in gp.distribution} == {810, 650, 470, 320}
+        got = place(share(320, 0), cl, Policy("gpuportal", [(gp, 1.0)]))
+        assert not isinstance(got, NoFit)
+        picks[patience] = got.node
+    assert picks == {1.0: "lone470", 20.0: "lone320"}
+
+
 def test_registry() -> None:
     assert DEFAULT_POLICY == "gpuportal"
     assert {"gpuportal", "binpack", "random", "dotprod", "gpupacking", "bestfit", "fgd"} <= set(
