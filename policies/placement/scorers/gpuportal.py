@@ -31,11 +31,14 @@ whole GPUs, each slot for MIG) and keeps the best:
    reorders near-ties without undoing the node-order packing. Measured on openb (10 seeds):
    4.19 → 4.10 % unallocated at 100 % arrived, 4.11 → 4.02 at 130 %. ``V`` counts a free
    share as taken once at least 1 in ``leftover_patience`` (20) share requests fits it, not
-   only when the next one does: a 320 share then goes next to another 320 (680 free → 360,
-   which 320s keep filling) rather than into a lone 470's 530 (→ 210, which only the rare
-   ≤ 190 shares fit), which the next-request view preferred (530 looked likely to be wasted).
-   Measured on openb (10 seeds): 4.06 → 3.97 % unallocated at 100 % arrived, 3.99 → 3.88 at
-   130 %, better on every seed.
+   only when the next one does. The next-request view rated a free share that the next
+   request may not fit as lost and so liked to fill any free share; with patience it steers
+   away from leaving what only rare sizes fit: on openb a 230 share no longer takes a 650
+   share's 350 free milli (leaving 120, which only the rare ≤ 110 shares fit) but joins a lone
+   470 or 230, and the 350 goes to a 320 (leaving 30); seed 46 by 100 % arrived: 213 instead
+   of 160 of 337 320s went next to a 650, 16 instead of 58 of 143 230s. Measured on openb
+   (10 seeds): 4.06 → 3.97 % unallocated at 100 % arrived, 3.99 → 3.88 at 130 %, better on
+   every seed.
 2. **Topology**, ahead of fragmentation for multi-GPU options: they rank by the weakest link of
    the set the device chooser picked on the node (NVSwitch > NVLink > PCIe switch > … > cross
    socket), then by whether the set sits on one socket (NUMA node); fragmentation only orders
