@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,11 @@ pytestmark = pytest.mark.k8s
 SETTINGS = IsolationSettings()
 DRA = PodSettings(isolation=SETTINGS, dra=DraSettings())
 TENANT = TenantSpec(
-    name="dratenant", gpu_limits={"H100-80GB": 2}, cpu_millis=4000, memory_mib=8192, pods=5
+    name="dratenant",
+    gpu_limits={"H100-80GB": 2, "A100-80GB/3g.40gb": 1},
+    cpu_millis=4000,
+    memory_mib=8192,
+    pods=5,
 )
 PLACEMENT = PodPlacement(
     tenant="dratenant",
@@ -50,6 +55,17 @@ MIG = PodPlacement(
 def api(k8s_cluster: K8sCluster) -> Iterator[client.ApiClient]:
     with k8s_cluster.api_client() as api_client:
         reconcile([TENANT], SETTINGS, api_client)
+        # Quota admission refuses claims until the controller has published the quota's status.
+        core = client.CoreV1Api(api_client)
+        deadline = time.monotonic() + 30
+        while True:
+            quota = core.read_namespaced_resource_quota(
+                "tenant-quota", SETTINGS.namespace("dratenant")
+            )
+            if quota.status and quota.status.hard:
+                break
+            assert time.monotonic() < deadline, "the tenant quota's status was never published"
+            time.sleep(0.2)
         custom = client.CustomObjectsApi(api_client)
         for name, cel in (
             ("gpu.nvidia.com", 'device.driver == "gpu.nvidia.com"'),
