@@ -9,7 +9,7 @@ hours: idle spend = 1 h x 4.00 = 4.00; used = 0.02 + 0.80 = 0.82 of 2 GPU-hours,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
@@ -33,10 +33,11 @@ def at(hour: int, minute: int = 0) -> datetime:
     return DAY + timedelta(hours=hour, minutes=minute)
 
 
-@pytest.fixture
-def priced(db_url: str) -> Iterator[Accounting]:
+def two_hours_of(store: Store, utilization: Callable[[int], float | None]) -> Accounting:
+    """Alice's H100 from 08:00 to 10:00, her GPU reporting ``utilization(m)`` at minute ``m``
+    after 08:00; Bob's GPU beside it sends nothing. Ingested against the live allocator,
+    rolled up, and priced at 12:00."""
     clock = ManualClock(at(8))
-    store = Store(db_url)
     alloc = Allocator(store, clock=clock)
     alloc.start([hgx("n1", gpus=2)])
     alloc.set_tenant("ml")
@@ -50,7 +51,7 @@ def priced(db_url: str) -> Iterator[Accounting]:
         GpuSample(
             gpu_uuid=uuid,
             at=(at(8) + timedelta(minutes=m)).timestamp(),
-            utilization_pct=2.0 if m < 60 else 80.0,
+            utilization_pct=utilization(m),
             memory_used_mib=1000.0,
             memory_total_mib=81920.0,
         )
@@ -64,8 +65,14 @@ def priced(db_url: str) -> Iterator[Accounting]:
     tele_now[0] = at(10, 5).timestamp()
     telemetry.maintain()
     clock.now = at(12)
+    return Accounting(store, PRICES, utilization=TelemetryUtilization(store.engine), clock=clock)
+
+
+@pytest.fixture
+def priced(db_url: str) -> Iterator[Accounting]:
+    store = Store(db_url)
     try:
-        yield Accounting(store, PRICES, utilization=TelemetryUtilization(store.engine), clock=clock)
+        yield two_hours_of(store, lambda m: 2.0 if m < 60 else 80.0)
     finally:
         store.close()
 
