@@ -76,15 +76,10 @@ def dra_device_limits(spec: TenantSpec, settings: IsolationSettings) -> dict[str
     whole GPUs of every model under the GPU class, every MIG profile under the MIG class.
     Without this, pods whose devices are pinned by a claim ask for no counted GPU resource
     and the quota would not see their GPUs at all."""
-    whole = mig = 0
-    for name, limit in spec.gpu_limits.items():
-        kind = Flavor.parse(name).kind
-        if kind is FlavorKind.GPU:
-            whole += limit
-        elif kind is FlavorKind.MIG:
-            mig += limit
+    counted = gpu_resource_limits(spec, settings)
+    mig = sum(n for res, n in counted.items() if res.startswith(MIG_RESOURCE_PREFIX))
     return {
-        f"{settings.dra_gpu_device_class}.{DRA_QUOTA_SUFFIX}": whole,
+        f"{settings.dra_gpu_device_class}.{DRA_QUOTA_SUFFIX}": counted[WHOLE_GPU_RESOURCE],
         f"{settings.dra_mig_device_class}.{DRA_QUOTA_SUFFIX}": mig,
     }
 
