@@ -36,8 +36,9 @@ def mig_node(*uuids: str | None) -> Node:
 def mig_portal(tmp_path: Path) -> Iterator[tuple[Allocator, TelemetryStore, list[str]]]:
     store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
     alloc = Allocator(store, clock=ManualClock())
-    # The allocator refuses to place on instances that carry a UUID (a bug of its own, reported);
-    # the index below sees the same layout with the UUIDs an agent reports.
+    # The allocator's inventory has no MIG UUIDs here (instances created by the portal before
+    # an agent reported them); the index below sees the same layout with the agent's UUIDs.
+    # Allocations on instances known by UUID: the last test of this module.
     alloc.start([mig_node(None, None)])
     alloc.set_tenant("team-a")
     alloc.set_quota("team-a", f"A100-80GB/{PROFILE}", guaranteed=2, limit=2)
