@@ -152,6 +152,15 @@ class Settings(BaseSettings):
             "(docs/cost.md). Unset: cost shows GPU-hours with every model unpriced."
         ),
     )
+    isolation_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML file of the tenant isolation settings on Kubernetes: where the hub, proxy "
+            "and portal run and their pod labels, namespace and label prefixes, DNS, API "
+            "server and private address ranges, device resource names (docs/isolation.md). "
+            "The Helm chart writes one for its release. Unset: the defaults."
+        ),
+    )
 
     @field_validator("placement_policy")
     @classmethod

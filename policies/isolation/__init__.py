@@ -9,6 +9,7 @@ them and return plain dicts, the JSON the apiserver accepts. See docs/isolation.
 from __future__ import annotations
 
 from policies.isolation.common import MANAGER, Manifest, managed_labels
+from policies.isolation.config import isolation_settings
 from policies.isolation.namespace import (
     dra_device_limits,
     gpu_resource_limits,
@@ -59,6 +60,7 @@ __all__ = [
     "dra_device_limits",
     "gpu_resource_limits",
     "internet_except",
+    "isolation_settings",
     "jobs_service_account",
     "limit_range",
     "managed_labels",

@@ -23,6 +23,7 @@ from kubernetes.client import ApiClient
 
 from policies.isolation import IsolationSettings, TenantSpec
 from portal.allocator import Allocator
+from portal.isolation.config import load_isolation_settings
 from portal.isolation.reconciler import ReconcileResult, reconcile
 from portal.service.loops import Loop, Loops
 from portal.settings import Settings
@@ -137,10 +138,12 @@ def register(
 
 def register_for_service(loops: Loops, alloc: Allocator, settings: Settings) -> Loop | None:
     """The service's registration: on Kubernetes (``inventory=kubernetes``) reconcile with the
-    pod's service account (or the kubeconfig outside a cluster) and default isolation
-    settings; elsewhere there is nothing to isolate and nothing is registered."""
+    pod's service account (or the kubeconfig outside a cluster) and the settings of
+    ``GPUPORTAL_ISOLATION_FILE``; elsewhere there is nothing to isolate and nothing is
+    registered."""
     if settings.inventory.strip() != "kubernetes":
         return None
+    isolation = load_isolation_settings(settings.isolation_file)
     import kubernetes
     from kubernetes.config.config_exception import ConfigException
 
@@ -148,4 +151,4 @@ def register_for_service(loops: Loops, alloc: Allocator, settings: Settings) -> 
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except ConfigException:
         kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
-    return register(loops, alloc, IsolationSettings(), ApiClient())
+    return register(loops, alloc, isolation, ApiClient())

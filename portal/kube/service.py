@@ -13,6 +13,7 @@ from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from policies.isolation import IsolationSettings
+from portal.isolation.config import load_isolation_settings
 from portal.kube.binder import Binder
 from portal.kube.sweep import Sweeper
 from portal.kube.views import AllocationSource
@@ -68,8 +69,9 @@ def register(
 def register_for_service(
     loops: Loops, source: AllocationSource, settings: Settings
 ) -> tuple[Binder, Sweeper] | None:
-    """The service's registration: on Kubernetes (``inventory=kubernetes``) only; elsewhere no
-    pod needs binding and nothing is registered."""
+    """The service's registration: on Kubernetes (``inventory=kubernetes``) only, with the
+    isolation loop's settings (``GPUPORTAL_ISOLATION_FILE``); elsewhere no pod needs binding
+    and nothing is registered."""
     if settings.inventory.strip() != "kubernetes":
         return None
-    return register(loops.add, source)
+    return register(loops.add, source, settings=load_isolation_settings(settings.isolation_file))

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from policies.isolation import IsolationSettings, isolation_settings
 from tests.support.k8s import REPO_ROOT, locate_binaries
 
 CHART = REPO_ROOT / "helm" / "gpuportal"
@@ -97,3 +98,14 @@ def env_of(pod_template: Manifest, container: str) -> dict[str, Any]:
 
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
+
+
+def isolation_of(objects: Iterable[Manifest]) -> IsolationSettings:
+    """The isolation settings the rendered chart gives its portal (its ``-isolation``
+    ConfigMap), read as the service reads them."""
+    (found,) = [
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-isolation")
+    ]
+    return isolation_settings(yaml.safe_load(found["data"]["isolation.yaml"]))

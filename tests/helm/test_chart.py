@@ -4,6 +4,7 @@ the code it deploys (the portal's ClusterRole, settings, version, hub roles)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -27,6 +28,7 @@ from tests.helm.chart import (
     Helm,
     Manifest,
     env_of,
+    isolation_of,
     kinds_and_names,
     load_yaml,
     named,
@@ -68,6 +70,7 @@ def test_default_values_render_the_portal_agent_dashboards_and_their_policies(
         ("ClusterRoleBinding", "gpuportal-hub"),
         ("Deployment", "gpuportal"),
         ("Service", "gpuportal"),
+        ("ConfigMap", "gpuportal-isolation"),
         ("ServiceAccount", "gpuportal-agent"),
         ("ClusterRole", "gpuportal-agent"),
         ("ClusterRoleBinding", "gpuportal-agent"),
@@ -151,6 +154,7 @@ def test_optional_parts_can_be_turned_off(helm: Helm) -> None:
         ("ClusterRoleBinding", "gpuportal"),
         ("Deployment", "gpuportal"),
         ("Service", "gpuportal"),
+        ("ConfigMap", "gpuportal-isolation"),
     }
 
 
@@ -167,8 +171,8 @@ def test_portal_is_one_replica_replaced_with_recreate_and_probed_on_ready_and_he
     assert c["readinessProbe"]["httpGet"]["path"] == "/services/gpuportal/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/services/gpuportal/health"
     assert c["command"] == ["gpuportal"] and c["args"] == ["serve"]
-    # The tenant NetworkPolicies let notebooks reach the portal by this label and port.
-    isolation = IsolationSettings()
+    # The tenant NetworkPolicies let notebooks reach the portal by these labels and port.
+    isolation = isolation_of(helm.render())
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert dict(isolation.portal_pod_labels).items() <= labels.items()
     assert c["ports"][0]["containerPort"] == isolation.portal_api_port
@@ -244,6 +248,57 @@ def test_app_version_is_the_package_version() -> None:
     assert chart["apiVersion"] == "v2"
     assert chart["version"] == "0.1.0"
     assert chart["appVersion"] == project["version"]
+
+
+def test_the_portal_is_given_isolation_settings_of_its_own_release(helm: Helm) -> None:
+    objects = helm.render(release="prod", namespace="gpu")
+    isolation = isolation_of(objects)
+    deployment = named(objects, "Deployment", "prod-gpuportal")
+    pod = deployment["spec"]["template"]
+    # Where the hub runs and the pods the tenant NetworkPolicies allow: this release's.
+    assert isolation.hub_namespace == "gpu"
+    assert dict(isolation.hub_pod_labels) == load_yaml(CHART / "values.yaml")["hub"]["podLabels"]
+    assert dict(isolation.portal_pod_labels).items() <= pod["metadata"]["labels"].items()
+    assert isolation.portal_pod_labels["app.kubernetes.io/instance"] == "prod"
+    assert isolation.portal_service_account == pod["spec"]["serviceAccountName"]
+    binding = named(objects, "ClusterRoleBinding", "prod-gpuportal")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": isolation.portal_service_account, "namespace": "gpu"}
+    ]
+    # The portal reads them from the mounted ConfigMap.
+    path = env_of(pod, "portal")["GPUPORTAL_ISOLATION_FILE"]
+    (c,) = pod["spec"]["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "isolation"]
+    assert path == f"{mount['mountPath']}/isolation.yaml"
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "isolation"]
+    assert volume["configMap"]["name"] == "prod-gpuportal-isolation"
+
+
+def test_isolation_values_win_over_what_the_chart_fills_in(helm: Helm) -> None:
+    objects = helm.render(
+        sets={
+            "isolation.hub_namespace": '"jhub"',
+            "isolation.api_server_cidrs": '["10.100.0.1/32"]',
+            "isolation.shared_gpu_replicas": "4",
+        }
+    )
+    isolation = isolation_of(objects)
+    assert isolation.hub_namespace == "jhub"
+    assert isolation.api_server_cidrs == ("10.100.0.1/32",)
+    assert isolation.shared_gpu_replicas == 4
+    assert isolation.portal_service_account == "gpuportal"  # still filled in
+
+
+def test_an_unknown_isolation_value_is_refused_by_the_chart_schema(helm: Helm) -> None:
+    proc = helm.template(sets={"isolation.hub_namepsace": '"jhub"'})
+    assert proc.returncode != 0
+    assert "hub_namepsace" in proc.stderr
+
+
+def test_the_chart_schema_knows_every_isolation_setting(helm: Helm) -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    known = set(schema["properties"]["isolation"]["properties"])
+    assert known == {f.name for f in dataclasses.fields(IsolationSettings)}
 
 
 # --- RBAC ----------------------------------------------------------------------------------------

@@ -15,22 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from policies.isolation import IsolationSettings, TenantSpec, tenant_manifests
+from policies.isolation import TenantSpec, tenant_manifests
 from tests.helm.chart import CHART as CHART_DIR
-from tests.helm.chart import Helm, load_yaml
+from tests.helm.chart import Helm, isolation_of, load_yaml
 from tests.portal.isolation.test_connectivity import nca_executable
 
 NAMESPACE = "gpuportal"
 VALUES = load_yaml(CHART_DIR / "values.yaml")
-# The tenant policies configured for a hub installed by z2jh next to the chart.
-SETTINGS = IsolationSettings(
-    hub_namespace=NAMESPACE,
-    hub_pod_labels=VALUES["hub"]["podLabels"],
-    proxy_pod_labels=VALUES["hub"]["proxyPodLabels"],
-    api_server_cidrs=("10.96.0.1/32",),
-)
 TENANT = TenantSpec("team-a", {}, cpu_millis=1, memory_mib=1, pods=1)
-TENANT_NS = SETTINGS.namespace(TENANT.name)
+TENANT_NS = "gp-team-a"
 _LINE = re.compile(r"(?P<src>\S+) => (?P<dst>\S+) : (?P<conn>.+)")
 
 
@@ -62,9 +55,13 @@ def _component(name: str) -> dict[str, str]:
 
 
 def cluster_objects(helm: Helm) -> list[dict[str, Any]]:
-    objects = [o for o in helm.render(namespace=NAMESPACE) if o["kind"] == "NetworkPolicy"]
+    rendered = helm.render(namespace=NAMESPACE)
+    objects = [o for o in rendered if o["kind"] == "NetworkPolicy"]
     assert objects, "the chart rendered no NetworkPolicy"
-    for manifest in tenant_manifests(TENANT, SETTINGS):
+    # The tenant policies as the chart's portal builds them, for a hub installed by z2jh.
+    settings = isolation_of(rendered)
+    assert settings.namespace(TENANT.name) == TENANT_NS
+    for manifest in tenant_manifests(TENANT, settings):
         if manifest["kind"] == "Namespace":
             name = manifest["metadata"]["name"]
             manifest["metadata"]["labels"]["kubernetes.io/metadata.name"] = name
@@ -79,7 +76,7 @@ def cluster_objects(helm: Helm) -> list[dict[str, Any]]:
         _pod("agent", NAMESPACE, _component("agent"), 9999),
         _pod("hub", NAMESPACE, VALUES["hub"]["podLabels"], 8081),
         _pod("proxy", NAMESPACE, VALUES["hub"]["proxyPodLabels"], 8000),
-        _pod("notebook", TENANT_NS, {"app": "notebook"}, SETTINGS.notebook_port),
+        _pod("notebook", TENANT_NS, {"app": "notebook"}, settings.notebook_port),
         _pod("stranger", "elsewhere", {"app": "stranger"}, 8080),
         _pod("dns", "kube-system", {"k8s-app": "kube-dns"}, 53),
     ]

@@ -135,3 +135,35 @@ def test_the_service_registers_no_isolation_loop_without_kubernetes(alloc: Alloc
     loops = Loops()
     assert register_for_service(loops, alloc, Settings(inventory="demo")) is None
     assert [loop.name for loop in loops] == []
+
+
+def test_the_service_reconciles_and_binds_with_the_settings_of_its_isolation_file(
+    alloc: Allocator,
+    k8s_cluster: K8sCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from portal.kube import service as kube_service
+
+    path = tmp_path / "isolation.yaml"
+    path.write_text("namespace_prefix: gf-\nlabel_prefix: file.gpuportal.io/\n")
+    wanted = IsolationSettings(namespace_prefix="gf-", label_prefix="file.gpuportal.io/")
+    # Outside a pod the service reads the kubeconfig (KUBECONFIG, read by the client at import).
+    monkeypatch.setattr(
+        "kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
+        str(k8s_cluster.admin_kubeconfig),
+    )
+    settings = Settings(inventory="kubernetes", isolation_file=path)
+    loops = Loops()
+    loop = register_for_service(loops, alloc, settings)
+    assert loop is not None
+    bound = kube_service.register_for_service(loops, alloc, settings)
+    assert bound is not None and bound[0]._settings == wanted  # the binder agrees
+    with k8s_cluster.api_client() as api:
+        try:
+            loop.work()
+            ns = client.CoreV1Api(api).read_namespace("gf-loop-a")
+            assert ns.metadata is not None and ns.metadata.labels is not None
+            assert ns.metadata.labels["file.gpuportal.io/tenant"] == "loop-a"
+        finally:
+            reconcile([], wanted, api, force=True)
