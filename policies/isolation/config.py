@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from policies.errors import InvalidRequest
 from policies.isolation.spec import IsolationSettings
 
-_FIELDS = {f.name: f for f in dataclasses.fields(IsolationSettings)}
+_FIELDS = frozenset(f.name for f in dataclasses.fields(IsolationSettings))
 _DEFAULTS = IsolationSettings()
 # Fields whose value is a list of strings in the file (tuples or a set in the settings).
 _LISTS = {"api_server_cidrs", "private_cidrs", "flavors"}

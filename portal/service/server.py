@@ -47,6 +47,7 @@ from portal.api.auth import Authenticator
 from portal.api.errors import Unavailable
 from portal.api.metrics import ServiceMetrics
 from portal.isolation import loop as isolation_loop
+from portal.isolation.config import load_isolation_settings
 from portal.kube import service as kube_loops
 from portal.service import logs, seed, tokens
 from portal.service.decisions import ReportingStore
@@ -148,6 +149,8 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
     signals.install()
     where = plan(settings, os.environ)
     seeds = seed.load(seed_file) if seed_file is not None else None
+    # The loops read it when they register; a bad file stops the service before anything starts.
+    load_isolation_settings(settings.isolation_file)
     follower = Follower(
         source_factory(settings.inventory),
         f"inventory {settings.inventory!r} (GPUPORTAL_INVENTORY)",

@@ -175,6 +175,7 @@ def test_the_tick_admits_a_workload_that_the_release_cycle_left_in_the_queue(
             "inventory 'kubernetes' (GPUPORTAL_INVENTORY) could not be listed",
         ),
         ({"GPUPORTAL_DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"}, "database"),
+        ({"GPUPORTAL_ISOLATION_FILE": "/nonexistent/isolation.yaml"}, "isolation file"),
     ],
 )
 def test_bad_settings_give_one_clear_line_and_exit_2(
