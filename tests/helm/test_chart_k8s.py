@@ -5,6 +5,7 @@ ValidatingAdmissionPolicy."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,6 +210,22 @@ def annotate(core: Any, node: str, key: str, value: str) -> None:
     core.patch_node(node, {"metadata": {"annotations": {key: value}}})
 
 
+def wait_for_policy(agent: Any, other_node: str, timeout_s: float = 30.0) -> None:
+    """Until the apiserver enforces the agent's ValidatingAdmissionPolicy: it loads new
+    policies asynchronously, so a request right after the chart is applied may pass unchecked.
+    Probed with a dry run, which admission sees and nothing stores."""
+    body = {"metadata": {"annotations": {"gpuportal.io/topology": "{}"}}}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            agent.patch_node(other_node, body, dry_run="All")
+        except ApiException as refused:
+            if "only the Node its own pod runs on" in status_message(refused):
+                return
+        assert time.monotonic() < deadline, "the agent's admission policy never took effect"
+        time.sleep(0.2)
+
+
 def test_the_agent_may_annotate_only_its_own_node(
     k8s_cluster: K8sCluster, installed: Installed
 ) -> None:
@@ -239,6 +256,7 @@ def test_the_agent_may_annotate_only_its_own_node(
 
         with agent_client(k8s_cluster, token) as api:
             agent: Any = client.CoreV1Api(api)
+            wait_for_policy(agent, other)
             annotate(agent, own, "gpuportal.io/topology", '{"v":1}')
             assert (
                 installed.core.read_node(own).metadata.annotations["gpuportal.io/topology"]
