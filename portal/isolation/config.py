@@ -1,7 +1,7 @@
 """The service's isolation settings: ``GPUPORTAL_ISOLATION_FILE`` (YAML, the field names of
 ``policies.isolation.IsolationSettings``; the Helm chart writes one for its release), or the
-defaults without it. The isolation loop and the pod binder read the same file, so the
-namespaces and labels they use agree."""
+defaults without it. ``gpuportal serve`` reads it once at start and hands the same settings
+to the isolation loop and the pod binder, so the namespaces and labels they use agree."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ from kubernetes.client import ApiClient
 
 from policies.isolation import IsolationSettings, TenantSpec
 from portal.allocator import Allocator
-from portal.isolation.config import load_isolation_settings
 from portal.isolation.reconciler import ReconcileResult, reconcile
 from portal.service.loops import Loop, Loops
 from portal.settings import Settings
@@ -136,14 +135,15 @@ def register(
     return loops.add(LOOP_NAME, interval_s, work)
 
 
-def register_for_service(loops: Loops, alloc: Allocator, settings: Settings) -> Loop | None:
+def register_for_service(
+    loops: Loops, alloc: Allocator, settings: Settings, isolation: IsolationSettings
+) -> Loop | None:
     """The service's registration: on Kubernetes (``inventory=kubernetes``) reconcile with the
-    pod's service account (or the kubeconfig outside a cluster) and the settings of
-    ``GPUPORTAL_ISOLATION_FILE``; elsewhere there is nothing to isolate and nothing is
+    pod's service account (or the kubeconfig outside a cluster) and ``isolation`` (the service
+    reads ``GPUPORTAL_ISOLATION_FILE``); elsewhere there is nothing to isolate and nothing is
     registered."""
     if settings.inventory.strip() != "kubernetes":
         return None
-    isolation = load_isolation_settings(settings.isolation_file)
     import kubernetes
     from kubernetes.config.config_exception import ConfigException
 

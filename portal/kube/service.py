@@ -13,7 +13,6 @@ from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from policies.isolation import IsolationSettings
-from portal.isolation.config import load_isolation_settings
 from portal.kube.binder import Binder
 from portal.kube.sweep import Sweeper
 from portal.kube.views import AllocationSource
@@ -67,11 +66,11 @@ def register(
 
 
 def register_for_service(
-    loops: Loops, source: AllocationSource, settings: Settings
+    loops: Loops, source: AllocationSource, settings: Settings, isolation: IsolationSettings
 ) -> tuple[Binder, Sweeper] | None:
     """The service's registration: on Kubernetes (``inventory=kubernetes``) only, with the
-    isolation loop's settings (``GPUPORTAL_ISOLATION_FILE``); elsewhere no pod needs binding
-    and nothing is registered."""
+    isolation loop's settings (``isolation``); elsewhere no pod needs binding and nothing is
+    registered."""
     if settings.inventory.strip() != "kubernetes":
         return None
-    return register(loops.add, source, settings=load_isolation_settings(settings.isolation_file))
+    return register(loops.add, source, settings=isolation)

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp
 
 from policies.errors import InvalidRequest
 from policies.inventory import Node
+from policies.isolation import IsolationSettings
 from policies.placement.scorers import policy as named_policy
 from portal.agent import inprocess
 from portal.alerting import wiring as alerting
@@ -115,13 +116,15 @@ def under_prefix(app: FastAPI, prefix: str) -> ASGIApp:
     return Starlette(routes=[Mount(prefix.rstrip("/"), app=app)])
 
 
-def register_loops(loops: Loops, allocator: Allocator, settings: Settings) -> None:
+def register_loops(
+    loops: Loops, allocator: Allocator, settings: Settings, isolation: IsolationSettings
+) -> None:
     """The service's periodic work. Add yours here: ``loops.add(name, interval_s, work)``."""
     # Release cycles retry only a few queued workloads (the allocator's partial cycle); the
     # tick schedules the whole queue, ends preemption grace periods and refreshes ETAs.
     loops.add("allocator-tick", settings.tick_interval_s, allocator.tick)
-    isolation_loop.register_for_service(loops, allocator, settings)
-    kube_loops.register_for_service(loops, allocator, settings)
+    isolation_loop.register_for_service(loops, allocator, settings, isolation)
+    kube_loops.register_for_service(loops, allocator, settings, isolation)
     alerting.register_for_service(loops, allocator)
     _register_agent(loops, allocator, settings)
 
@@ -149,8 +152,9 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
     signals.install()
     where = plan(settings, os.environ)
     seeds = seed.load(seed_file) if seed_file is not None else None
-    # The loops read it when they register; a bad file stops the service before anything starts.
-    load_isolation_settings(settings.isolation_file)
+    # Read once, before anything starts (a bad file stops the service here), for the isolation
+    # loop and the pod binder alike.
+    isolation = load_isolation_settings(settings.isolation_file)
     follower = Follower(
         source_factory(settings.inventory),
         f"inventory {settings.inventory!r} (GPUPORTAL_INVENTORY)",
@@ -161,7 +165,7 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
         store = open_store(settings.database_url)
         loops = Loops()
         try:
-            return _run(settings, where, seeds, store, nodes, follower, loops, signals)
+            return _run(settings, isolation, where, seeds, store, nodes, follower, loops, signals)
         finally:
             loops.stop(settings.shutdown_timeout_s)
             follower.stop()
@@ -173,6 +177,7 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
 
 def _run(
     settings: Settings,
+    isolation: IsolationSettings,
     where: Plan,
     seeds: list[seed.SeedTenant] | None,
     store: ReportingStore,
@@ -199,7 +204,7 @@ def _run(
     loops.add("cost-warm", COST_WARM_INTERVAL_S, accounting.warm, first_after_s=0)
     app.state.loops = loops
     metrics.registry.register(LoopsCollector(loops))
-    register_loops(loops, allocator, settings)
+    register_loops(loops, allocator, settings, isolation)
     follower.follow(allocator)
     # What is loaded by now (modules, the inventory, allocator state) lives as long as the
     # process: kept out of the collector's generations, full collections stop walking it

@@ -289,6 +289,16 @@ def test_leftover_model_arithmetic() -> None:
     assert LeftoverModel([(Shape(0, 1000, 1), 1.0)]).empty
 
 
+def share_node(held: dict[str, int], gp: GpuPortal, request: DeviceRequest) -> str:
+    """Where ``gp`` alone places ``request`` among one-GPU nodes holding ``held`` milli."""
+    cl = ClusterState([node(name, gpus=1) for name in held])
+    for name, milli in held.items():
+        cl.apply(Placement(name, gpus=(0,), milli=milli))
+    got = place(request, cl, Policy("gpuportal", [(gp, 1.0)]))
+    assert not isinstance(got, NoFit)
+    return got.node
+
+
 def test_gpuportal_pairs_shares_by_their_leftover() -> None:
     # Mix {1 GPU: 0.5, 470: 0.25, 320: 0.25}. A 470 share on "first" (650 free → 180) or
     # "second" (530 free → 60): Δ of F is 0.5·650 − 180 = 145 and 0.5·530 − 60 = 205, both
@@ -297,16 +307,11 @@ def test_gpuportal_pairs_shares_by_their_leftover() -> None:
     # 0.5·V(60) + 0.5·V(210) = 135 → V(60) = 60 (75 better): "second" wins.
     picks = {}
     for weight in (0.2, 0.0):
-        cl = ClusterState([node("first", gpus=1), node("second", gpus=1)])
-        cl.apply(Placement("first", gpus=(0,), milli=350))
-        cl.apply(Placement("second", gpus=(0,), milli=470))
         gp = GpuPortal(refresh_every=1, weight_leftover=weight)
         for req in (whole(1, 0), share(470, 0), whole(1, 0), share(320, 0)):
             gp.observe(req, None)
         assert set(gp.distribution) == {Shape(0, 1000, 1), Shape(0, 470, 1), Shape(0, 320, 1)}
-        got = place(share(470, 0), cl, Policy("gpuportal", [(gp, 1.0)]))
-        assert not isinstance(got, NoFit)
-        picks[weight] = got.node
+        picks[weight] = share_node({"first": 350, "second": 470}, gp, share(470, 0))
     assert picks == {0.2: "second", 0.0: "first"}
 
 
@@ -338,16 +343,11 @@ def test_gpuportal_patient_leftover_keeps_common_gaps_for_common_shares() -> Non
     # the 680 → 360 keeps room for another 320 (+40): "lone320" wins.
     picks = {}
     for patience in (1.0, 20.0):
-        cl = ClusterState([node("lone470", gpus=1), node("lone320", gpus=1)])
-        cl.apply(Placement("lone470", gpus=(0,), milli=470))
-        cl.apply(Placement("lone320", gpus=(0,), milli=320))
         gp = GpuPortal(refresh_every=1, leftover_patience=patience)
         for milli in (810, 650, 470, 320, 810, 320):
             gp.observe(share(milli, 0), None)
         assert {s.milli for s in gp.distribution} == {810, 650, 470, 320}
-        got = place(share(320, 0), cl, Policy("gpuportal", [(gp, 1.0)]))
-        assert not isinstance(got, NoFit)
-        picks[patience] = got.node
+        picks[patience] = share_node({"lone470": 470, "lone320": 320}, gp, share(320, 0))
     assert picks == {1.0: "lone470", 20.0: "lone320"}
 
 

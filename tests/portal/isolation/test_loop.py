@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from policies.isolation import IsolationSettings
 from portal.allocator import Allocator
 from portal.isolation import reconcile
+from portal.isolation.config import load_isolation_settings
 from portal.isolation.loop import (
     LOOP_NAME,
     IsolationLoop,
@@ -133,7 +134,7 @@ def test_specs_carry_quota_limits_and_a_single_node_pool(alloc: Allocator) -> No
 
 def test_the_service_registers_no_isolation_loop_without_kubernetes(alloc: Allocator) -> None:
     loops = Loops()
-    assert register_for_service(loops, alloc, Settings(inventory="demo")) is None
+    assert register_for_service(loops, alloc, Settings(inventory="demo"), SETTINGS) is None
     assert [loop.name for loop in loops] == []
 
 
@@ -154,10 +155,11 @@ def test_the_service_reconciles_and_binds_with_the_settings_of_its_isolation_fil
         str(k8s_cluster.admin_kubeconfig),
     )
     settings = Settings(inventory="kubernetes", isolation_file=path)
+    isolation = load_isolation_settings(settings.isolation_file)  # as ``gpuportal serve`` does
     loops = Loops()
-    loop = register_for_service(loops, alloc, settings)
+    loop = register_for_service(loops, alloc, settings, isolation)
     assert loop is not None
-    bound = kube_service.register_for_service(loops, alloc, settings)
+    bound = kube_service.register_for_service(loops, alloc, settings, isolation)
     assert bound is not None and bound[0]._settings == wanted  # the binder agrees
     with k8s_cluster.api_client() as api:
         try:
