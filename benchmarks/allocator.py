@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ from policies.placement.scorers import policy as named_policy
 from policies.requests import DeviceRequest, TopologyRequirement, WorkloadKind, WorkloadRequest
 from policies.topology import LinkClass, Topology
 from portal.allocator import Allocator
+from portal.allocator.memory import Live
+from portal.allocator.state import State
 from portal.inventory.simulated import generate
 from portal.store.records import ChangeSet, WorkloadState
 from portal.store.writer import Store
@@ -260,9 +263,16 @@ def check_invariants(alloc: Allocator) -> list[str]:
     return problems
 
 
+def _live(state: State, wid: str) -> Live | None:
+    return state.live.get(wid)
+
+
 def _fill(alloc: Allocator) -> float:
-    used = sum(sum(v.values()) for v in alloc._ledger.gpu_equivalents.values())
-    return used / max(1, sum(len(n.gpus) for n in alloc._nodes.values()))
+    def fill(state: State) -> float:
+        used = sum(sum(v.values()) for v in state.ledger.gpu_equivalents.values())
+        return used / max(1, sum(len(n.gpus) for n in state.nodes.values()))
+
+    return alloc.read(fill)
 
 
 def run(
@@ -312,7 +322,7 @@ def run(
                     return None
                 k = rng.randrange(len(live))
                 wid = live[k]
-                lv = alloc._live.get(wid)
+                lv = alloc.read(partial(_live, wid=wid))
                 if lv is None:  # finished meanwhile (preempted, cancelled)
                     live[k] = live[-1]
                     live.pop()
@@ -347,9 +357,7 @@ def run(
             fill = _fill(alloc)
             if i % 100 == 0:
                 fills.append(fill)
-                queued_est = sum(
-                    1 for lv in alloc._live.values() if lv.rec.state is WorkloadState.QUEUED
-                )
+                queued_est = alloc.read(lambda state: len(state.queued))
             do_request = fill < FILL_LOW or (fill <= FILL_HIGH and rng.random() < 0.5)
             if do_request and queued_est < MAX_QUEUED:
                 c0 = store.commit_ns
@@ -381,7 +389,7 @@ def run(
         commit_total = sum(req_commit_ns) + sum(rel_commit_ns)
         decided = len(all_ns)
         problems = check_invariants(alloc)
-        states = Counter(lv.rec.state.value for lv in alloc._live.values())
+        states = alloc.read(lambda st: Counter(lv.rec.state.value for lv in st.live.values()))
         return {
             "benchmark": "allocator",
             "date": datetime.now(UTC).strftime("%Y-%m-%d"),
@@ -391,7 +399,7 @@ def run(
                 "cpus": _cpus(),
             },
             "params": {
-                "policy": alloc._policy.name,
+                "policy": alloc.policy.name,
                 "gpus": total_gpus,
                 "nodes": len(nodes),
                 "decisions": decisions,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from policies.flavors import FlavorKind
 from policies.inventory import TaintEffect
+from policies.placement.fork import ClusterFork
 from policies.placement.framework import PlacementContext, Policy, Unfit
 from policies.placement.state import ClusterState, NodeState, Placement
 from policies.requests import DeviceRequest, TopologyRequirement
@@ -144,15 +145,23 @@ class _Index:
 
     ``live`` maps a node to the version its heap entry was scored at (None: it does not fit);
     entries whose version is no longer live are dropped lazily when they reach the top.
+
+    An index belongs to a root ``ClusterState`` and is brought up to date from its change log
+    (``seq``). When it was last used on a working copy (``fork.ClusterFork``), ``dirty`` holds
+    the nodes it scored from the copy's nodes, and ``fork``/``fork_seq`` how far it followed
+    that copy: those nodes are scored again before the index answers for anything else.
     """
 
-    __slots__ = ("cluster", "counts", "heap", "live", "seq", "why")
+    __slots__ = ("cluster", "counts", "dirty", "fork", "fork_seq", "heap", "live", "seq", "why")
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
         self.heap: list[tuple[float, int, int, str, Placement]] = []
         self.live: dict[str, int | None] = {}
         self.seq = cluster.seq
+        self.dirty: frozenset[str] = frozenset()
+        self.fork = 0
+        self.fork_seq = 0
         # Why each node that does not fit does not, and the totals: "nothing fits" answers
         # come from here instead of a scan of every node.
         self.why: dict[str, Unfit] = {}
@@ -169,6 +178,32 @@ class _Index:
             self.counts[reason] += 1
 
 
+def _changes_for(idx: _Index, cluster: ClusterState, root: ClusterState) -> set[str] | None:
+    """Nodes to re-score before ``idx`` answers for ``cluster`` (None: rebuild it)."""
+    if idx.cluster is not root:
+        return None
+    changed = root.changed_since(idx.seq)
+    if changed is None:
+        return None
+    names = set(changed)
+    if cluster is root:
+        return names | idx.dirty
+    assert isinstance(cluster, ClusterFork)
+    if idx.fork == cluster.token:
+        return names | set(cluster.fork_log[idx.fork_seq :])
+    return names | idx.dirty | cluster.touched
+
+
+def _synced(idx: _Index, cluster: ClusterState, root: ClusterState) -> None:
+    idx.seq = root.seq
+    if cluster is root:
+        idx.dirty, idx.fork, idx.fork_seq = frozenset(), 0, 0
+    else:
+        assert isinstance(cluster, ClusterFork)
+        idx.dirty = cluster.touched
+        idx.fork, idx.fork_seq = cluster.token, len(cluster.fork_log)
+
+
 def _indexed(
     req: DeviceRequest,
     cluster: ClusterState,
@@ -179,11 +214,12 @@ def _indexed(
     if policy.indexed_token != token:
         policy.indexes.clear()
         policy.indexed_token = token
-    key = (id(cluster), req, ctx.pools, ctx.tolerations)
+    root = cluster.root
+    key = (id(root), req, ctx.pools, ctx.tolerations)
     idx: _Index | None = policy.indexes.get(key)
-    changed = None if idx is None else cluster.changed_since(idx.seq)
-    if idx is None or changed is None or idx.cluster is not cluster:
-        idx = _Index(cluster)
+    changed = None if idx is None else _changes_for(idx, cluster, root)
+    if idx is None or changed is None:
+        idx = _Index(root)
         for st in cluster.candidates(req.models):
             _rescore(idx, req, st, cluster, policy, ctx)
         policy.indexes[key] = idx
@@ -194,14 +230,14 @@ def _indexed(
         if changed:
             models = req.models
             nodes = cluster.nodes
-            for name in set(changed):
+            for name in changed:
                 now = nodes.get(name)
                 if now is None or (models and not (now.models & models)):
                     idx.live.pop(name, None)
                     idx.set_why(name, None)
                 else:
                     _rescore(idx, req, now, cluster, policy, ctx)
-            idx.seq = cluster.seq
+    _synced(idx, cluster, root)
     heap, live = idx.heap, idx.live
     if len(heap) > 2 * len(live) + 64:
         heap[:] = [e for e in heap if live.get(e[3]) == e[2]]

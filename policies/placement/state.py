@@ -8,7 +8,7 @@ current, so a decision never scans more than the nodes that could possibly fit.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from policies import mig
@@ -88,6 +88,30 @@ class NodeState:
         self.max_free_milli = max(shareable, default=0)
         self._free_total = sum(self.free_milli)
         self.version = next(_VERSIONS)
+
+    def renew_version(self) -> None:
+        """Mark the node changed for score caches (``ClusterState`` calls this)."""
+        self.version = next(_VERSIONS)
+
+    def copy(self) -> NodeState:
+        """An independent copy with a new version (for a decision's working copy)."""
+        other = NodeState.__new__(NodeState)
+        other.node = self.node
+        other.order = self.order
+        other.model = self.model
+        other.models = self.models
+        other.cpu_free = self.cpu_free
+        other.mem_free = self.mem_free
+        other.schedulable = self.schedulable
+        other.free_milli = list(self.free_milli)
+        other.free_mem = list(self.free_mem)
+        other.mig_layout = [list(x) for x in self.mig_layout]
+        other.mig_free = [set(x) for x in self.mig_free]
+        other.full_free = self.full_free
+        other.max_free_milli = self.max_free_milli
+        other._free_total = self._free_total
+        other.version = next(_VERSIONS)
+        return other
 
     @property
     def name(self) -> str:
@@ -233,7 +257,7 @@ class ClusterState:
     """
 
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
-        self.nodes: dict[str, NodeState] = {}
+        self._nodes: dict[str, NodeState] = {}
         self.by_model: dict[str, dict[str, NodeState]] = {}
         self._next_order = 0
         self._log: list[str] = []
@@ -243,6 +267,16 @@ class ClusterState:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @property
+    def nodes(self) -> Mapping[str, NodeState]:
+        """Every node's state by name (read only: change it through the methods below)."""
+        return self._nodes
+
+    @property
+    def root(self) -> ClusterState:
+        """The state a working copy was forked from (``fork.ClusterFork``); itself here."""
+        return self
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.nodes.values())
@@ -260,7 +294,7 @@ class ClusterState:
             order = self._next_order
         self._next_order = max(self._next_order, order + 1)
         st = NodeState(node, order)
-        self.nodes[node.name] = st
+        self._nodes[node.name] = st
         for model in node.models or {""}:
             self.by_model.setdefault(model, {})[node.name] = st
         self._changed(node.name)
@@ -268,7 +302,7 @@ class ClusterState:
 
     def remove_node(self, name: str) -> NodeState:
         st = self.node(name)
-        del self.nodes[name]
+        del self._nodes[name]
         for model in st.node.models or {""}:
             self.by_model.get(model, {}).pop(name, None)
         self._changed(name)
@@ -277,7 +311,7 @@ class ClusterState:
     def set_schedulable(self, name: str, schedulable: bool) -> None:
         st = self.node(name)
         st.schedulable = schedulable
-        st.version = next(_VERSIONS)
+        st.renew_version()
         self._changed(name)
 
     # -- change log ----------------------------------------------------------------------

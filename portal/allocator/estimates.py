@@ -1,24 +1,21 @@
-"""Estimates the allocator gives people: queue ETAs and GPU-hours used this budget period.
+"""Estimates the allocator gives people: where a queued workload stands and when it may start.
 
-Functions over the allocator's state, kept apart from its bookkeeping like ``scheduling``.
+Reads a ``Memory`` (the live state, under the allocator's lock); changes nothing.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from policies import quota
 from policies.eta import ReleaseCurve
-
-if TYPE_CHECKING:
-    from portal.allocator.engine import Allocator
-    from portal.allocator.live import Live
+from portal.allocator.memory import Live, Memory
+from portal.allocator.views import QueueEntry
 
 
-def eta(self: Allocator, lv: Live, ahead: list[Live], now: datetime) -> float | None:
+def eta(mem: Memory, lv: Live, ahead: list[Live], now: datetime) -> float | None:
     """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor."""
-    walk = QueueEtas(self, now)
+    walk = QueueEtas(mem, now)
     for other in ahead:
         walk.passed(other)
     return walk.eta(lv)
@@ -34,14 +31,14 @@ class QueueEtas:
     instead of O(queued · (queued + running)).
     """
 
-    def __init__(self, alloc: Allocator, now: datetime) -> None:
-        self._alloc = alloc
+    def __init__(self, mem: Memory, now: datetime) -> None:
+        self._mem = mem
         self._now = now.timestamp()
         self._ahead: dict[tuple[str, str | None], int] = {}
         self._curves: dict[tuple[str, str | None], ReleaseCurve] = {}
 
     def _flavors(self, lv: Live) -> list[str]:
-        return [str(lv.req.devices.flavor(m)) for m in self._alloc._models_for(lv.req)]
+        return [str(lv.req.devices.flavor(m)) for m in self._mem.models_for(lv.req)]
 
     def passed(self, lv: Live) -> None:
         """``lv`` is ahead of every entry asked about from now on."""
@@ -55,14 +52,13 @@ class QueueEtas:
         if not flavors:
             return None
         fl = flavors[0]
-        a = self._alloc
+        mem = self._mem
         tenant = lv.rec.tenant if lv.rec.reason == quota.QueueReason.QUOTA.value else None
         if tenant is not None:
-            q = a._quotas.get((tenant, fl))
-            free = max(0, (q.limit if q else 0) - a._ledger.usage.get((tenant, fl), 0))
+            q = mem.quotas.get((tenant, fl))
+            free = max(0, (q.limit if q else 0) - mem.ledger.used(tenant, fl))
         else:
-            used = sum(v for (_, f), v in a._ledger.usage.items() if f == fl)
-            free = max(0, a._capacity.get(fl, 0) - used)
+            free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
         need = lv.req.devices.amount() * lv.req.gang_size
         return self._curve(fl, tenant).wait(self._ahead.get((fl, tenant), 0), free, need, self._now)
 
@@ -71,8 +67,8 @@ class QueueEtas:
         curve = self._curves.get(key)
         if curve is None:
             ends: list[tuple[float, int]] = []
-            live = self._alloc._live
-            for wid, held in self._alloc._ledger.holders.get(fl, {}).items():
+            live = self._mem.live
+            for wid, held in self._mem.ledger.holders_of(fl).items():
                 o = live.get(wid)
                 if o is not None and held and (tenant is None or o.rec.tenant == tenant):
                     ends.append((o.end_at, held))
@@ -80,36 +76,44 @@ class QueueEtas:
         return curve
 
 
-def gpu_hours_this_period(self: Allocator, tenant: str, flavor: str, now: datetime) -> float:
-    """GPU-hours of ``flavor`` the tenant used this calendar month (UTC), running included."""
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    if self._period_start != start:
-        self._period_start = start
-        self._period_done = {}
-        owners: dict[str, str] = {}
-        for a in self._store.allocations_between(start, now):
-            if a.released_at is None or a.created_at is None or not a.flavor:
-                continue
-            if a.workload_id not in owners:
-                w = self._store.workload(a.workload_id)
-                owners[a.workload_id] = w.tenant if w is not None else ""
-            tenant_of = owners[a.workload_id]
-            add_period(self, tenant_of, a.flavor, a.gpu_equivalent, a.created_at, a.released_at)
-    total = self._period_done.get((tenant, flavor), 0.0)
-    for lv in self._live.values():
-        if lv.rec.tenant != tenant:
-            continue
-        for a in lv.allocations:
-            if a.flavor == flavor and a.created_at is not None:
-                total += a.gpu_equivalent * (now - max(a.created_at, start)).total_seconds() / 3600
-    return total
+def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
+    ordered = mem.order(now)
+    per_tenant: dict[str, int] = {}
+    out = []
+    etas = QueueEtas(mem, now)
+    for i, lv in enumerate(ordered, start=1):
+        per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
+        models = mem.models_for(lv.req) or [""]
+        geq = lv.req.devices.gpu_equivalent(models[0]) * lv.req.gang_size if models[0] else 0.0
+        out.append(
+            QueueEntry(
+                workload_id=lv.rec.id,
+                tenant=lv.rec.tenant,
+                owner=lv.rec.owner,
+                name=lv.rec.name,
+                priority=lv.rec.priority,
+                position=i,
+                tenant_position=per_tenant[lv.rec.tenant],
+                reason=lv.rec.reason,
+                message=lv.message,
+                enqueued_at=lv.rec.created_at,
+                gpu_equivalent=geq,
+                eta_s=etas.eta(lv),
+            )
+        )
+        etas.passed(lv)
+    return out
 
 
-def add_period(
-    self: Allocator, tenant: str, flavor: str, gpu_eq: float, begin: datetime, end: datetime
-) -> None:
-    if self._period_start is None or end <= self._period_start:
-        return
-    hours = (end - max(begin, self._period_start)).total_seconds() / 3600
-    key = (tenant, flavor)
-    self._period_done[key] = self._period_done.get(key, 0.0) + gpu_eq * hours
+def queue_position(
+    mem: Memory, workload_id: str, now: datetime
+) -> tuple[int, int, float | None] | None:
+    """Position, position within its tenant and ETA of one queued workload — what
+    ``queue_entries`` says about it, without computing the other entries."""
+    ordered = mem.order(now)
+    for i, lv in enumerate(ordered):
+        if lv.rec.id == workload_id:
+            tenant = lv.rec.tenant
+            tpos = sum(1 for o in ordered[: i + 1] if o.rec.tenant == tenant)
+            return i + 1, tpos, eta(mem, lv, ordered[:i], now)
+    return None

@@ -13,7 +13,7 @@ option for one tenant on the allocator's state, under its lock, changing nothing
   ``capacity``, ``topology``, ``budget``), its sentence, the position and tenant position it
   would get, and an estimated wait.
 
-The same rules as the scheduling cycle (``scheduling.try_start``) are used, so an offer and the
+The same rules as the scheduling cycle (``admission.try_start``) are used, so an offer and the
 answer to the request made from it agree unless something changes in between.
 """
 
@@ -26,17 +26,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from policies import fairness, quota
+from policies import quota
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU, Flavor, FlavorKind
 from policies.inventory import Node
+from policies.placement.fork import ClusterFork
 from policies.placement.framework import PlacementContext
 from policies.placement.pipeline import NoFit, place_gang
-from policies.placement.state import ClusterState
 from policies.requests import DeviceRequest, TopologyRequirement, WorkloadRequest
 from policies.topology import LinkClass
-from portal.allocator import scheduling
-from portal.allocator.live import Live
+from portal.allocator import estimates
+from portal.allocator.admission import budget_message
+from portal.allocator.memory import Live, Memory
 from portal.store.records import WorkloadRecord, WorkloadState
 
 if TYPE_CHECKING:
@@ -166,14 +167,15 @@ def offers(
     Raises:
         NotFound: no such tenant.
     """
-    return alloc.inspect(lambda cluster: _decide_all(alloc, cluster, tenant, options, keys))
+    now = alloc.clock()
+    return alloc.read(lambda state: _decide_all(alloc, state, tenant, options, keys, now))
 
 
 @dataclass(slots=True)
 class _Cached:
     """What offers derive from the inventory alone, for one inventory version."""
 
-    capacity: dict[str, int]  # the allocator's capacity dict: replaced on every inventory change
+    capacity: dict[str, int]  # the state's capacity dict: replaced on every inventory change
     options: list[Option]
     reachable: dict[frozenset[str], frozenset[str]]
 
@@ -183,33 +185,34 @@ class _Cached:
 _cache: weakref.WeakKeyDictionary[Allocator, _Cached] = weakref.WeakKeyDictionary()
 
 
-def _inventory_view(alloc: Allocator) -> _Cached:
-    """The cached catalogue for the allocator's current inventory (call under its lock)."""
+def _inventory_view(alloc: Allocator, state: Memory) -> _Cached:
+    """The cached catalogue for the current inventory (call under the allocator's lock)."""
     got = _cache.get(alloc)
-    if got is None or got.capacity is not alloc._capacity:
-        got = _Cached(alloc._capacity, catalogue(alloc._nodes.values()), {})
+    capacity = state.capacity()
+    if got is None or got.capacity is not capacity:
+        got = _Cached(capacity, catalogue(state.nodes.values()), {})
         _cache[alloc] = got
     return got
 
 
 def _decide_all(
     alloc: Allocator,
-    cluster: ClusterState,
+    state: Memory,
     tenant: str,
     options: Iterable[Option] | None,
     keys: frozenset[str] | None,
+    now: datetime,
 ) -> list[Offer]:
-    rec = alloc._tenant(tenant)
-    view = _inventory_view(alloc)
+    rec = state.tenant(tenant)
+    view = _inventory_view(alloc, state)
     opts = list(options) if options is not None else view.options
     if keys is not None:
         opts = [o for o in opts if o.key in keys]
-    now = alloc._clock()
-    ctx = PlacementContext(pools=frozenset(rec.pools), avoid=alloc._reserved)
+    ctx = PlacementContext(pools=frozenset(rec.pools), avoid=state.scalars.reserved)
     reachable = view.reachable.get(ctx.pools)
     if reachable is None:
-        reachable = view.reachable[ctx.pools] = _models_in_pools(alloc._nodes.values(), ctx.pools)
-    return [_decide(alloc, cluster, tenant, o, ctx, reachable, now) for o in opts]
+        reachable = view.reachable[ctx.pools] = _models_in_pools(state.nodes.values(), ctx.pools)
+    return [_decide(state, tenant, o, ctx, reachable, now) for o in opts]
 
 
 def _models_in_pools(nodes: Iterable[Node], pools: frozenset[str]) -> frozenset[str]:
@@ -218,8 +221,7 @@ def _models_in_pools(nodes: Iterable[Node], pools: frozenset[str]) -> frozenset[
 
 
 def _decide(
-    alloc: Allocator,
-    cluster: ClusterState,
+    state: Memory,
     tenant: str,
     option: Option,
     ctx: PlacementContext,
@@ -239,7 +241,7 @@ def _decide(
     message = ""
     fl = option.flavor
     if fl is not None:
-        q = alloc._quotas.get((tenant, fl))
+        q = state.quotas.get((tenant, fl))
         amount = dev.amount()
         if q is None or q.limit == 0:
             return Offer(
@@ -256,30 +258,31 @@ def _decide(
                 f"{option.label} needs {amount} {Flavor.parse(fl).unit} of {fl}; "
                 f"{tenant}'s limit is {q.limit}",
             )
-        if not scheduling._budget_ok(alloc, tenant, fl, now):
+        if not state.budget_ok(tenant, fl, now):
             blocked = quota.QueueReason.BUDGET.value
-            message = f"{tenant} has used its GPU-hour budget for {fl} this period"
+            message = budget_message(tenant, fl)
         else:
-            adm = quota.admit(alloc._quota_book(), alloc._ledger.usage, tenant, fl, amount)
+            adm = quota.admit(state.book(), state.ledger.usage, tenant, fl, amount)
             if not adm.ok:
                 blocked = adm.reason.value if adm.reason else quota.QueueReason.QUOTA.value
                 message = adm.message
     if not blocked:
-        got = place_gang(dev, 1, cluster, alloc._policy, ctx)
+        # On a working copy: placing a gang tries placements, and the live state must not move.
+        got = place_gang(dev, 1, ClusterFork(state.cluster), state.policy, ctx)
         if not isinstance(got, NoFit):
             return Offer(option, OfferState.AVAILABLE)
         reason = quota.QueueReason.TOPOLOGY if got.topology else quota.QueueReason.CAPACITY
         blocked, message = reason.value, got.summary()
-    position, tenant_position, eta = _would_queue(alloc, tenant, option, blocked, now)
+    position, tenant_position, eta = _would_queue(state, tenant, option, blocked, now)
     return Offer(option, OfferState.QUEUED, blocked, message, position, tenant_position, eta)
 
 
 def _would_queue(
-    alloc: Allocator, tenant: str, option: Option, reason: str, now: datetime
+    state: Memory, tenant: str, option: Option, reason: str, now: datetime
 ) -> tuple[int, int, float | None]:
     """Position, tenant position and ETA a request for ``option`` would get if queued now."""
-    ordered = scheduling.order(alloc)
-    mine = _share(alloc, tenant, now)
+    ordered = state.order(now)
+    mine = state.share(tenant, now)
     shares: dict[str, float] = {}
     ahead: list[Live] = []
     for lv in ordered:
@@ -288,7 +291,7 @@ def _would_queue(
         t = lv.rec.tenant
         if lv.rec.priority == 0:
             if t not in shares:
-                shares[t] = _share(alloc, t, now)
+                shares[t] = state.share(t, now)
             if shares[t] > mine and t != tenant:
                 break
         ahead.append(lv)
@@ -311,18 +314,8 @@ def _would_queue(
         WorkloadRequest(tenant=tenant, owner="offer", name=option.key, devices=option.devices),
         seq=_AFTER_EVERYONE,
     )
-    eta = alloc._eta(probe, ahead, now) if option.flavor is not None else None
+    eta = estimates.eta(state, probe, ahead, now) if option.flavor is not None else None
     return position, tenant_position, eta
-
-
-def _share(alloc: Allocator, tenant: str, now: datetime) -> float:
-    hist, at = alloc._history.get(tenant, (0.0, now))
-    return fairness.dominant_share(
-        alloc._ledger.tenant_gpu_equivalents(tenant),
-        alloc._capacity_geq(),
-        alloc._tenants[tenant].weight if tenant in alloc._tenants else 1.0,
-        history=fairness.decayed(hist, at.timestamp(), now.timestamp(), alloc._half_life),
-    )
 
 
 __all__ = [

@@ -1,0 +1,159 @@
+"""A copy-on-write working copy of a ``ClusterState`` for one decision.
+
+A decision (admit several workloads in one cycle, place a gang) must see its own tentative
+placements without changing the live state: the live state changes only once the decision is
+committed. ``ClusterFork`` shares every node with its root and copies a node the first time the
+decision changes it, so forking is O(1) and a decision costs O(nodes it touches).
+
+Placement's score indexes (``pipeline._indexed``) are kept per root: a fork tells them which
+nodes it changed (``touched``), and they re-score those nodes again on the next use of the root
+or of another fork, so nothing scored on a discarded fork is ever trusted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+
+from policies.errors import Conflict, NotFound
+from policies.inventory import Node
+from policies.placement.state import ClusterState, NodeState, Placement
+
+_TOKENS = itertools.count(1)
+
+
+class _ForkNodes(Mapping[str, NodeState]):
+    """The root's nodes with the fork's copies, additions and removals laid over them."""
+
+    __slots__ = ("_base", "_gone", "_own")
+
+    def __init__(
+        self, base: Mapping[str, NodeState], own: dict[str, NodeState], gone: set[str]
+    ) -> None:
+        self._base, self._own, self._gone = base, own, gone
+
+    def __getitem__(self, name: str) -> NodeState:
+        got = self._own.get(name)
+        if got is not None:
+            return got
+        if name in self._gone:
+            raise KeyError(name)
+        return self._base[name]
+
+    def __contains__(self, name: object) -> bool:
+        if name in self._own:
+            return True
+        return name not in self._gone and name in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        for name in self._base:
+            if name not in self._gone or name in self._own:
+                yield name
+        for name in self._own:
+            if name not in self._base:
+                yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class ClusterFork(ClusterState):
+    """``root`` as it would be after this fork's changes; ``root`` itself never changes."""
+
+    def __init__(self, root: ClusterState) -> None:
+        # Deliberately not ClusterState.__init__: nothing is copied.
+        self._root = root.root
+        self._own: dict[str, NodeState] = {}
+        # Names whose node the fork replaced by a new description (add after remove, or new).
+        self._renewed: set[str] = set()
+        self._gone: set[str] = set()
+        self._view = _ForkNodes(self._root.nodes, self._own, self._gone)
+        self._next_order = self._root._next_order
+        self.fork_log: list[str] = []
+        self.token = next(_TOKENS)
+
+    @property
+    def nodes(self) -> Mapping[str, NodeState]:
+        return self._view
+
+    @property
+    def root(self) -> ClusterState:
+        return self._root
+
+    @property
+    def touched(self) -> frozenset[str]:
+        """Every node this fork changed, added or removed."""
+        return frozenset(self.fork_log)
+
+    @property
+    def seq(self) -> int:
+        return self._root.seq + len(self.fork_log)
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        base = self._root.seq
+        if seq >= base:
+            return self.fork_log[seq - base :]
+        before = self._root.changed_since(seq)
+        return None if before is None else before + self.fork_log
+
+    def _changed(self, name: str) -> None:
+        self.fork_log.append(name)
+
+    def candidates(self, models: frozenset[str]) -> Iterable[NodeState]:
+        if not (self._own or self._gone):
+            return self._root.candidates(models)
+        return list(self._candidates(models))
+
+    def _candidates(self, models: frozenset[str]) -> Iterator[NodeState]:
+        own, gone, renewed = self._own, self._gone, self._renewed
+        for st in self._root.candidates(models):
+            name = st.node.name
+            if name in gone or name in renewed:
+                continue
+            yield own.get(name, st)
+        for name in renewed:
+            st = own[name]
+            if not models or st.node.models & models:
+                yield st
+
+    def _writable(self, name: str) -> NodeState:
+        got = self._own.get(name)
+        if got is None:
+            if name in self._gone or name not in self._root.nodes:
+                raise NotFound("node", name)
+            got = self._own[name] = self._root.nodes[name].copy()
+        return got
+
+    def apply(self, p: Placement) -> None:
+        self._writable(p.node)._take(p)
+        self._changed(p.node)
+
+    def unapply(self, p: Placement) -> None:
+        self._writable(p.node)._give(p)
+        self._changed(p.node)
+
+    def set_schedulable(self, name: str, schedulable: bool) -> None:
+        st = self._writable(name)
+        st.schedulable = schedulable
+        st.renew_version()
+        self._changed(name)
+
+    def add_node(self, node: Node, order: int | None = None) -> NodeState:
+        if node.name in self.nodes:
+            raise Conflict(f"node {node.name} is already in the inventory")
+        if order is None:
+            order = self._next_order
+        self._next_order = max(self._next_order, order + 1)
+        st = self._own[node.name] = NodeState(node, order)
+        self._renewed.add(node.name)
+        self._changed(node.name)
+        return st
+
+    def remove_node(self, name: str) -> NodeState:
+        st = self.node(name)
+        self._own.pop(name, None)
+        self._renewed.discard(name)
+        if name in self._root.nodes:
+            self._gone.add(name)
+        self._changed(name)
+        return st

@@ -1,0 +1,141 @@
+"""The scheduling cycle, decided on a draft.
+
+1. end the grace period of preempted workloads whose deadline passed (their devices free up);
+2. order the queue: priority, then the tenant's weighted dominant share (with decayed
+   history), then arrival;
+3. for each pending workload in that order: admit it by quota (per allowed model), place it
+   (all gang members or none), start it — or record why not (``admission``);
+4. the first workload blocked by capacity reserves the node closest to fitting it, so smaller
+   workloads behind it are placed elsewhere (backfill without starving the large one);
+5. a workload refused only because borrowers hold its tenant's guaranteed share reclaims it
+   (``reclaim``): a minimal set of borrowing workloads is told to stop, with a grace period.
+"""
+
+from __future__ import annotations
+
+from policies import quota
+from policies.flavors import FlavorKind
+from portal.allocator.admission import Blocked, note_blocked, try_start
+from portal.allocator.draft import Draft
+from portal.allocator.memory import Live
+from portal.store.records import WorkloadState
+
+# A release retries at most this many queued workloads, in queue order; the periodic full
+# cycle (``Allocator.tick``, every second in the service) reaches the rest. It bounds the
+# latency of a release however long the queue is, as kube-scheduler bounds a cycle.
+PARTIAL_CYCLE_TRIES = 16
+
+_QUOTA_REASONS = (quota.QueueReason.QUOTA.value, quota.QueueReason.BUDGET.value)
+_CAPACITY_REASONS = (quota.QueueReason.CAPACITY.value, quota.QueueReason.TOPOLOGY.value)
+
+
+def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | None = None) -> None:
+    """One scheduling cycle (see the module docstring). ``fresh``: only this new workload
+    needs trying (nothing was freed), the rest keep their last verdicts and reservations.
+    ``freed``: only these flavors got capacity or quota back, so only workloads that could use
+    one of them are retried (``None``: everything may have changed)."""
+    now = draft.now
+    # 1. expired grace periods
+    expired = [
+        lv
+        for lv in (draft.live[w] for w in sorted(draft.preempting))
+        if lv.rec.preempt_deadline is not None and lv.rec.preempt_deadline <= now
+    ]
+    ended: set[str] = set()
+    for lv in expired:
+        ended |= {a.flavor for a in lv.allocations if a.flavor}
+        draft.finish(lv, WorkloadState.RELEASED, "preempted")
+    if ended:
+        # Preempted work ended: a partial cycle over what it freed, for everyone.
+        affected = draft.affected()
+        affected.update(dict.fromkeys(ended))
+        draft.set_scalars(affected=tuple(affected.items()))
+        if freed is not None or fresh is not None:
+            freed = (freed or frozenset()) | ended
+    if fresh is not None and freed is None:
+        _try_fresh(draft, draft.live[fresh])
+        return
+    # 2.-5. A partial cycle (``freed``) keeps the reservation of a workload it does not retry.
+    _drop_stale_reservation(draft)
+    if freed is None:
+        draft.set_scalars(reserved=frozenset(), reserved_for=None)
+    reserved: set[str] = set(draft.scalars.reserved)
+    holder = draft.scalars.reserved_for
+    budget = PARTIAL_CYCLE_TRIES if freed is not None else None
+    failed_shapes: set[tuple[object, ...]] = set()
+    tried: set[str] = set()
+    for queued in draft.order(now):
+        lv = draft.live[queued.rec.id]
+        shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
+        if shape in failed_shapes:
+            continue
+        if freed is not None and lv.req.devices.kind is not None:
+            usable = freed & draft.flavors_for(lv.req)
+            if not usable or (
+                lv.rec.reason in _QUOTA_REASONS and not _quota_may_change(draft, lv, usable)
+            ):
+                continue
+        if budget is not None:
+            if budget == 0:
+                break  # the rest wait for the next full cycle (``tick``)
+            budget -= 1
+        if lv.rec.id == holder:
+            reserved, holder = set(), None  # the holder itself may use its reserved node
+        tried.add(lv.rec.id)
+        blocked = try_start(draft, lv, frozenset(reserved))
+        if blocked is None:
+            continue
+        if blocked.reason in _CAPACITY_REASONS:
+            failed_shapes.add(shape)
+            if not reserved and blocked.capacity_model is not None:
+                node = reserve_for(draft, lv, blocked.capacity_model)
+                if node is not None:
+                    reserved, holder = {node}, lv.rec.id
+        note_blocked(draft, lv, blocked)
+    draft.set_scalars(reserved=frozenset(reserved), reserved_for=holder)
+    if fresh is not None and fresh in draft.queued and fresh not in tried:
+        _try_fresh(draft, draft.live[fresh])
+
+
+def _try_fresh(draft: Draft, lv: Live) -> None:
+    """Try one new workload against the current reservation."""
+    _drop_stale_reservation(draft)
+    blocked: Blocked | None = try_start(draft, lv, draft.scalars.reserved)
+    if blocked is not None:
+        if not draft.scalars.reserved and blocked.capacity_model is not None:
+            node = reserve_for(draft, lv, blocked.capacity_model)
+            if node is not None:
+                draft.set_scalars(reserved=frozenset({node}), reserved_for=lv.rec.id)
+        note_blocked(draft, lv, blocked)
+
+
+def _quota_may_change(draft: Draft, lv: Live, flavors: frozenset[str]) -> bool:
+    """Whether the last release can change ``lv``'s quota verdict for one of ``flavors``."""
+    affected = draft.affected()
+    for fl in flavors:
+        tenants = affected.get(fl, None)
+        if tenants is None or lv.rec.tenant in tenants:
+            return True
+    return False
+
+
+def _drop_stale_reservation(draft: Draft) -> None:
+    """Forget the reservation once its workload is no longer queued."""
+    holder = draft.scalars.reserved_for
+    if holder is not None and holder not in draft.queued:
+        draft.set_scalars(reserved=frozenset(), reserved_for=None)
+
+
+def reserve_for(draft: Draft, lv: Live, model: str) -> str | None:
+    """The node closest to fitting ``lv``: most free capacity of the right kind."""
+    dev = lv.req.devices
+    best: tuple[int, int] | None = None
+    name = None
+    for st in draft.cluster.candidates(frozenset({model})):
+        if not st.schedulable:
+            continue
+        free = st.max_free_milli if dev.kind is FlavorKind.SHARE else st.full_free
+        key = (free, -st.order)
+        if best is None or key > best:
+            best, name = key, st.name
+    return name

@@ -1,0 +1,321 @@
+"""The allocator's in-memory state and the reads every decider needs.
+
+``Memory`` is one set of containers — nodes, the cluster's free capacity, tenants, quotas, live
+workloads, the queue and preemption indexes, the ledger, fairness history and this period's
+GPU-hours — plus the read methods over them. Two kinds exist: the live ``state.State`` and a
+decision's working copy ``draft.Draft`` (the same containers as copy-on-write overlays), so a
+decider reads exactly the same way whether it looks at the live state or at its own draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, MutableSet
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from policies import fairness, quota
+from policies.capacity import flavor_capacity
+from policies.errors import NotFound
+from policies.inventory import Node
+from policies.placement.framework import Policy
+from policies.placement.state import ClusterState, Placement
+from policies.preemption import PreemptionPolicy
+from policies.requests import DeviceRequest, TopologyRequirement, WorkloadKind, WorkloadRequest
+from portal.allocator.ledger import Ledger
+from portal.store.records import (
+    AllocationRecord,
+    QuotaRecord,
+    TenantRecord,
+    WorkloadRecord,
+    WorkloadState,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """A non-terminal workload in memory (immutable: a change replaces it)."""
+
+    rec: WorkloadRecord
+    req: WorkloadRequest
+    seq: int
+    allocations: tuple[AllocationRecord, ...] = ()
+    # The latest wait message when only its figures changed since the persisted one.
+    note: str | None = None
+
+    @property
+    def message(self) -> str:
+        return self.note if self.note is not None else self.rec.message
+
+    @property
+    def end_at(self) -> float:
+        """When the devices are expected back (epoch seconds; inf: unknown), for ETAs: the
+        preemption deadline, else start plus expected duration."""
+        rec = self.rec
+        if rec.state is WorkloadState.PREEMPTING and rec.preempt_deadline is not None:
+            return rec.preempt_deadline.timestamp()
+        if rec.expected_duration_s is not None and rec.started_at is not None:
+            return rec.started_at.timestamp() + rec.expected_duration_s
+        return float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryFacts:
+    """Aggregates of the inventory that every request check needs; rebuilt only when the
+    inventory changes (scanning every node per decision is O(nodes))."""
+
+    models: frozenset[str]
+    max_gpus: int
+    max_cpu_milli: int
+    max_memory_mib: int
+
+    @staticmethod
+    def of(nodes: Mapping[str, Node]) -> InventoryFacts:
+        models: set[str] = set()
+        max_gpus = max_cpu = max_mem = 0
+        for n in nodes.values():
+            models.update(g.model for g in n.gpus)
+            max_gpus = max(max_gpus, len(n.gpus))
+            max_cpu = max(max_cpu, n.cpu_milli)
+            max_mem = max(max_mem, n.memory_mib)
+        return InventoryFacts(frozenset(models), max_gpus, max_cpu, max_mem)
+
+
+@dataclass(frozen=True, slots=True)
+class Scalars:
+    """The allocator's single values: arrival counter, the head-of-queue reservation, and
+    which tenants the last release may have unblocked (read by the next partial cycle)."""
+
+    seq: int = 0
+    last_created: datetime | None = None
+    reserved: frozenset[str] = frozenset()
+    reserved_for: str | None = None
+    # Per freed flavor, the tenants whose quota verdict the last release can change (None:
+    # everyone).
+    affected: tuple[tuple[str, frozenset[str] | None], ...] = ()
+
+
+class Derived:
+    """Values computed from the containers, cached until the inventory or quotas change."""
+
+    __slots__ = ("book", "cap_geq", "capacity", "facts", "flavors")
+
+    def __init__(self) -> None:
+        self.capacity: dict[str, int] | None = None
+        self.facts: InventoryFacts | None = None
+        self.cap_geq: dict[str, float] | None = None
+        self.book: quota.QuotaBook | None = None
+        self.flavors: dict[DeviceRequest, frozenset[str]] = {}
+
+
+@dataclass(slots=True)
+class Memo:
+    """Memos of pure functions of frozen request shapes (not state: never compared)."""
+
+    flavor_names: dict[tuple[DeviceRequest, str], str] = field(default_factory=dict)
+    member_shapes: dict[
+        tuple[DeviceRequest, frozenset[str]], tuple[DeviceRequest, TopologyRequirement]
+    ] = field(default_factory=dict)
+
+
+class Memory:
+    """Containers and reads; see the module docstring. Subclasses set every attribute."""
+
+    cluster: ClusterState
+    nodes: MutableMapping[str, Node]
+    tenants: MutableMapping[str, TenantRecord]
+    quotas: MutableMapping[tuple[str, str], QuotaRecord]
+    live: MutableMapping[str, Live]
+    queued: MutableSet[str]
+    preempting: MutableSet[str]
+    preempting_amount: MutableMapping[tuple[str, str], int]
+    ledger: Ledger
+    history: MutableMapping[str, tuple[float, datetime]]
+    # (tenant, flavor, first day of the month) -> GPU-hours of allocations released that month.
+    period: MutableMapping[tuple[str, str, datetime], float]
+    scalars: Scalars
+    derived: Derived
+    memo: Memo
+    policy: Policy
+    preemption: PreemptionPolicy
+    half_life_s: float
+
+    # ---- changes of derived values (the ops call these) ----------------------------------
+
+    def inventory_changed(self) -> None:
+        self.derived = Derived()
+
+    def quotas_changed(self) -> None:
+        d = self.derived
+        fresh = Derived()
+        fresh.capacity, fresh.facts, fresh.cap_geq, fresh.flavors = (
+            d.capacity,
+            d.facts,
+            d.cap_geq,
+            d.flavors,
+        )
+        self.derived = fresh
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def tenant(self, name: str) -> TenantRecord:
+        try:
+            return self.tenants[name]
+        except KeyError:
+            raise NotFound("tenant", name, sorted(self.tenants)) from None
+
+    def capacity(self) -> dict[str, int]:
+        d = self.derived
+        if d.capacity is None:
+            d.capacity = flavor_capacity(self.nodes.values())
+        return d.capacity
+
+    def facts(self) -> InventoryFacts:
+        d = self.derived
+        if d.facts is None:
+            d.facts = InventoryFacts.of(self.nodes)
+        return d.facts
+
+    def capacity_geq(self) -> dict[str, float]:
+        """Capacity per flavor in GPU-equivalents."""
+        d = self.derived
+        if d.cap_geq is None:
+            d.cap_geq = {
+                fl: quota.gpu_equivalent(quota.validate_flavor_name(fl), amount)
+                for fl, amount in self.capacity().items()
+            }
+        return d.cap_geq
+
+    def book(self) -> quota.QuotaBook:
+        d = self.derived
+        if d.book is None:
+            per_tenant: dict[str, dict[str, quota.FlavorQuota]] = {t: {} for t in self.tenants}
+            for (t, fl), q in self.quotas.items():
+                per_tenant.setdefault(t, {})[fl] = quota.FlavorQuota(
+                    guaranteed=q.guaranteed, limit=q.limit, budget_gpu_hours=q.budget_gpu_hours
+                )
+            tenants = {
+                t: quota.TenantQuota(
+                    tenant=t, quotas=per_tenant[t], cohort=rec.cohort, weight=rec.weight
+                )
+                for t, rec in self.tenants.items()
+            }
+            d.book = quota.QuotaBook(tenants=tenants, capacity=dict(self.capacity()))
+        return d.book
+
+    def models_for(self, req: WorkloadRequest) -> list[str]:
+        """Models whose flavor for this request exists in the inventory."""
+        dev = req.devices
+        models = dev.models or self.facts().models
+        cap = self.capacity()
+        out = []
+        for m in sorted(models):
+            fl = dev.flavor(m)
+            if fl is not None and str(fl) in cap:
+                out.append(m)
+        return out
+
+    def flavors_for(self, req: WorkloadRequest) -> frozenset[str]:
+        """Names of the flavors ``req`` could be counted as."""
+        dev = req.devices
+        cache = self.derived.flavors
+        got = cache.get(dev)
+        if got is None:
+            got = cache[dev] = frozenset(str(dev.flavor(m)) for m in self.models_for(req))
+        return got
+
+    def flavor_name(self, dev: DeviceRequest, model: str) -> str:
+        key = (dev, model)
+        names = self.memo.flavor_names
+        name = names.get(key)
+        if name is None:
+            name = names[key] = str(dev.flavor(model))
+        return name
+
+    def reclaimable_by_tenant(self, flavor: str) -> dict[str, int]:
+        """Per tenant, the borrowed amount of ``flavor`` not already being preempted."""
+        out: dict[str, int] = {}
+        for (tenant, fl), held in self.ledger.usage.items():
+            if fl == flavor:
+                left = held - self.preempting_amount.get((tenant, fl), 0)
+                if left > 0:
+                    out[tenant] = left
+        return out
+
+    def gpu_hours_this_period(self, tenant: str, flavor: str, now: datetime) -> float:
+        """GPU-hours of ``flavor`` the tenant used this calendar month (UTC), running
+        included."""
+        start = month_start(now)
+        total = self.period.get((tenant, flavor, start), 0.0)
+        for wid in self.ledger.holders_of(flavor):
+            lv = self.live.get(wid)
+            if lv is None or lv.rec.tenant != tenant:
+                continue
+            for a in lv.allocations:
+                if a.flavor == flavor and a.created_at is not None:
+                    hours = (now - max(a.created_at, start)).total_seconds() / 3600
+                    total += a.gpu_equivalent * hours
+        return total
+
+    def budget_ok(self, tenant: str, flavor: str, now: datetime) -> bool:
+        q = self.quotas.get((tenant, flavor))
+        if q is None or q.budget_gpu_hours is None:
+            return True
+        used = self.gpu_hours_this_period(tenant, flavor, now)
+        return not quota.budget_exhausted(
+            quota.FlavorQuota(q.guaranteed, q.limit, q.budget_gpu_hours), used
+        )
+
+    def share(self, tenant: str, now: datetime) -> float:
+        """The tenant's weighted dominant share with decayed history (queue order)."""
+        hist, at = self.history.get(tenant, (0.0, now))
+        rec = self.tenants.get(tenant)
+        return fairness.dominant_share(
+            self.ledger.tenant_gpu_equivalents(tenant),
+            self.capacity_geq(),
+            rec.weight if rec is not None else 1.0,
+            history=fairness.decayed(hist, at.timestamp(), now.timestamp(), self.half_life_s),
+        )
+
+    def order(self, now: datetime) -> list[Live]:
+        """Queued workloads in scheduling order: priority, the tenant's weighted dominant
+        share, then arrival."""
+        pending = [self.live[w] for w in self.queued]
+        shares = {t: self.share(t, now) for t in {lv.rec.tenant for lv in pending}}
+        items = [
+            _Queued(
+                lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv.rec.id
+            )
+            for lv in pending
+        ]
+        return [self.live[item.workload_id] for item in fairness.queue_order(items, shares)]
+
+    def grace_for(self, kind: str) -> timedelta:
+        """How long a preempted workload of ``kind`` may keep its devices."""
+        notice = self.preemption.notice("", WorkloadKind(kind), 0.0)
+        return timedelta(seconds=notice.deadline_at)
+
+    def affected(self) -> dict[str, frozenset[str] | None]:
+        return dict(self.scalars.affected)
+
+    def observe(self, dev: DeviceRequest, placement: Placement) -> None:
+        """A placement was committed: scorers that learn the request mix see it (the live
+        state only; a draft's placements are seen once its decision is applied)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    priority: int
+    tenant: str
+    enqueued_at: float
+    seq: int
+    workload_id: str
+
+
+def month_start(at: datetime) -> datetime:
+    return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def period_hours(begin: datetime, end: datetime) -> tuple[datetime, float]:
+    """The month ``end`` falls in, and the hours of [begin, end] inside it."""
+    start = month_start(end)
+    return start, max(0.0, (end - max(begin, start)).total_seconds() / 3600)
