@@ -34,6 +34,10 @@ come), while V(190) = 190 either way: what the term then steers away from is lea
 that only rare sizes fit.
 
 Fully free GPUs do not count (they are whole-GPU capacity, which ``F`` already values).
+
+``LeftoverGain`` is gpuportal's leftover term: ``L(node) − L(node after the option)`` with
+``L = Σ V`` over the partly used GPUs. In the example (patience 1), a 470 share into a 530 free
+share gains 295 − 60 = 235; on a fully free GPU it gains 0 − V(530) = −295.
 """
 
 from __future__ import annotations
@@ -42,9 +46,8 @@ from collections.abc import Iterable
 
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU
-from policies.placement.scorers.fragmentation import Shape
-
-StateKey = tuple[int, str, tuple[int, ...]]
+from policies.placement.scorers.fragmentation import Shape, StateKey
+from policies.placement.state import NodeState, Placement
 
 
 class LeftoverModel:
@@ -106,3 +109,20 @@ class LeftoverModel:
     def value(self, key: StateKey) -> float:
         """``L`` of a node state key (see ``fragmentation.state_key``)."""
         return sum(self.leftover(f) for f in key[2] if 0 < f < MILLI_PER_GPU)
+
+
+class LeftoverGain:
+    """gpuportal's leftover term: the drop of ``L`` an option causes, in GPU milli."""
+
+    name = "leftover"
+
+    def __init__(self, typical: Iterable[tuple[Shape, float]], patience: float) -> None:
+        self.model = LeftoverModel(typical, patience)
+
+    @property
+    def empty(self) -> bool:
+        """True when the mix has no shares: the term is 0 everywhere and can be skipped."""
+        return self.model.empty
+
+    def gain(self, st: NodeState, option: Placement, before: StateKey, after: StateKey) -> float:
+        return self.model.value(before) - self.model.value(after)
