@@ -14,12 +14,11 @@ arriving, so a free share that common sizes fit is taken sooner or later, while 
 rare sizes fit (the 190 milli an 810 share leaves: about 1 in 30 openb share requests is that
 small) competes with many like it for few requests. ``patience`` k counts a free share as
 certainly taken once at least 1 in k share requests fits it, and in proportion below that (a
-first-order 1 − (1 − Q)^k, capped). Measured on openb (10 seeds; the
-scorer's term, see gpuportal.py): patience 20 lowers the unallocated GPU from 4.06 to 3.97 % at
-100 % arrived (3.99 → 3.88 at 130 %) against patience 1.
-In one-dimensional replays of the openb shares (sizes only, seeds 42–51, patience 1) choosing
-the free share that lowers ``Σ V`` most leaves 4.17 % of the GPUs idle where best fit leaves
-4.31 %.
+first-order 1 − (1 − Q)^k, capped). Measured on openb (10 seeds, as gpuportal's term; see
+docs/decisions/0007-gpuportal-scorer.md): patience 20 lowers the unallocated GPU from 4.06 to
+3.97 % at 100 % arrived (3.99 → 3.88 at 130 %) against patience 1. In one-dimensional
+replays of the openb shares (sizes only, seeds 42–51, patience 1) choosing the free share that
+lowers ``Σ V`` most leaves 4.17 % of the GPUs idle where best fit leaves 4.31 %.
 
 ``V`` deliberately ignores the node's CPU and GPU model: counting only the shares a node could
 take makes gaps on popular models look cheap and draws unconstrained shares onto the GPUs that
