@@ -6,14 +6,14 @@ milli). Per node, every option (each distinct GPU for a share, the topology-chos
 whole GPUs, each slot for MIG) is scored and the best kept. Non-MIG options combine four terms,
 each its own module:
 
-=================  ==================================  ===================================
-term               what it measures                    module
-=================  ==================================  ===================================
-fragmentation      ΔF, GPU milli saved from stranding  ``fragmentation.FragmentationGain``
-host               ΔD, GPU milli the host can feed     ``host.HostGain``
-leftover           ΔL, idle milli of partly used GPUs  ``leftover.LeftoverGain``
-topology rank      weakest link, then one socket       ``topology_rank.TopologyRank``
-=================  ==================================  ===================================
+=============  ============================================  ===================================
+term           what it measures (Δ: its drop by the option)  module
+=============  ============================================  ===================================
+fragmentation  ΔF: GPU milli the mix's next request strands  ``fragmentation.FragmentationGain``
+host           ΔD: idle GPU milli the free host cannot feed  ``host.HostGain``
+leftover       ΔL: idle milli the share mix leaves on GPUs   ``leftover.LeftoverGain``
+topology rank  weakest link of the set, then one socket      ``topology_rank.TopologyRank``
+=============  ============================================  ===================================
 
 MIG options are scored by ``mig_slots.MigSlots`` alone. The composition (``GpuPortal.score``):
 

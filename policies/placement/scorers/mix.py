@@ -18,8 +18,9 @@ they too change only when cached scores are invalidated anyway.
 Example: ``half_life`` 2 weighs each request √2 times the one before it. After the shares
 500, 500, 300, 300 (a refresh is due at the 4th) the histogram holds 1 + 1.41 = 2.41 for the
 500 and 2 + 2.83 = 4.83 for the 300; with ``coverage`` 0.95 both shapes are kept (the 300
-alone covers 0.67 of the mass): p = {300: 0.67, 500: 0.33}, which moved from ``PRIOR`` (the
-distribution before anything was observed) by far more than ``drift`` and is adopted.
+alone covers 0.67 of the mass): p = {300: 0.67, 500: 0.33}. It moved by 0.67 from the
+{500: 1} adopted after the 1st request (which replaced ``PRIOR``, the distribution before
+anything was observed), far more than ``drift``, and is adopted.
 """
 
 from __future__ import annotations
