@@ -140,11 +140,15 @@ def test_changing_a_module_constant_moves_the_golden_scores(
         ({"weight": 1.0}, r"invalid gpuportal option weight: expected one of coverage, drift"),
     ],
 )
-def test_bad_settings_are_refused(overrides: dict[str, float], message: str) -> None:
+def test_bad_settings_are_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
         GpuPortal(**overrides)
-    with pytest.raises(InvalidRequest, match=message.replace("option", "option")):
+    # The same through an explicit configuration object.
+    with pytest.raises(InvalidRequest, match=message):
         GpuPortal(GpuPortalConfig(), **overrides)
+    if "weight" not in overrides:
+        with pytest.raises(InvalidRequest, match=message):
+            GpuPortalConfig(**overrides)
 
 
 @pytest.mark.parametrize(
