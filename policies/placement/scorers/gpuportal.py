@@ -66,7 +66,7 @@ class GpuPortalConfig:
     ``half_life`` 20 000 — requests after which an observation weighs half; long, so the mix
     is learned accurately (4 000 stranded 0.10 points more GPU on openb, with drift 0.08).
     ``coverage`` 0.95 — the most frequent shapes covering this share of the decayed mass form
-    the distribution (FGD's typical pods cover 95 % likewise; the rare tail only adds cost).
+    the distribution (as the typical pods FGD is given cover 95 % of the trace's pods).
     ``refresh_every`` 1024 — the distribution is re-derived at most every this many requests
     (and after the 1st, 2nd, 4th, … before that).
     ``drift`` 0.02 — a re-derived distribution is adopted only when it moved by more than this
