@@ -14,6 +14,11 @@ half fits on GPU 0 and strands the 300 too (F = 300); F = 0.5·300 + 0.5·300 = 
 Values depend only on (CPU free, model, sorted free milli), so they are memoised on that key.
 The host side of the same question, for the future fill rather than the next request, is
 ``host.host_deficit``.
+
+``FragmentationGain`` is gpuportal's fragmentation term: ``Δ = F(node) − F(node after)``, the
+GPU milli an option *saves* from being stranded (negative: it strands more). Example, same mix
+and node: a 0.2 share on GPU 1 leaves (1000, 100): the whole GPU strands 100, the half 100,
+F = 100, Δ = 300 − 100 = 200; on GPU 0 it leaves (800, 300): F stays 300, Δ = 0.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from dataclasses import dataclass
 from policies.flavors import MILLI_PER_GPU, FlavorKind
 from policies.placement.state import NodeState, Placement
 from policies.requests import DeviceRequest
+
+# (CPU free, GPU model, free milli of the non-MIG GPUs sorted descending): all F depends on.
+StateKey = tuple[int, str, tuple[int, ...]]
 
 # Memo entries kept before the memo is cleared (bounds memory in a long-running allocator).
 MEMO_LIMIT = 200_000
@@ -53,7 +61,7 @@ class Shape:
         return None
 
 
-def state_key(st: NodeState) -> tuple[int, str, tuple[int, ...]]:
+def state_key(st: NodeState) -> StateKey:
     """(CPU free, model, free milli of non-MIG GPUs sorted descending) of a node now."""
     frees = tuple(
         sorted(
@@ -64,7 +72,7 @@ def state_key(st: NodeState) -> tuple[int, str, tuple[int, ...]]:
     return st.cpu_free, st.model, frees
 
 
-def key_after(st: NodeState, p: Placement) -> tuple[int, str, tuple[int, ...]]:
+def key_after(st: NodeState, p: Placement) -> StateKey:
     """The state key ``st`` would have after taking ``p``."""
     free = list(st.free_milli)
     if p.mig_profile is None:
@@ -87,9 +95,9 @@ class FragModel:
         self.typical: tuple[tuple[Shape, float], ...] = (
             tuple((s, w / total) for s, w in pairs) if total > 0 else ()
         )
-        self._memo: dict[tuple[int, str, tuple[int, ...]], float] = {}
+        self._memo: dict[StateKey, float] = {}
 
-    def value(self, key: tuple[int, str, tuple[int, ...]]) -> float:
+    def value(self, key: StateKey) -> float:
         got = self._memo.get(key)
         if got is not None:
             return got
@@ -109,6 +117,22 @@ class FragModel:
 
     def after(self, st: NodeState, p: Placement) -> float:
         return self.value(key_after(st, p))
+
+
+class FragmentationGain:
+    """gpuportal's fragmentation term: ``F(node) − F(node after the option)`` in GPU milli.
+
+    ``before``/``after`` are ``state_key(st)`` and ``key_after(st, option)``, computed once by
+    the caller for all terms.
+    """
+
+    name = "fragmentation"
+
+    def __init__(self, typical: Iterable[tuple[Shape, float]]) -> None:
+        self.model = FragModel(typical)
+
+    def gain(self, st: NodeState, option: Placement, before: StateKey, after: StateKey) -> float:
+        return self.model.value(before) - self.model.value(after)
 
 
 def _fragment(m: Shape, cpu_free: int, model: str, frees: Sequence[int], idle: int) -> int:

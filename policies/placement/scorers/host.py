@@ -21,6 +21,9 @@ D = 0. After a CPU-only pod of 17 cores and 50 GiB: min(79 000 / 10.9, 334 GiB /
 min(7 248, 8 322) → D = 752. The same pod on a T4 node (2 GPUs, 104 cores, 512 GiB) leaves
 D = 0 — so CPU- and memory-heavy pods go where CPU and memory are spare, and the G2 GPUs keep
 the host they will need.
+
+``HostGain`` is gpuportal's host term: ``D(node) − D(node after the option)``, in the same GPU
+milli as the fragmentation term (in the example: 0 − 752 = −752 for the G2 node, 0 for the T4).
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from __future__ import annotations
 import math
 
 from policies.flavors import MILLI_PER_GPU, FlavorKind
+from policies.placement.scorers.fragmentation import StateKey
+from policies.placement.state import NodeState, Placement
 from policies.requests import DeviceRequest
-
-StateKey = tuple[int, str, tuple[int, ...]]
 
 
 class HostDemand:
@@ -96,3 +99,23 @@ def host_deficit(key: StateKey, mem_free: int, cpu_ratio: float, mem_ratio: floa
     if fed == math.inf:
         return 0.0
     return max(0.0, sum(key[2]) - fed)
+
+
+class HostGain:
+    """gpuportal's host term: the drop of ``host_deficit`` an option causes, in GPU milli.
+
+    ``cpu_ratio``/``memory_ratio``: CPU milli and memory MiB per GPU milli of the demand to
+    feed (``HostDemand.ratios``); both 0 (nothing learned yet): the term is 0 everywhere.
+    """
+
+    name = "host"
+
+    def __init__(self, cpu_ratio: float = 0.0, memory_ratio: float = 0.0) -> None:
+        self.cpu_ratio = cpu_ratio
+        self.memory_ratio = memory_ratio
+
+    def gain(self, st: NodeState, option: Placement, before: StateKey, after: StateKey) -> float:
+        rc, rm = self.cpu_ratio, self.memory_ratio
+        return host_deficit(before, st.mem_free, rc, rm) - host_deficit(
+            after, st.mem_free - option.memory_mib, rc, rm
+        )

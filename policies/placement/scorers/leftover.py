@@ -14,12 +14,11 @@ arriving, so a free share that common sizes fit is taken sooner or later, while 
 rare sizes fit (the 190 milli an 810 share leaves: about 1 in 30 openb share requests is that
 small) competes with many like it for few requests. ``patience`` k counts a free share as
 certainly taken once at least 1 in k share requests fits it, and in proportion below that (a
-first-order 1 − (1 − Q)^k, capped). Measured on openb (10 seeds; the
-scorer's term, see gpuportal.py): patience 20 lowers the unallocated GPU from 4.06 to 3.97 % at
-100 % arrived (3.99 → 3.88 at 130 %) against patience 1.
-In one-dimensional replays of the openb shares (sizes only, seeds 42–51, patience 1) choosing
-the free share that lowers ``Σ V`` most leaves 4.17 % of the GPUs idle where best fit leaves
-4.31 %.
+first-order 1 − (1 − Q)^k, capped). Measured on openb (10 seeds, as gpuportal's term; see
+docs/decisions/0007-gpuportal-scorer.md): patience 20 lowers the unallocated GPU from 4.06 to
+3.97 % at 100 % arrived (3.99 → 3.88 at 130 %) against patience 1. In one-dimensional
+replays of the openb shares (sizes only, seeds 42–51, patience 1) choosing the free share that
+lowers ``Σ V`` most leaves 4.17 % of the GPUs idle where best fit leaves 4.31 %.
 
 ``V`` deliberately ignores the node's CPU and GPU model: counting only the shares a node could
 take makes gaps on popular models look cheap and draws unconstrained shares onto the GPUs that
@@ -34,6 +33,10 @@ come), while V(190) = 190 either way: what the term then steers away from is lea
 that only rare sizes fit.
 
 Fully free GPUs do not count (they are whole-GPU capacity, which ``F`` already values).
+
+``LeftoverGain`` is gpuportal's leftover term: ``L(node) − L(node after the option)`` with
+``L = Σ V`` over the partly used GPUs. In the example (patience 1), a 470 share into a 530 free
+share gains 295 − 60 = 235; on a fully free GPU it gains 0 − V(530) = −295.
 """
 
 from __future__ import annotations
@@ -42,9 +45,8 @@ from collections.abc import Iterable
 
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU
-from policies.placement.scorers.fragmentation import Shape
-
-StateKey = tuple[int, str, tuple[int, ...]]
+from policies.placement.scorers.fragmentation import Shape, StateKey
+from policies.placement.state import NodeState, Placement
 
 
 class LeftoverModel:
@@ -106,3 +108,20 @@ class LeftoverModel:
     def value(self, key: StateKey) -> float:
         """``L`` of a node state key (see ``fragmentation.state_key``)."""
         return sum(self.leftover(f) for f in key[2] if 0 < f < MILLI_PER_GPU)
+
+
+class LeftoverGain:
+    """gpuportal's leftover term: the drop of ``L`` an option causes, in GPU milli."""
+
+    name = "leftover"
+
+    def __init__(self, typical: Iterable[tuple[Shape, float]], patience: float) -> None:
+        self.model = LeftoverModel(typical, patience)
+
+    @property
+    def empty(self) -> bool:
+        """True when the mix has no shares: the term is 0 everywhere and can be skipped."""
+        return self.model.empty
+
+    def gain(self, st: NodeState, option: Placement, before: StateKey, after: StateKey) -> float:
+        return self.model.value(before) - self.model.value(after)
