@@ -40,7 +40,10 @@ class LongQueueWaitRule:
                         tenant=q.tenant,
                         owner=q.owner,
                         workloads=(q.workload_id,),
-                        summary=f"{q.name or q.workload_id} has waited {waited / 60:.0f} min in the queue",
+                        summary=(
+                            f"{q.name or q.workload_id} has waited {waited / 60:.0f} min"
+                            " in the queue"
+                        ),
                         value=waited,
                     )
                 )

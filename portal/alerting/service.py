@@ -131,9 +131,7 @@ def device_samples(measured: Measured, index: AllocationIndex) -> list[DeviceSam
             )
             ctx = None if holder is None else holder.context()
             mig = f" / MIG {holder.mig_profile}" if holder and holder.mig_profile else " / MIG"
-            out.append(
-                _sample(dw, dw.device, ctx, parent=dw.gpu_uuid, label=label and label + mig)
-            )
+            out.append(_sample(dw, dw.device, ctx, parent=dw.gpu_uuid, label=label and label + mig))
             continue
         whole = [h for h in holders if h.share is ShareKind.WHOLE]
         if whole:

@@ -19,9 +19,9 @@ from policies.alerts import (
     NoisyNeighbourSettings,
     NoisyScope,
     QueueSample,
-    SlowedByNeighbourRule,
     QuotaPressureRule,
     ShareKind,
+    SlowedByNeighbourRule,
     Snapshot,
     TenantUsageSample,
     ThrottleRule,
@@ -105,7 +105,7 @@ def test_noisy_neighbour_tells_the_offender_and_the_victim_each_without_the_othe
         return _shared_gpu(m, 45.0, 45.0)
 
     rules = [NoisyNeighbourRule(), SlowedByNeighbourRule()]
-    seen, state = run(rules, range(40), snap)
+    seen, _ = run(rules, range(40), snap)
     assert seen == [
         (10, None, P, "p0", "w-a", ("w-a",)),
         (10, None, P, "p0", "w-b", ("w-b",)),
@@ -114,11 +114,17 @@ def test_noisy_neighbour_tells_the_offender_and_the_victim_each_without_the_othe
         (30, F, R, "p0", "w-a", ("w-a",)),
         (30, F, R, "p0", "w-b", ("w-b",)),
     ]
-    seen_at_20, at_20 = run(rules, range(21), snap)
+    _, at_20 = run(rules, range(21), snap)
     offender, victim = sorted(at_20.alerts.values(), key=lambda a: a.key.rule)
-    assert (offender.key.rule, offender.tenant, offender.owner) == ("noisy_neighbour", "ml", "w-a-owner")
+    assert (offender.key.rule, offender.tenant, offender.owner) == (
+        "noisy_neighbour",
+        "ml",
+        "w-a-owner",
+    )
     assert (victim.key.rule, victim.tenant, victim.owner) == (
-        "slowed_by_neighbour", "vision", "w-b-owner"
+        "slowed_by_neighbour",
+        "vision",
+        "w-b-owner",
     )
     assert "w-b" not in offender.summary and "vision" not in offender.summary
     assert "slowing 1 other workload" in offender.summary
