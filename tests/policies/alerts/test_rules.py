@@ -29,7 +29,7 @@ from policies.alerts import (
     XidRule,
     default_rules,
 )
-from policies.alerts.engine import AlertState
+from policies.alerts.engine import AlertState, Rule
 from policies.alerts.throttle import HW_THERMAL
 
 from .scenario import T0, minute, run, share, whole
@@ -104,7 +104,7 @@ def test_noisy_neighbour_tells_the_offender_and_the_victim_each_without_the_othe
             return _shared_gpu(m, 85.0, 12.0)
         return _shared_gpu(m, 45.0, 45.0)
 
-    rules = [NoisyNeighbourRule(), SlowedByNeighbourRule()]
+    rules: list[Rule] = [NoisyNeighbourRule(), SlowedByNeighbourRule()]
     seen, _ = run(rules, range(40), snap)
     assert seen == [
         (10, None, P, "p0", "w-a", ("w-a",)),

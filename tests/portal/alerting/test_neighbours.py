@@ -19,7 +19,10 @@ FIRING = AlertState.FIRING
 
 def member(name: str, tenant: str) -> Caller:
     return Caller(
-        name, CallerKind.USER, frozenset({f"{Scope.WORKLOADS_READ}!group={tenant}"}), {tenant}
+        name,
+        CallerKind.USER,
+        frozenset({f"{Scope.WORKLOADS_READ}!group={tenant}"}),
+        frozenset({tenant}),
     )
 
 

@@ -31,7 +31,10 @@ MIG = "3g.40gb"
 
 def reader(name: str, tenant: str) -> Caller:
     return Caller(
-        name, CallerKind.USER, frozenset({f"{Scope.USAGE_READ}!group={tenant}"}), {tenant}
+        name,
+        CallerKind.USER,
+        frozenset({f"{Scope.USAGE_READ}!group={tenant}"}),
+        frozenset({tenant}),
     )
 
 
