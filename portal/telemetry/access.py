@@ -32,6 +32,7 @@ from portal.store.models import metadata
 from portal.store.records import AllocationRecord
 from portal.store.writer import Store
 from portal.telemetry.attribution import GpuInfo
+from portal.telemetry.store import HOUR_S, between
 from portal.telemetry.tables import WORKLOAD_SAMPLES
 
 _WORKLOADS: Table = metadata.tables["workloads"]
@@ -116,7 +117,7 @@ def device_access(
     parent = {m: g for g, info in gpus.items() for m in info.mig_instances}
     tenant_of = _tenants(store.engine, {a.workload_id for a in records})
     mig = [a for a in records if a.mig_profile is not None]
-    instances = _instances(store.engine, {a.workload_id for a in mig})
+    instances = _instances(store.engine, {a.workload_id for a in mig}, start, end)
     mine: dict[str, list[Interval]] = {}
     others: dict[str, list[Interval]] = {}
 
@@ -155,14 +156,23 @@ def _tenants(engine: Engine, workload_ids: set[str]) -> dict[str, str]:
         return {r[0]: r[1] for r in rows}
 
 
-def _instances(engine: Engine, workload_ids: set[str]) -> dict[str, set[str]]:
-    """The MIG instances (``<GPU>/gi<id>``) each workload's samples were attributed to."""
+def _instances(
+    engine: Engine, workload_ids: set[str], start: float, end: float
+) -> dict[str, set[str]]:
+    """The MIG instances (``<GPU>/gi<id>``) each workload's samples were attributed to, from
+    its samples near ``[start, end)`` (the window's buckets reach up to an hour past it; a
+    holding with no sample there put none of its figures in the window either)."""
     if not workload_ids:
         return {}
     w = WORKLOAD_SAMPLES.c
+    lo, hi = round((start - HOUR_S) * 1000), round((end + HOUR_S) * 1000)
     stmt = (
         select(w.workload_id, w.device)
-        .where(w.workload_id.in_(sorted(workload_ids)), w.device.contains("/"))
+        .where(
+            w.workload_id.in_(sorted(workload_ids)),
+            w.device.contains("/"),
+            between(w.at_ms, lo, hi),
+        )
         .distinct()
     )
     out: dict[str, set[str]] = {}
