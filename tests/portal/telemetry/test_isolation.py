@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,8 +86,9 @@ class Setup:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
-    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+def setup(db_url: str) -> Iterator[Setup]:
+    """On SQLite, then on PostgreSQL."""
+    store = Store(db_url)
     clock = ManualClock()
     alloc = Allocator(store, clock=clock)
     alloc.start([a100(), t4("n2"), hgx("n1", gpus=1)])
