@@ -28,6 +28,7 @@ from policies.alerts.noisy_neighbour import (
     NoisyNeighbourRule,
     NoisyNeighbourSettings,
     NoisyScope,
+    SlowedByNeighbourRule,
 )
 from policies.alerts.quota_pressure import QuotaPressureRule, QuotaPressureSettings
 from policies.alerts.samples import (
@@ -48,6 +49,7 @@ def default_rules() -> tuple[Rule, ...]:
     return (
         IdleRule(),
         NoisyNeighbourRule(),
+        SlowedByNeighbourRule(),
         MemoryOverShareRule(),
         XidRule(),
         EccRule(),
@@ -89,6 +91,7 @@ __all__ = [
     "RuleResult",
     "ShareKind",
     "Skipped",
+    "SlowedByNeighbourRule",
     "Snapshot",
     "TenantUsageSample",
     "ThrottleRule",

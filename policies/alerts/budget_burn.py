@@ -7,9 +7,10 @@ once at least ``min_elapsed_s`` of the period passed (earlier rates are noise).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.alerts._checks import check_range
+from policies.alerts._checks import check_range, of_tenant
 from policies.alerts.engine import Condition, RuleContext, RuleResult
 from policies.pricing import Period, projected_spend
 
@@ -28,6 +29,7 @@ class BudgetBurnSettings:
 class BudgetBurnRule:
     settings: BudgetBurnSettings = field(default_factory=BudgetBurnSettings)
     name: str = "budget_burn"
+    tenants: Mapping[str, BudgetBurnSettings] = field(default_factory=dict)
 
     @property
     def for_s(self) -> float:
@@ -37,7 +39,8 @@ class BudgetBurnRule:
         out = []
         now = math.floor(ctx.now)
         for b in ctx.snapshot.budgets:
-            if now - b.period_start < self.settings.min_elapsed_s:
+            cfg = of_tenant(self.settings, self.tenants, b.tenant)
+            if now - b.period_start < cfg.min_elapsed_s:
                 continue
             projected = projected_spend(b.spent, Period(b.period_start, b.period_end), now)
             if projected > b.budget:
@@ -53,6 +56,7 @@ class BudgetBurnRule:
                             f" of its {b.budget} budget"
                         ),
                         value=float(projected),
+                        for_s=cfg.for_s,
                     )
                 )
         return RuleResult(tuple(out))

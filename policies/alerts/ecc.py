@@ -19,5 +19,8 @@ class EccRule:
 
     def evaluate(self, ctx: RuleContext) -> RuleResult:
         return counter_conditions(
-            ctx, lambda s: s.ecc_uncorrectable, "uncorrectable ECC error", self.settings.hold_s
+            ctx,
+            lambda s: s.ecc_uncorrectable,
+            lambda _: "uncorrectable ECC error",
+            self.settings.hold_s,
         )

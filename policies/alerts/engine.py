@@ -60,7 +60,8 @@ class Condition:
     """What a rule reports while its condition holds for one subject.
 
     ``tenant`` and ``owner`` scope the alert (who may see it, who is warned); ``workloads``
-    names the workload(s) concerned, the offender first where there is one.
+    names the workload(s) concerned, the offender first where there is one. ``for_s``, when
+    given, replaces the rule's ``for`` for this condition (a tenant's own setting).
     """
 
     scope: str
@@ -70,6 +71,7 @@ class Condition:
     workloads: tuple[str, ...]
     summary: str
     value: float = 0.0
+    for_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,9 +229,10 @@ class Engine:
         transitions: list[Transition] = []
         for key in sorted(holding):
             rule, cond = holding[key]
+            for_s = rule.for_s if cond.for_s is None else cond.for_s
             old = state.alerts.get(key)
             if old is None:
-                fire = rule.for_s == 0
+                fire = for_s == 0
                 alert = _annotate(
                     Alert(
                         key,
@@ -245,7 +248,7 @@ class Engine:
                     cond,
                 )
                 transitions.append(Transition(None, alert, now))
-            elif old.state is AlertState.PENDING and now - old.active_since >= rule.for_s:
+            elif old.state is AlertState.PENDING and now - old.active_since >= for_s:
                 alert = _annotate(replace(old, state=AlertState.FIRING, fired_at=now), cond)
                 transitions.append(Transition(AlertState.PENDING, alert, now))
             else:

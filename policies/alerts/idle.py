@@ -5,13 +5,17 @@ below ``threshold_pct``. A share's utilization is of its parent GPU, so it is di
 share (a 250-milli share at 4 % of the GPU uses 16 % of its share). A sample whose utilization
 was not measured (``None``) is never idle: no evidence is not evidence of idleness, and an idle
 alert may cull the server.
+
+``tenants`` gives a tenant its own threshold and ``for`` (an expensive GPU's tenant may call
+15 minutes idle); the others use ``settings``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.alerts._checks import check_range
+from policies.alerts._checks import check_range, of_tenant
 from policies.alerts.engine import Condition, RuleContext, RuleResult
 from policies.alerts.samples import DeviceSample, ShareKind
 
@@ -41,6 +45,7 @@ def own_utilization(sample: DeviceSample) -> float | None:
 class IdleRule:
     settings: IdleSettings = field(default_factory=IdleSettings)
     name: str = "idle"
+    tenants: Mapping[str, IdleSettings] = field(default_factory=dict)
 
     @property
     def for_s(self) -> float:
@@ -52,8 +57,9 @@ class IdleRule:
             alloc = s.allocation
             if alloc is None:
                 continue
+            cfg = of_tenant(self.settings, self.tenants, alloc.tenant)
             used = own_utilization(s)
-            if used is not None and used < self.settings.threshold_pct:
+            if used is not None and used < cfg.threshold_pct:
                 out.append(
                     Condition(
                         scope=s.device,
@@ -61,8 +67,12 @@ class IdleRule:
                         tenant=alloc.tenant,
                         owner=alloc.owner,
                         workloads=(alloc.workload_id,),
-                        summary=f"{alloc.workload_id} uses {used:.1f} % of {s.device}",
+                        summary=(
+                            f"{alloc.display} uses {used:.1f} % of {s.where}"
+                            f" (idle below {cfg.threshold_pct:g} %)"
+                        ),
                         value=used,
+                        for_s=cfg.for_s,
                     )
                 )
         return RuleResult(tuple(out))

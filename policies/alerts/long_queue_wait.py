@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.alerts._checks import check_range
+from policies.alerts._checks import check_range, of_tenant
 from policies.alerts.engine import Condition, RuleContext, RuleResult
 
 
@@ -20,6 +21,7 @@ class LongQueueWaitSettings:
 class LongQueueWaitRule:
     settings: LongQueueWaitSettings = field(default_factory=LongQueueWaitSettings)
     name: str = "long_queue_wait"
+    tenants: Mapping[str, LongQueueWaitSettings] = field(default_factory=dict)
 
     @property
     def for_s(self) -> float:
@@ -30,7 +32,7 @@ class LongQueueWaitRule:
         out = []
         for q in ctx.snapshot.queue:
             waited = ctx.now - q.queued_since
-            if waited >= self.settings.max_wait_s:
+            if waited >= of_tenant(self.settings, self.tenants, q.tenant).max_wait_s:
                 out.append(
                     Condition(
                         scope=q.tenant,
@@ -38,7 +40,10 @@ class LongQueueWaitRule:
                         tenant=q.tenant,
                         owner=q.owner,
                         workloads=(q.workload_id,),
-                        summary=f"{q.workload_id} has waited {waited / 60:.0f} min in the queue",
+                        summary=(
+                            f"{q.name or q.workload_id} has waited {waited / 60:.0f} min"
+                            " in the queue"
+                        ),
                         value=waited,
                     )
                 )

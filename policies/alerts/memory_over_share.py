@@ -6,9 +6,10 @@ the GPU's memory (``memory_total_mib`` of the sample). Using exactly the share i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.alerts._checks import check_range
+from policies.alerts._checks import check_range, of_tenant
 from policies.alerts.engine import Condition, RuleContext, RuleResult
 from policies.alerts.samples import ShareKind
 
@@ -25,6 +26,7 @@ class MemoryOverShareSettings:
 class MemoryOverShareRule:
     settings: MemoryOverShareSettings = field(default_factory=MemoryOverShareSettings)
     name: str = "memory_over_share"
+    tenants: Mapping[str, MemoryOverShareSettings] = field(default_factory=dict)
 
     @property
     def for_s(self) -> float:
@@ -46,10 +48,11 @@ class MemoryOverShareRule:
                         owner=alloc.owner,
                         workloads=(alloc.workload_id,),
                         summary=(
-                            f"{alloc.workload_id} uses {s.memory_used_mib:.0f} MiB of GPU memory,"
-                            f" {allowed:.0f} MiB allocated"
+                            f"{alloc.display} uses {s.memory_used_mib:.0f} MiB of GPU memory"
+                            f" on {s.where}, {allowed:.0f} MiB allocated"
                         ),
                         value=s.memory_used_mib,
+                        for_s=of_tenant(self.settings, self.tenants, alloc.tenant).for_s,
                     )
                 )
         return RuleResult(tuple(out))

@@ -16,8 +16,16 @@ A workload is an *offender* when ``m > ratio x a`` and ``m - a > min_excess_pct 
 its devices fell below ``(1 - drop) x`` that device's baseline; the baseline is an exponential
 moving average of the device's activity (weight ``alpha`` per step), frozen while it is a victim
 so crowding does not become the new normal, and ignored below ``min_baseline_pct``. The
-condition holds, keyed by scope and offender, while an offender and at least one victim exist;
-it names the offender first, then the victims, and is scoped to the offender's tenant and owner.
+condition holds while an offender and at least one victim exist, as two alerts that never name
+the other side (co-located workloads often belong to different tenants):
+
+- ``noisy_neighbour``, keyed by scope and offender, scoped to the offender's tenant and owner:
+  it names the offender only and says how many workloads it slows;
+- ``slowed_by_neighbour``, keyed by scope and victim, scoped to the victim's tenant and owner:
+  it names the victim only, says how far its activity fell, and what its owner can do.
+
+Both rules compute the same crowding from the same samples (``crowding``), each keeping its own
+baselines, so each alert has its own ``for``.
 
 Samples without activity measured (``None``: a MIG instance on a GPU without GPU Performance
 Monitoring) take no part: neither offender nor victim, not counted in any share, and their
@@ -83,7 +91,72 @@ def measured_share(sample: DeviceSample) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Crowded:
+    """One offender in one scope and the devices of the workloads it slows there."""
+
+    scope: str
+    where: str  # the scope for people: a GPU's label, node:<n>, domain:<n>/<d>
+    offender: AllocationContext
+    allocated: float
+    measured: float
+    victims: tuple[tuple[AllocationContext, tuple[DeviceSample, ...]], ...]
+
+
+def crowding(
+    ctx: RuleContext, cfg: NoisyNeighbourSettings
+) -> tuple[list[Crowded], Mapping[str, float]]:
+    """This step's offenders with their victims, and the devices' baselines after the step."""
+    memory = ctx.memory
+    baseline: dict[str, float] = dict(memory) if isinstance(memory, Mapping) else {}
+
+    def dropped(s: DeviceSample) -> bool:
+        base = baseline.get(s.device)
+        return (
+            base is not None
+            and base >= cfg.min_baseline_pct
+            and _activity(s) < (1 - cfg.drop) * base
+        )
+
+    measured = tuple(s for s in ctx.snapshot.devices if s.activity_pct is not None)
+    victims_now: set[str] = set()
+    out: list[Crowded] = []
+    for scope, where, members in _groups(measured, cfg.scopes):
+        victims = {w: [d for d in m.devices if dropped(d)] for w, m in members.items()}
+        for w, member in members.items():
+            a, m = member.allocated, member.measured
+            if not (m > cfg.ratio * a and m - a > cfg.min_excess_pct / 100):
+                continue
+            hurt = sorted(v for v, devs in victims.items() if devs and v != w)
+            if not hurt:
+                continue
+            victims_now.update(d.device for v in hurt for d in victims[v])
+            out.append(
+                Crowded(
+                    scope,
+                    where,
+                    member.alloc,
+                    a,
+                    m,
+                    tuple((members[v].alloc, tuple(victims[v])) for v in hurt),
+                )
+            )
+    for s in measured:
+        if s.device in victims_now:
+            continue
+        base, now = baseline.get(s.device), _activity(s)
+        baseline[s.device] = now if base is None else base + cfg.alpha * (now - base)
+    return out, MappingProxyType(baseline)
+
+
+def _baseline_of(ctx: RuleContext, device: str) -> float | None:
+    memory = ctx.memory
+    return memory.get(device) if isinstance(memory, Mapping) else None
+
+
+@dataclass(frozen=True, slots=True)
 class NoisyNeighbourRule:
+    """The offender's alert: it names the offender only."""
+
     settings: NoisyNeighbourSettings = field(default_factory=NoisyNeighbourSettings)
     name: str = "noisy_neighbour"
 
@@ -92,51 +165,65 @@ class NoisyNeighbourRule:
         return self.settings.for_s
 
     def evaluate(self, ctx: RuleContext) -> RuleResult:
-        cfg = self.settings
-        memory = ctx.memory
-        baseline: dict[str, float] = dict(memory) if isinstance(memory, Mapping) else {}
-
-        def dropped(s: DeviceSample) -> bool:
-            base = baseline.get(s.device)
-            return (
-                base is not None
-                and base >= cfg.min_baseline_pct
-                and _activity(s) < (1 - cfg.drop) * base
-            )
-
-        measured = tuple(s for s in ctx.snapshot.devices if s.activity_pct is not None)
-        victims_now: set[str] = set()
-        out: list[Condition] = []
-        for scope, members in _groups(measured, cfg.scopes):
-            victims = {w: [d for d in m.devices if dropped(d)] for w, m in members.items()}
-            for w, member in members.items():
-                a, m = member.allocated, member.measured
-                if not (m > cfg.ratio * a and m - a > cfg.min_excess_pct / 100):
-                    continue
-                hurt = sorted(v for v, devs in victims.items() if devs and v != w)
-                if not hurt:
-                    continue
-                victims_now.update(d.device for v in hurt for d in victims[v])
-                out.append(
-                    Condition(
-                        scope=scope,
-                        subject=w,
-                        tenant=member.alloc.tenant,
-                        owner=member.alloc.owner,
-                        workloads=(w, *hurt),
-                        summary=(
-                            f"{w} uses {m:.0%} of {scope} with {a:.0%} allocated;"
-                            f" slowed: {', '.join(hurt)}"
-                        ),
-                        value=m,
-                    )
+        crowded, baseline = crowding(ctx, self.settings)
+        out = []
+        for c in crowded:
+            n = len(c.victims)
+            out.append(
+                Condition(
+                    scope=c.scope,
+                    subject=c.offender.workload_id,
+                    tenant=c.offender.tenant,
+                    owner=c.offender.owner,
+                    workloads=(c.offender.workload_id,),
+                    summary=(
+                        f"{c.offender.display} uses {c.measured:.0%} of {c.where} with"
+                        f" {c.allocated:.0%} allocated and is slowing {n} other"
+                        f" workload{'s' if n != 1 else ''} there; keep to your share or ask"
+                        " for a whole GPU"
+                    ),
+                    value=c.measured,
                 )
-        for s in measured:
-            if s.device in victims_now:
-                continue
-            base, now = baseline.get(s.device), _activity(s)
-            baseline[s.device] = now if base is None else base + cfg.alpha * (now - base)
-        return RuleResult(tuple(out), MappingProxyType(baseline))
+            )
+        return RuleResult(tuple(out), baseline)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowedByNeighbourRule:
+    """The victim's alert: it names the victim only, never the neighbour or its tenant."""
+
+    settings: NoisyNeighbourSettings = field(default_factory=NoisyNeighbourSettings)
+    name: str = "slowed_by_neighbour"
+
+    @property
+    def for_s(self) -> float:
+        return self.settings.for_s
+
+    def evaluate(self, ctx: RuleContext) -> RuleResult:
+        crowded, baseline = crowding(ctx, self.settings)
+        out: dict[tuple[str, str], Condition] = {}
+        for c in crowded:
+            for victim, devices in c.victims:
+                key = (c.scope, victim.workload_id)
+                if key in out:  # slowed by two offenders there: one alert
+                    continue
+                d = devices[0]
+                base = _baseline_of(ctx, d.device)
+                fell = f" from {base:.0f} % to {_activity(d):.0f} %" if base is not None else ""
+                out[key] = Condition(
+                    scope=c.scope,
+                    subject=victim.workload_id,
+                    tenant=victim.tenant,
+                    owner=victim.owner,
+                    workloads=(victim.workload_id,),
+                    summary=(
+                        f"{victim.display} is slowed by another workload on {c.where}: its"
+                        f" activity fell{fell}. Stopping and starting it again may place it on"
+                        " another GPU; a whole GPU has no neighbours"
+                    ),
+                    value=_activity(d),
+                )
+        return RuleResult(tuple(out[k] for k in sorted(out)), baseline)
 
 
 @dataclass(slots=True)
@@ -149,15 +236,20 @@ class _Member:
 
 def _groups(
     samples: tuple[DeviceSample, ...], scopes: frozenset[NoisyScope]
-) -> list[tuple[str, dict[str, _Member]]]:
-    """Co-located workloads by scope name, only where at least two workloads meet."""
-    out: list[tuple[str, dict[str, _Member]]] = []
+) -> list[tuple[str, str, dict[str, _Member]]]:
+    """Co-located workloads by scope name (and its name for people), only where at least two
+    workloads meet."""
+    out: list[tuple[str, str, dict[str, _Member]]] = []
     if NoisyScope.GPU in scopes:
         by_gpu: dict[str, dict[str, _Member]] = defaultdict(dict)
+        labels: dict[str, str] = {}
         for s in samples:
             alloc = s.allocation
             if alloc is None or alloc.share is ShareKind.WHOLE:
                 continue
+            if s.label:
+                # "n1: GPU 0 / MIG 3g.40gb": the GPU is the part before the instance's own.
+                labels.setdefault(s.gpu, s.label.split(" / ", 1)[0])
             group = by_gpu[s.gpu]
             member = group.get(alloc.workload_id)
             if member is None:
@@ -166,7 +258,7 @@ def _groups(
             member.allocated += alloc.parent_fraction
             member.measured += measured_share(s)
             member.devices.append(s)
-        out.extend(sorted(by_gpu.items()))
+        out.extend((g, labels.get(g, g), m) for g, m in sorted(by_gpu.items()))
     for scope in (NoisyScope.NODE, NoisyScope.DOMAIN):
         if scope not in scopes:
             continue
@@ -192,5 +284,5 @@ def _groups(
                 if total_activity > 0:
                     member.measured += _activity(d) / total_activity
                 member.devices.append(d)
-            out.append((name, members))
-    return [(name, group) for name, group in out if len(group) >= 2]
+            out.append((name, name, members))
+    return [(name, where, group) for name, where, group in out if len(group) >= 2]

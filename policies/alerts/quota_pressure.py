@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.alerts._checks import check_range
+from policies.alerts._checks import check_range, of_tenant
 from policies.alerts.engine import Condition, RuleContext, RuleResult
 
 
@@ -22,6 +23,7 @@ class QuotaPressureSettings:
 class QuotaPressureRule:
     settings: QuotaPressureSettings = field(default_factory=QuotaPressureSettings)
     name: str = "quota_pressure"
+    tenants: Mapping[str, QuotaPressureSettings] = field(default_factory=dict)
 
     @property
     def for_s(self) -> float:
@@ -30,7 +32,8 @@ class QuotaPressureRule:
     def evaluate(self, ctx: RuleContext) -> RuleResult:
         out = []
         for t in ctx.snapshot.tenants:
-            if t.limit > 0 and t.used >= self.settings.ratio * t.limit:
+            cfg = of_tenant(self.settings, self.tenants, t.tenant)
+            if t.limit > 0 and t.used >= cfg.ratio * t.limit:
                 out.append(
                     Condition(
                         scope=t.tenant,
@@ -40,6 +43,7 @@ class QuotaPressureRule:
                         workloads=(),
                         summary=f"{t.tenant} uses {t.used:g} of its {t.limit:g} {t.flavor}",
                         value=t.used / t.limit,
+                        for_s=cfg.for_s,
                     )
                 )
         return RuleResult(tuple(out))

@@ -63,6 +63,8 @@ class AllocationContext:
         mig_slices / mig_total_slices: the instance's compute slices and its GPU's (MIG only).
         memory_mib: the GPU memory the share may use; 0 means milli / 1000 of the GPU's memory.
         node / domain: the node and its NVLink or PCIe domain.
+        name: the workload's name as its owner knows it (the spawn page's and My work's);
+            summaries use it, and the id only when it is empty.
     """
 
     workload_id: str
@@ -75,6 +77,7 @@ class AllocationContext:
     memory_mib: int = 0
     node: str = ""
     domain: str = ""
+    name: str = ""
 
     def __post_init__(self) -> None:
         _name("workload id", self.workload_id)
@@ -99,10 +102,19 @@ class AllocationContext:
             return self.milli / MILLI_PER_GPU
         return 1.0
 
+    @property
+    def display(self) -> str:
+        """How summaries name the workload: its name, else its id."""
+        return self.name or self.workload_id
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceSample:
-    """One GPU, MIG instance or share at ``at``; ``parent`` is the physical GPU ("" = itself)."""
+    """One GPU, MIG instance or share at ``at``; ``parent`` is the physical GPU ("" = itself).
+
+    ``label`` names the device for people (``node: GPU index``, as the spawn page and My work
+    do); ``last_xid`` is the code of the latest XID error reported (``None``: none or unknown).
+    """
 
     device: str
     at: float
@@ -117,6 +129,8 @@ class DeviceSample:
     ecc_uncorrectable: int = 0
     allocation: AllocationContext | None = None
     parent: str = ""
+    label: str = ""
+    last_xid: int | None = None
 
     def __post_init__(self) -> None:
         _name("device", self.device)
@@ -132,6 +146,13 @@ class DeviceSample:
         _count("throttle reasons", self.throttle_reasons)
         _count("XID count", self.xid_count)
         _count("uncorrectable ECC count", self.ecc_uncorrectable)
+        if self.last_xid is not None:
+            _count("last XID", self.last_xid)
+
+    @property
+    def where(self) -> str:
+        """How summaries name the device: its label, else its id."""
+        return self.label or self.device
 
     @property
     def gpu(self) -> str:
@@ -166,6 +187,7 @@ class QueueSample:
     owner: str
     queued_since: float
     at: float
+    name: str = ""
 
     def __post_init__(self) -> None:
         _name("workload id", self.workload_id)

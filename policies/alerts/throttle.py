@@ -53,7 +53,10 @@ class ThrottleRule:
                     tenant=alloc.tenant if alloc else None,
                     owner=alloc.owner if alloc else None,
                     workloads=(alloc.workload_id,) if alloc else (),
-                    summary=f"{s.device} throttled (reasons {reasons:#x}) at {s.temperature_c} C",
+                    summary=(
+                        f"{s.where} throttled (reasons {reasons:#x}) at {s.temperature_c:g} °C"
+                        + (f"; workload {alloc.display}" if alloc else "")
+                    ),
                     value=float(reasons),
                 )
             )

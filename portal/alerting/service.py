@@ -83,6 +83,7 @@ def _sample(
     memory_used_mib: float | None = None,
     parent: str = "",
     counters: bool = True,
+    label: str = "",
 ) -> DeviceSample:
     """A rules' sample from a device window; a share overrides utilization and memory with its
     own part (and carries no counters: they are the GPU's)."""
@@ -102,6 +103,8 @@ def _sample(
         ecc_uncorrectable=dw.ecc_uncorrectable if counters else 0,
         allocation=ctx,
         parent=parent,
+        label=label,
+        last_xid=dw.last_xid if counters else None,
     )
 
 
@@ -119,19 +122,22 @@ def device_samples(measured: Measured, index: AllocationIndex) -> list[DeviceSam
     for dw in measured.devices:
         holders = index.holders.get(dw.gpu_uuid, ())
         attributed = {w.workload_id: w for w in by_device.get(dw.device, [])}
+        info = index.gpus.get(dw.gpu_uuid)
+        label = info.label() if info is not None else ""
         if dw.device != dw.gpu_uuid:  # a MIG instance: its holder is who ingest attributed
             holder = next(
                 (h for h in holders if h.share is ShareKind.MIG and h.workload_id in attributed),
                 None,
             )
             ctx = None if holder is None else holder.context()
-            out.append(_sample(dw, dw.device, ctx, parent=dw.gpu_uuid))
+            mig = f" / MIG {holder.mig_profile}" if holder and holder.mig_profile else " / MIG"
+            out.append(_sample(dw, dw.device, ctx, parent=dw.gpu_uuid, label=label and label + mig))
             continue
         whole = [h for h in holders if h.share is ShareKind.WHOLE]
         if whole:
-            out.append(_sample(dw, dw.device, whole[0].context()))
+            out.append(_sample(dw, dw.device, whole[0].context(), label=label))
             continue
-        out.append(_sample(dw, dw.device, None))  # the GPU itself: errors, throttling
+        out.append(_sample(dw, dw.device, None, label=label))  # the GPU: errors, throttling
         for h in holders:
             ww = attributed.get(h.workload_id)
             if h.share is not ShareKind.MILLI or ww is None or ww.utilization_avg is None:
@@ -145,6 +151,7 @@ def device_samples(measured: Measured, index: AllocationIndex) -> list[DeviceSam
                     memory_used_mib=ww.memory_used_max,
                     parent=dw.gpu_uuid,
                     counters=False,
+                    label=label,
                 )
             )
     return out
@@ -226,7 +233,9 @@ class AlertService:
                 if u.limit > 0:
                     tenants.append(TenantUsageSample(t.name, u.flavor, now, u.used, u.limit))
         queue = [
-            QueueSample(q.workload_id, q.tenant, q.owner, q.enqueued_at.timestamp(), now)
+            QueueSample(
+                q.workload_id, q.tenant, q.owner, q.enqueued_at.timestamp(), now, name=q.name
+            )
             for q in self.alloc.queue()
         ]
         budgets = tuple(self.budgets(now)) if self.budgets is not None else ()

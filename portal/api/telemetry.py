@@ -2,8 +2,11 @@
 
 ``POST /telemetry/samples`` needs ``telemetry:write`` unfiltered (an agent reports every
 workload on its node). ``GET /telemetry/series`` needs ``usage:read``: unfiltered it shows any
-device or workload; filtered to tenants it shows their workloads and the devices those hold now.
-``GET /telemetry/devices`` (every device's latest minute) is scoped like device series.
+device or workload; filtered to tenants it shows their workloads, and a device's figures only
+for the intervals one of their workloads held that device (a MIG instance: the instance itself;
+a shared GPU: the GPU's totals while they held a share), never before or after
+(``portal.telemetry.access``). ``GET /telemetry/devices`` (every device's latest minute) is
+scoped like device series.
 
 The routes use ``app.state.telemetry`` (a ``portal.telemetry.service.Telemetry``; set it with
 ``use_telemetry``); without one they build one over the allocator's database on first use.
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -25,15 +27,17 @@ from portal.api.auth import Caller, Scope
 from portal.api.deps import allocator, listed_tenants, requires
 from portal.api.errors import ERROR_RESPONSES
 from portal.api.schemas import ErrorBody
-from portal.telemetry.attribution import AllocationIndex
+from portal.telemetry.access import DeviceAccess, device_access
 from portal.telemetry.reads import (
     MAX_POINTS,
+    STEP_S,
     Point,
     Resolution,
     latest_minutes,
     series,
 )
 from portal.telemetry.service import Telemetry
+from portal.telemetry.store import MINUTE_S
 from portal.telemetry.wire import MAX_EPOCH_S, IngestResult, SampleBatch
 
 router = APIRouter(prefix="/telemetry", tags=["telemetry"], responses=ERROR_RESPONSES)
@@ -166,11 +170,32 @@ def _window(
     return lo, hi
 
 
-def _held_by(index: AllocationIndex, device: str, tenants: Collection[str]) -> bool:
-    """Whether a workload of ``tenants`` holds ``device`` (a GPU, or one of its MIG
-    instances) now: what a filtered caller may read of a device."""
-    holders = index.holders.get(device.split("/", 1)[0], ())
-    return any(h.tenant in tenants for h in holders)
+def _device_points(
+    telemetry: Telemetry,
+    access: DeviceAccess | None,
+    device: str,
+    resolution: Resolution,
+    lo: float,
+    hi: float,
+    limit: int,
+) -> list[Point]:
+    """A device's points in ``[lo, hi)``; with ``access`` (a filtered caller), only those of
+    the intervals its tenants held the device."""
+    engine = telemetry.store.engine
+    if access is None:
+        return series(engine, resolution=resolution, start=lo, end=hi, device=device, limit=limit)
+    span = access.span(device, lo, hi)
+    if span is None:
+        return []
+    step = STEP_S.get(resolution)
+    # From the bucket the first holding starts in: a roll-up point is its bucket's start.
+    first = span[0] if step is None else max(lo, span[0] - span[0] % step)
+    points = series(
+        engine, resolution=resolution, start=first, end=span[1], device=device, limit=limit
+    )
+    if step is None:
+        return [p for p in points if access.point(device, p.at)]
+    return [p for p in points if access.bucket(device, p.at, p.at + step)]
 
 
 @router.get(
@@ -215,7 +240,8 @@ def get_series(
     everywhere = caller.can_everywhere(Scope.USAGE_READ)
     tenants = caller.tenants_for(Scope.USAGE_READ)
     engine = telemetry.store.engine
-    targets: list[tuple[str | None, str | None]]
+    access: DeviceAccess | None = None
+    targets: list[str]
     if device is not None and workload_id is not None:
         raise InvalidRequest("series", "device and workload_id", "one of them, or neither")
     narrowed = tenant is not None or owner is not None
@@ -226,15 +252,33 @@ def get_series(
             "tenant and owner only with neither (they narrow the list of live workloads)",
         )
     if device is not None:
-        if not everywhere and not _held_by(telemetry.index(), device, tenants):
-            raise Forbidden(
-                f"device {device} is not held by a workload of your tenants "
-                f"({', '.join(sorted(tenants))})"
-            )
-        targets = [(device, None)]
-    elif workload_id is not None:
+        if not everywhere:
+            access = device_access(alloc.store, telemetry.index().gpus, tenants, lo, hi)
+            if access.span(device, lo, hi) is None:
+                raise Forbidden(
+                    f"device {device} is not held by a workload of your tenants "
+                    f"({', '.join(sorted(tenants))}) in [{lo}, {hi})"
+                )
+        return SeriesPage(
+            resolution=resolution,
+            start=lo,
+            end=hi,
+            series=[
+                SeriesOut(
+                    device=device,
+                    workload_id=None,
+                    points=[
+                        _point(p)
+                        for p in _device_points(
+                            telemetry, access, device, resolution, lo, hi, limit
+                        )
+                    ],
+                )
+            ],
+        )
+    if workload_id is not None:
         caller.require(Scope.USAGE_READ, alloc.status(workload_id).tenant)
-        targets = [(None, workload_id)]
+        targets = [workload_id]
     else:
         visible = listed_tenants(caller, Scope.USAGE_READ, tenant, alloc)
         shown = [
@@ -244,25 +288,19 @@ def get_series(
             and (visible is None or w.tenant in visible)
             and (owner is None or w.owner == owner)
         ]
-        targets = [(None, wid) for wid in shown[:MAX_WORKLOADS]]
+        targets = shown[:MAX_WORKLOADS]
     out = [
         SeriesOut(
-            device=d,
+            device=None,
             workload_id=w,
             points=[
                 _point(p)
                 for p in series(
-                    engine,
-                    resolution=resolution,
-                    start=lo,
-                    end=hi,
-                    device=d,
-                    workload_id=w,
-                    limit=limit,
+                    engine, resolution=resolution, start=lo, end=hi, workload_id=w, limit=limit
                 )
             ],
         )
-        for d, w in targets
+        for w in targets
     ]
     return SeriesPage(resolution=resolution, start=lo, end=hi, series=out)
 
@@ -275,11 +313,13 @@ def get_series(
         "For each device (whole GPU or MIG instance) with a rolled-up minute starting in "
         "[start, end): its node and that latest minute's utilization and memory, in one "
         "answer for the whole platform (a heatmap of every GPU). Unfiltered `usage:read` "
-        "shows every device; filtered to tenants, the devices their workloads hold now."
+        "shows every device; filtered to tenants, a device's minute only when their "
+        "workloads held the device in it (a MIG instance: the instance itself)."
     ),
 )
 def get_devices(
     caller: Annotated[Caller, requires(Scope.USAGE_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
     telemetry: Annotated[Telemetry, Depends(telemetry_of)],
     start: Annotated[
         float | None,
@@ -295,9 +335,13 @@ def get_devices(
     everywhere = caller.can_everywhere(Scope.USAGE_READ)
     tenants = caller.tenants_for(Scope.USAGE_READ)
 
+    # A minute starting in [lo, hi) covers [at, at + 60): holdings up to hi + 60 count.
+    access = (
+        None if everywhere else device_access(alloc.store, index.gpus, tenants, lo, hi + MINUTE_S)
+    )
     out = []
     for m in latest_minutes(telemetry.store.engine, lo, hi):
-        if not everywhere and not _held_by(index, m.device, tenants):
+        if access is not None and not access.bucket(m.device, m.at, m.at + MINUTE_S):
             continue
         gpu = m.device.split("/", 1)[0]
         info = index.gpus.get(gpu)

@@ -41,6 +41,7 @@ from policies.isolation import IsolationSettings
 from policies.placement.scorers import policy as named_policy
 from portal.agent import inprocess
 from portal.alerting import wiring as alerting
+from portal.alerting.service import BudgetSource
 from portal.allocator import Allocator
 from portal.api import cost as cost_api
 from portal.api import create_app
@@ -117,7 +118,12 @@ def under_prefix(app: FastAPI, prefix: str) -> ASGIApp:
 
 
 def register_loops(
-    loops: Loops, allocator: Allocator, settings: Settings, isolation: IsolationSettings
+    loops: Loops,
+    allocator: Allocator,
+    settings: Settings,
+    isolation: IsolationSettings,
+    alerts: alerting.AlertingSettings | None = None,
+    budgets: BudgetSource | None = None,
 ) -> None:
     """The service's periodic work. Add yours here: ``loops.add(name, interval_s, work)``."""
     # Release cycles retry only a few queued workloads (the allocator's partial cycle); the
@@ -125,7 +131,7 @@ def register_loops(
     loops.add("allocator-tick", settings.tick_interval_s, allocator.tick)
     isolation_loop.register_for_service(loops, allocator, settings, isolation)
     kube_loops.register_for_service(loops, allocator, settings, isolation)
-    alerting.register_for_service(loops, allocator)
+    alerting.register_for_service(loops, allocator, alerts, budgets=budgets)
     _register_agent(loops, allocator, settings)
 
 
@@ -155,6 +161,7 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
     # Read once, before anything starts (a bad file stops the service here), for the isolation
     # loop and the pod binder alike.
     isolation = load_isolation_settings(settings.isolation_file)
+    alerts = alerting.load_alerting_settings()  # the rules' settings too: a bad one stops here
     follower = Follower(
         source_factory(settings.inventory),
         f"inventory {settings.inventory!r} (GPUPORTAL_INVENTORY)",
@@ -165,7 +172,9 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
         store = open_store(settings.database_url)
         loops = Loops()
         try:
-            return _run(settings, isolation, where, seeds, store, nodes, follower, loops, signals)
+            return _run(
+                settings, isolation, alerts, where, seeds, store, nodes, follower, loops, signals
+            )
         finally:
             loops.stop(settings.shutdown_timeout_s)
             follower.stop()
@@ -178,6 +187,7 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
 def _run(
     settings: Settings,
     isolation: IsolationSettings,
+    alerts: alerting.AlertingSettings,
     where: Plan,
     seeds: list[seed.SeedTenant] | None,
     store: ReportingStore,
@@ -204,7 +214,8 @@ def _run(
     loops.add("cost-warm", COST_WARM_INTERVAL_S, accounting.warm, first_after_s=0)
     app.state.loops = loops
     metrics.registry.register(LoopsCollector(loops))
-    register_loops(loops, allocator, settings, isolation)
+    # Money budgets (the pricing file's) feed the budget_burn rule.
+    register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
     follower.follow(allocator)
     # What is loaded by now (modules, the inventory, allocator state) lives as long as the
     # process: kept out of the collector's generations, full collections stop walking it

@@ -54,6 +54,7 @@ class Holder:
             memory_mib=self.gpu_memory_mib if self.share is ShareKind.MILLI else 0,
             node=self.node,
             domain=domain,
+            name=self.name,
         )
 
 
@@ -64,6 +65,11 @@ class GpuInfo:
     memory_mib: int
     # MIG UUID -> (profile, start) of the instances the inventory knows
     mig_instances: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    index: int = -1  # the GPU's index on its node (-1: unknown)
+
+    def label(self) -> str:
+        """``node: GPU index``, as the spawn page and My work name a GPU."""
+        return f"{self.node}: GPU {self.index}" if self.index >= 0 else self.node
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +128,7 @@ def gpu_infos(nodes: Iterable[Node]) -> dict[str, GpuInfo]:
         for g in node.gpus:
             if g.uuid:
                 instances = {i.uuid: (i.profile, i.start) for i in g.mig_layout if i.uuid}
-                gpus[g.uuid] = GpuInfo(node.name, g.model, g.memory_mib, instances)
+                gpus[g.uuid] = GpuInfo(node.name, g.model, g.memory_mib, instances, g.index)
     return gpus
 
 

@@ -69,6 +69,7 @@ class DeviceWindow:
     throttle_reasons: int
     xid_count: int
     ecc_uncorrectable: int
+    last_xid: int | None = None  # the code of the window's latest XID error, if any reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +214,15 @@ def device_windows(
         .group_by(s.c.device)
         .order_by(s.c.device)
     )
+    # The latest XID code per device: only samples that carry one (rare) are read.
+    xids = (
+        select(s.c.device, s.c.last_xid)
+        .where(between(s.c.at_ms, lo, hi), s.c.last_xid.is_not(None))
+        .order_by(s.c.device, s.c.at_ms)
+    )
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
+        last_xid = {r[0]: int(r[1]) for r in conn.execute(xids)}
     return [
         DeviceWindow(
             device=r[0],
@@ -231,6 +239,7 @@ def device_windows(
             throttle_reasons=int(r[11] or 0),
             xid_count=int(r[12]),
             ecc_uncorrectable=int(r[13]),
+            last_xid=last_xid.get(r[0]),
         )
         for r in rows
     ]

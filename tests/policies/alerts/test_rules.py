@@ -21,6 +21,7 @@ from policies.alerts import (
     QueueSample,
     QuotaPressureRule,
     ShareKind,
+    SlowedByNeighbourRule,
     Snapshot,
     TenantUsageSample,
     ThrottleRule,
@@ -28,7 +29,7 @@ from policies.alerts import (
     XidRule,
     default_rules,
 )
-from policies.alerts.engine import AlertState
+from policies.alerts.engine import AlertState, Rule
 from policies.alerts.throttle import HW_THERMAL
 
 from .scenario import T0, minute, run, share, whole
@@ -93,21 +94,42 @@ def _shared_gpu(m: int, a_activity: float, b_activity: float) -> Snapshot:
     )  # fmt: skip
 
 
-def test_noisy_neighbour_names_offender_and_victim() -> None:
+def test_noisy_neighbour_tells_the_offender_and_the_victim_each_without_the_other() -> None:
     # Both at 45 % for ten minutes (B's baseline 45). From 10: A at 85 % of the GPU with 50 %
     # allocated (> 1.5 x 0.5 = 0.75 and 35 points > 20), B at 12 % < 0.7 x 45 = 31.5.
-    # Pending 10, firing 10 + 5, resolved when A calms down at 30.
+    # Pending 10, firing 10 + 5, resolved when A calms down at 30: one alert for A (scoped to
+    # A's tenant and owner, naming A only) and one for B (B's, naming B only).
     def snap(m: int) -> Snapshot:
         if 10 <= m < 30:
             return _shared_gpu(m, 85.0, 12.0)
         return _shared_gpu(m, 45.0, 45.0)
 
-    seen, _ = run([NoisyNeighbourRule()], range(40), snap)
+    rules: list[Rule] = [NoisyNeighbourRule(), SlowedByNeighbourRule()]
+    seen, _ = run(rules, range(40), snap)
     assert seen == [
-        (10, None, P, "p0", "w-a", ("w-a", "w-b")),
-        (15, P, F, "p0", "w-a", ("w-a", "w-b")),
-        (30, F, R, "p0", "w-a", ("w-a", "w-b")),
+        (10, None, P, "p0", "w-a", ("w-a",)),
+        (10, None, P, "p0", "w-b", ("w-b",)),
+        (15, P, F, "p0", "w-a", ("w-a",)),
+        (15, P, F, "p0", "w-b", ("w-b",)),
+        (30, F, R, "p0", "w-a", ("w-a",)),
+        (30, F, R, "p0", "w-b", ("w-b",)),
     ]
+    _, at_20 = run(rules, range(21), snap)
+    offender, victim = sorted(at_20.alerts.values(), key=lambda a: a.key.rule)
+    assert (offender.key.rule, offender.tenant, offender.owner) == (
+        "noisy_neighbour",
+        "ml",
+        "w-a-owner",
+    )
+    assert (victim.key.rule, victim.tenant, victim.owner) == (
+        "slowed_by_neighbour",
+        "vision",
+        "w-b-owner",
+    )
+    assert "w-b" not in offender.summary and "vision" not in offender.summary
+    assert "slowing 1 other workload" in offender.summary
+    assert "w-a" not in victim.summary and "ml" not in victim.summary
+    assert "fell from 45 % to 12 %" in victim.summary and "another GPU" in victim.summary
 
 
 def test_no_noisy_neighbour_for_a_workload_using_exactly_its_share() -> None:
@@ -247,8 +269,8 @@ def test_noisy_neighbour_on_a_node_of_whole_gpus() -> None:
 
     seen, _ = run([NoisyNeighbourRule()], range(20), snap)
     assert seen == [
-        (10, None, P, "node:n1", "w-x", ("w-x", "w-y")),
-        (15, P, F, "node:n1", "w-x", ("w-x", "w-y")),
+        (10, None, P, "node:n1", "w-x", ("w-x",)),
+        (15, P, F, "node:n1", "w-x", ("w-x",)),
     ]
 
 
@@ -258,7 +280,7 @@ def test_noisy_neighbour_in_an_nvlink_domain_only_when_asked() -> None:
 
     rule = NoisyNeighbourRule(NoisyNeighbourSettings(scopes=frozenset({NoisyScope.DOMAIN})))
     seen, _ = run([rule], range(12), snap)
-    assert seen == [(10, None, P, "domain:n1/nvl0", "w-x", ("w-x", "w-y"))]
+    assert seen == [(10, None, P, "domain:n1/nvl0", "w-x", ("w-x",))]
 
 
 def test_a_mig_instance_using_all_of_itself_is_not_noisy() -> None:

@@ -80,8 +80,8 @@ def test_an_unmeasured_neighbour_is_no_victim_and_keeps_its_baseline() -> None:
 
     seen, state = run([NoisyNeighbourRule()], range(30), snap)
     assert seen == [
-        (20, None, P, "p0", "w-a", ("w-a", "w-b")),
-        (25, P, F, "p0", "w-a", ("w-a", "w-b")),
+        (20, None, P, "p0", "w-a", ("w-a",)),
+        (25, P, F, "p0", "w-a", ("w-a",)),
     ]
     baselines = state.memory["noisy_neighbour"]
     assert isinstance(baselines, Mapping)

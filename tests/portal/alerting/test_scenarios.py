@@ -72,9 +72,15 @@ def test_noisy_neighbour_names_offender_and_victim_and_spares_a_workload_at_its_
     assert scenario.times("noisy_neighbour", PENDING) == [11]
     assert scenario.times("noisy_neighbour", FIRING) == [16]
     assert scenario.times("noisy_neighbour", RESOLVED) == [21]
-    assert scenario.named("noisy_neighbour") == {(a, b)}  # offender first, then the victim
+    # The offender's alert names the offender, the victim's the victim: never the other side.
+    assert scenario.named("noisy_neighbour") == {(a,)}
+    assert scenario.named("slowed_by_neighbour") == {(b,)}
+    assert scenario.times("slowed_by_neighbour", FIRING) == [16]
     firing = [t.alert for t in scenario.log if t.alert.state is FIRING]
-    assert [(x.tenant, x.owner, x.key.scope) for x in firing] == [("team-a", "alice", g1)]
+    assert sorted((x.key.rule, x.tenant, x.owner, x.key.scope) for x in firing) == [
+        ("noisy_neighbour", "team-a", "alice", g1),
+        ("slowed_by_neighbour", "team-b", "bob", g1),
+    ]
 
 
 def test_memory_over_share_fires_after_a_minute_and_not_at_exactly_the_share(

@@ -176,6 +176,13 @@ def test_the_tick_admits_a_workload_that_the_release_cycle_left_in_the_queue(
         ),
         ({"GPUPORTAL_DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"}, "database"),
         ({"GPUPORTAL_ISOLATION_FILE": "/nonexistent/isolation.yaml"}, "isolation file"),
+        ({"GPUPORTAL_ALERT_RULES": '{"idle": {"for_s": -5}}'}, "ALERT_RULES idle.for_s -5"),
+        ({"GPUPORTAL_ALERT_RULES": '{"idel": {}}'}, 'GPUPORTAL_ALERT_RULES "idel"'),
+        (
+            {"GPUPORTAL_ALERT_TENANT_RULES": '{"team-a": {"idle": {"threshold_pct": 150}}}'},
+            "GPUPORTAL_ALERT_TENANT_RULES team-a: idle.threshold_pct 150",
+        ),
+        ({"GPUPORTAL_ALERT_RULES": '{"idle": '}, "GPUPORTAL_ALERT_RULES"),
     ],
 )
 def test_bad_settings_give_one_clear_line_and_exit_2(
