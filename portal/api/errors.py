@@ -111,7 +111,9 @@ async def _portal_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    first: Mapping[str, Any] = (
+        exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    )
     if first.get("type") == "json_invalid":
         return error_response(_not_json(exc.body, first))
     loc = [str(p) for p in first.get("loc", ())]

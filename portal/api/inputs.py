@@ -108,6 +108,7 @@ Pool = Annotated[str, POOL]
 Key = Annotated[str, KEY]
 Text = Annotated[str, TEXT]
 
+
 def rule_of(metadata: list[Any]) -> StringRule | None:
     """The string rule among a field's ``Annotated`` metadata, or None."""
     return next((m for m in metadata if isinstance(m, StringRule)), None)
