@@ -94,6 +94,17 @@ def test_an_edit_without_etag_is_refused_and_create_makes_a_new_quota(
 # ------------------------------------------------------------------ workloads
 
 
+def test_a_reused_idempotency_key_for_another_request_raises_invalid_request(
+    portal_server: Served,
+) -> None:
+    with portal(portal_server, "alice") as alice:
+        first = alice.request("team-a", "H100-80GB", name="a", idempotency_key="spawn-1")
+        with pytest.raises(InvalidRequest) as caught:
+            alice.request("team-a", "H100-80GB", name="b", idempotency_key="spawn-1")
+        assert caught.value.code == "idempotency_mismatch"
+        assert caught.value.field == "Idempotency-Key" and first.id in caught.value.message
+
+
 def test_a_request_that_fits_runs_with_its_devices(portal_server: Served) -> None:
     with portal(portal_server, "alice") as alice:
         w = alice.request("team-a", "H100-80GB", count=2, name="train", kind=WorkloadKind.JOB)
