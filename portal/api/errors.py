@@ -109,6 +109,17 @@ async def _portal_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(body_of(exc))
 
 
+STRICT_TYPES = {
+    "finite_number": "a finite number (not NaN or infinity)",
+    "int_type": "an integer (not true, false, a string or a fraction)",
+    "int_from_float": "an integer (not a fraction)",
+    "float_type": "a number (not true, false or a string)",
+    "bool_type": "true or false",
+    "string_type": "a string",
+}
+"""What bodies take as sent, in words: they are never coerced (``true`` is not a count)."""
+
+
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first: Mapping[str, Any] = (
@@ -120,16 +131,19 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     field = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
     ctx = first.get("ctx") or {}
     kind = first.get("type")
+    # Our rules and the finite-number check say what is valid, like InvalidRequest; pydantic's
+    # other messages are sentences of their own ("Input should be a valid integer").
     if kind == inputs.ERROR_TYPE:
-        valid = f"expected {ctx['valid']}"
-    elif kind == "finite_number":
-        valid = "expected a finite number (not NaN or infinity)"
+        valid = str(ctx["valid"])
+    elif kind in STRICT_TYPES:
+        valid = STRICT_TYPES[kind]
     else:
         valid = str(first.get("msg", "a valid value"))
+    said = valid if kind not in STRICT_TYPES and kind != inputs.ERROR_TYPE else f"expected {valid}"
     where = f"{loc[0]} " if loc else ""
     value = first.get("input")
     shown = f" {shown_value(value)}" if kind != "missing" and _is_scalar(value) else ""
-    message = f"invalid {where}{field or 'request'}{shown}: {valid}"
+    message = f"invalid {where}{field or 'request'}{shown}: {said}"
     return error_response(
         ErrorBody(status=422, code="invalid", message=message, field=field or None, valid=valid)
     )
