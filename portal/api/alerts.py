@@ -20,6 +20,7 @@ from portal.allocator import Allocator
 from portal.api.auth import Caller, CallerKind, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.inputs import KEY, Label, bounded
 from portal.api.schemas import ErrorBody, Page
 
 router = APIRouter(prefix="/alerts", tags=["alerts"], responses=ERROR_RESPONSES)
@@ -86,12 +87,14 @@ def list_alerts(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
-    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
     state: Annotated[
         list[AlertState] | None,
         Query(description="Only these states (repeat); default pending, firing, resolved."),
     ] = None,
-    rule: Annotated[str | None, Query(max_length=64, description="Only this rule.")] = None,
+    rule: Annotated[
+        Annotated[str, bounded(KEY, 64)] | None, Query(description="Only this rule.")
+    ] = None,
 ) -> Page[AlertOut]:
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     everywhere = caller.can_everywhere(Scope.WORKLOADS_READ)

@@ -30,6 +30,7 @@ from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, paging, requires, visible_tenants
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.inputs import Label
 from portal.api.metrics import ServiceMetrics
 from portal.api.schemas import Page
 from portal.settings import Settings
@@ -181,7 +182,7 @@ Start = Annotated[
     Query(description="Window start (ISO 8601; naive is UTC). Default: this month's start."),
 ]
 End = Annotated[datetime | None, Query(description="Window end, exclusive. Default: now.")]
-TenantFilter = Annotated[str | None, Query(max_length=63, description="Only this tenant.")]
+TenantFilter = Annotated[Label | None, Query(description="Only this tenant.")]
 
 
 @router.get(

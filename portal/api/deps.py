@@ -13,10 +13,10 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader
 
-from policies.errors import Forbidden, InvalidRequest, NotFound
+from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from portal.allocator import Allocator
 from portal.api.auth import Authenticator, Caller, Scope, token_from_header
-from portal.api.errors import PreconditionRequired, Unauthorized
+from portal.api.errors import PreconditionFailed, PreconditionRequired, Unauthorized
 from portal.api.schemas import MAX_PAGE, Page
 
 T = TypeVar("T")
@@ -152,3 +152,17 @@ def expected_version(if_match: str | None, if_none_match: str | None) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise InvalidRequest("If-Match", repr(if_match), 'an ETag read from a GET, e.g. "3"')
     return int(raw)
+
+
+def refused_edit(
+    kind: str, name: str, expected: int, current: int | None, exc: Conflict
+) -> PreconditionFailed:
+    """The 412 for an edit whose precondition no longer holds. ``If-None-Match: *`` (expected
+    version 0) on one that exists says so and names the ETag to send instead, rather than
+    "you read version 0"."""
+    if expected == 0 and current:
+        return PreconditionFailed(
+            f"{kind} {name} exists already (version {current}): If-None-Match: * only creates; "
+            f'to change it, send If-Match: "{current}" (its ETag)'
+        )
+    return PreconditionFailed(exc.message)

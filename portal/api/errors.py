@@ -6,6 +6,7 @@ validation, has the body ``{"status", "code", "message", "field"?, "valid"?}``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound, PortalError
+from portal.api import inputs
 from portal.api.schemas import ErrorBody
 
 
@@ -40,6 +42,13 @@ class Expired(PortalError):
     far behind): read the full list again."""
 
     code = "expired"
+
+
+class IdempotencyMismatch(InvalidRequest):
+    """An ``Idempotency-Key`` used before, by the same owner in the same tenant, for a
+    different request: a retry must repeat the first request exactly."""
+
+    code = "idempotency_mismatch"
 
 
 class PreconditionRequired(PortalError):
@@ -100,15 +109,77 @@ async def _portal_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(body_of(exc))
 
 
+STRICT_TYPES = {
+    "finite_number": "a finite number (not NaN or infinity)",
+    "int_type": "an integer (not true, false, a string or a fraction)",
+    "int_from_float": "an integer (not a fraction)",
+    "float_type": "a number (not true, false or a string)",
+    "bool_type": "true or false",
+    "string_type": "a string",
+}
+"""What bodies take as sent, in words: they are never coerced (``true`` is not a count)."""
+
+
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    first: Mapping[str, Any] = (
+        exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    )
+    if first.get("type") == "json_invalid":
+        return error_response(_not_json(exc.body, first))
     loc = [str(p) for p in first.get("loc", ())]
     field = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
-    valid = str(first.get("msg", "a valid value"))
-    message = f"invalid {loc[0] + ' ' if loc else ''}{field or 'request'}: {valid}"
+    ctx = first.get("ctx") or {}
+    kind = first.get("type")
+    # Our rules and the finite-number check say what is valid, like InvalidRequest; pydantic's
+    # other messages are sentences of their own ("Input should be a valid integer").
+    if kind == inputs.ERROR_TYPE:
+        valid = str(ctx["valid"])
+    elif kind in STRICT_TYPES:
+        valid = STRICT_TYPES[kind]
+    else:
+        valid = str(first.get("msg", "a valid value"))
+    said = valid if kind not in STRICT_TYPES and kind != inputs.ERROR_TYPE else f"expected {valid}"
+    where = f"{loc[0]} " if loc else ""
+    value = first.get("input")
+    shown = f" {shown_value(value)}" if kind != "missing" and _is_scalar(value) else ""
+    message = f"invalid {where}{field or 'request'}{shown}: {said}"
     return error_response(
         ErrorBody(status=422, code="invalid", message=message, field=field or None, valid=valid)
+    )
+
+
+SHOWN_CHARACTERS = 64
+"""A longer offending value is cut in messages (a 10,000-character pool name stays readable)."""
+
+
+def shown_value(value: object) -> str:
+    """``value`` as a message shows it: escaped (``'a\\x00b'``), and cut when long."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARACTERS:
+        return f"{value[:SHOWN_CHARACTERS]!r}… ({len(value)} characters)"
+    return repr(value)
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _not_json(document: object, error: Mapping[str, Any]) -> ErrorBody:
+    """An unparsable body, its position in words (the parser gives a character offset)."""
+    loc = tuple(error.get("loc", ()))
+    reason = str((error.get("ctx") or {}).get("error", "not JSON"))
+    where = ""
+    if len(loc) == 2 and isinstance(loc[1], int) and isinstance(document, str):
+        pos = loc[1]
+        line = document.count("\n", 0, pos) + 1
+        column = pos - (document.rfind("\n", 0, pos) + 1) + 1
+        where = f" at line {line}, column {column}"
+    return ErrorBody(
+        status=422,
+        code="invalid",
+        message=f"invalid body: not JSON: {reason}{where}",
+        field="body",
+        valid="a JSON object",
     )
 
 

@@ -13,6 +13,7 @@ from portal.api import convert
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Expired
+from portal.api.inputs import KEY, Key, bounded
 from portal.api.schemas import MAX_PAGE, CapacityOut, ErrorBody, NodeChangesOut, NodeOut, Page
 
 router = APIRouter(tags=["inventory"], responses=ERROR_RESPONSES)
@@ -94,7 +95,8 @@ def node_changes(
     _caller: Annotated[Caller, requires(Scope.INVENTORY_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     since: Annotated[
-        str, Query(max_length=64, description="The version read before, e.g. `3fa2c91d0b7e.42`.")
+        Annotated[str, bounded(KEY, 64)],
+        Query(description="The version read before, e.g. `3fa2c91d0b7e.42`."),
     ],
     topology: Annotated[bool, TOPOLOGY] = True,
 ) -> NodeChangesOut:
@@ -142,7 +144,7 @@ def node_changes(
     summary="One node: GPUs, MIG layout, topology, free capacity",
 )
 def get_node(
-    node: Annotated[str, Path(max_length=253, description="The node's name.")],
+    node: Annotated[Key, Path(description="The node's name.")],
     _caller: Annotated[Caller, requires(Scope.INVENTORY_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
 ) -> NodeOut:

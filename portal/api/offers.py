@@ -17,6 +17,7 @@ from portal.allocator import offers as decide
 from portal.api.auth import Caller, Scope
 from portal.api.deps import allocator, requires
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.inputs import Key, Label
 from portal.api.schemas import DevicesIn, ErrorBody, Model
 
 router = APIRouter(prefix="/tenants", tags=["offers"], responses=ERROR_RESPONSES)
@@ -94,11 +95,11 @@ def offer_out(offer: decide.Offer) -> OfferOut:
     summary="Options the tenant may pick, each available, queued or not allowed",
 )
 def list_offers(
-    tenant: Annotated[str, Path(max_length=63, description="The tenant (a JupyterHub group).")],
+    tenant: Annotated[Label, Path(description="The tenant (a JupyterHub group).")],
     caller: Annotated[Caller, requires(Scope.QUEUE_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     option: Annotated[
-        list[str] | None,
+        list[Key] | None,
         Query(
             max_length=64,
             description=(

@@ -11,6 +11,7 @@ from portal.api import convert
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.inputs import Label
 from portal.api.schemas import ErrorBody, Page, QueueEntryOut
 
 router = APIRouter(prefix="/queue", tags=["queue"], responses=ERROR_RESPONSES)
@@ -26,7 +27,7 @@ def list_queue(
     caller: Annotated[Caller, requires(Scope.QUEUE_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
-    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
 ) -> Page[QueueEntryOut]:
     shown = listed_tenants(caller, Scope.QUEUE_READ, tenant, alloc)
     entries = [

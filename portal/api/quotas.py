@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
-from policies.errors import Conflict, NotFound
+from policies.errors import Conflict, InvalidRequest, NotFound
+from policies.flavors import Flavor
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
@@ -17,16 +18,19 @@ from portal.api.deps import (
     expected_version,
     listed_tenants,
     paging,
+    refused_edit,
     requires,
 )
-from portal.api.errors import ERROR_RESPONSES, PreconditionFailed, Responses
+from portal.api.errors import ERROR_RESPONSES, Responses
+from portal.api.inputs import KEY, Label, bounded
 from portal.api.schemas import ErrorBody, Page, QuotaIn, QuotaOut
 
 router = APIRouter(tags=["quotas"], responses=ERROR_RESPONSES)
 
-TenantName = Annotated[str, Path(max_length=63, description="The tenant (JupyterHub group).")]
+TenantName = Annotated[Label, Path(description="The tenant (JupyterHub group).")]
 FlavorName = Annotated[
-    str, Path(max_length=128, description="A flavor: `H100-80GB`, `H100-80GB/3g.40gb`, …")
+    Annotated[str, bounded(KEY, 128)],
+    Path(description="A flavor: `H100-80GB`, `H100-80GB/3g.40gb`, …"),
 ]
 _404: Responses = {404: {"model": ErrorBody, "description": "no such tenant, flavor or quota"}}
 _EDIT: Responses = {
@@ -34,6 +38,21 @@ _EDIT: Responses = {
     412: {"model": ErrorBody, "description": "changed since the ETag was read"},
     428: {"model": ErrorBody, "description": "If-Match missing"},
 }
+
+
+def _offered_flavor(alloc: Allocator, tenant: str, flavor: str) -> str:
+    """``flavor``'s canonical name, if the inventory offers it: a quota for a flavor no node
+    has could never be used, and is most often a typo (``A100-80G``). A quota the tenant
+    already holds stays editable after its nodes left, so it can be lowered or zeroed."""
+    canonical = str(Flavor.parse(flavor))
+    offered = alloc.capacity
+    if canonical in offered or any(q.flavor == canonical for q in alloc.quotas(tenant)):
+        return canonical
+    raise InvalidRequest(
+        "flavor",
+        repr(flavor),
+        "a flavor the inventory offers: " + (", ".join(sorted(offered)) or "none yet"),
+    )
 
 
 @router.get(
@@ -46,7 +65,7 @@ def list_quotas(
     caller: Annotated[Caller, requires(Scope.QUOTAS_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
-    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
 ) -> Page[QuotaOut]:
     shown = listed_tenants(caller, Scope.QUOTAS_READ, tenant, alloc)
     quotas = [convert.quota_out(q) for q in alloc.quotas() if shown is None or q.tenant in shown]
@@ -92,6 +111,7 @@ def put_quota(
 ) -> QuotaOut:
     caller.require(Scope.QUOTAS_WRITE, tenant)
     expected = expected_version(if_match, if_none_match)
+    canonical = _offered_flavor(alloc, tenant, flavor)
     try:
         rec = alloc.set_quota(
             tenant,
@@ -102,6 +122,7 @@ def put_quota(
             expected_version=expected,
         )
     except Conflict as exc:
-        raise PreconditionFailed(exc.message) from exc
+        current = next((q.version for q in alloc.quotas(tenant) if q.flavor == canonical), None)
+        raise refused_edit("quota", f"{tenant}/{canonical}", expected, current, exc) from exc
     response.headers["ETag"] = etag(rec.version)
     return convert.quota_out(rec)

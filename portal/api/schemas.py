@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.flavors import FlavorKind
+from policies.quota import MAX_WEIGHT
 from policies.requests import (
     MAX_GANG_SIZE,
     MAX_GPUS_PER_MEMBER,
@@ -15,16 +16,23 @@ from policies.requests import (
     TopologyRequirement,
     WorkloadKind,
 )
+from portal.api.inputs import KEY, Key, Label, Pool, Text, bounded
 from portal.store.records import WorkloadState
 
 MAX_PAGE = 500
 T = TypeVar("T")
 
-_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InModel(Model):
+    """A request body: values are taken as sent, never coerced (``true`` or ``"2"`` is not a
+    count), and NaN and infinity are refused. Enum fields say ``strict=False``: FastAPI
+    validates the parsed JSON, where an enum arrives as its string value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ErrorBody(Model):
@@ -33,9 +41,9 @@ class ErrorBody(Model):
     status: int = Field(description="The HTTP status, repeated.")
     code: str = Field(
         description=(
-            "Stable identifier: invalid, unauthorized, forbidden, not_found, conflict, "
-            "precondition_failed, precondition_required, expired, unavailable, "
-            "method_not_allowed."
+            "Stable identifier: invalid, idempotency_mismatch, unauthorized, forbidden, "
+            "not_found, conflict, precondition_failed, precondition_required, expired, "
+            "unavailable, method_not_allowed."
         )
     )
     message: str = Field(description="What was wrong, with which value, and what would be valid.")
@@ -72,14 +80,15 @@ class TenantOut(Model):
     version: int = Field(ge=1, description="Bumped on every change; the ETag.")
 
 
-class TenantIn(Model):
-    cohort: str | None = Field(
-        default=None, max_length=63, pattern=_NAME, description="Cohort name; null: no cohort."
-    )
+class TenantIn(InModel):
+    cohort: Label | None = Field(default=None, description="Cohort name; null: no cohort.")
     weight: float = Field(
-        default=1.0, gt=0, le=1_000_000, description="Fair-share weight, > 0 and <= 1e6."
+        default=1.0,
+        gt=0,
+        le=MAX_WEIGHT,
+        description=f"Fair-share weight, > 0 and <= {MAX_WEIGHT:g}.",
     )
-    pools: list[str] = Field(
+    pools: list[Pool] = Field(
         default_factory=list,
         max_length=64,
         description="Node pools the tenant may use (and that are reserved for such tenants).",
@@ -99,7 +108,7 @@ class QuotaOut(Model):
     version: int = Field(ge=1, description="Bumped on every change; the ETag.")
 
 
-class QuotaIn(Model):
+class QuotaIn(InModel):
     guaranteed: int = Field(
         ge=0, le=10_000_000, description="Units (GPUs, instances or milli-GPU) always obtainable."
     )
@@ -114,11 +123,12 @@ class QuotaIn(Model):
 # ------------------------------------------------------------------ workloads
 
 
-class DevicesIn(Model):
+class DevicesIn(InModel):
     """The devices one gang member needs; ``kind`` picks the shape."""
 
     kind: FlavorKind | None = Field(
         default=None,
+        strict=False,
         description=(
             "gpu: `count` whole GPUs; mig: one `mig_profile` instance; share: `milli` of one "
             "GPU; null: CPU only."
@@ -130,13 +140,13 @@ class DevicesIn(Model):
         le=MAX_GPUS_PER_MEMBER,
         description=f"Whole GPUs (1..{MAX_GPUS_PER_MEMBER}) for kind gpu; 0 or 1 otherwise.",
     )
-    models: list[str] = Field(
+    models: list[Key] = Field(
         default_factory=list,
         max_length=32,
         description="Acceptable GPU models; empty: any (required for mig).",
     )
-    mig_profile: str | None = Field(
-        default=None, max_length=64, description="MIG profile, e.g. `3g.40gb`; null unless mig."
+    mig_profile: Annotated[str, bounded(KEY, 64)] | None = Field(
+        default=None, description="MIG profile, e.g. `3g.40gb`; null unless mig."
     )
     milli: int = Field(default=0, ge=0, le=999, description="Share of one GPU, 1..999 for share.")
     gpu_memory_mib: int = Field(
@@ -146,19 +156,17 @@ class DevicesIn(Model):
     memory_mib: int = Field(default=0, ge=0, le=100_000_000, description="Host memory, MiB.")
     topology: TopologyRequirement = Field(
         default=TopologyRequirement.ANY,
+        strict=False,
         description="How tightly the devices must be connected; nvlink needs >= 2 GPUs.",
     )
 
 
-class WorkloadIn(Model):
-    tenant: str = Field(
-        min_length=1,
-        max_length=63,
-        pattern=_NAME,
-        description="The tenant charged; the caller must be a member of it.",
+class WorkloadIn(InModel):
+    tenant: Label = Field(description="The tenant charged; the caller must be a member of it.")
+    name: Text = Field(description="A name for people.")
+    kind: WorkloadKind = Field(
+        default=WorkloadKind.NOTEBOOK, strict=False, description="What it runs."
     )
-    name: str = Field(min_length=1, max_length=253, description="A name for people.")
-    kind: WorkloadKind = Field(default=WorkloadKind.NOTEBOOK, description="What it runs.")
     devices: DevicesIn = Field(description="What each gang member needs.")
     gang_size: int = Field(
         default=1, ge=1, le=MAX_GANG_SIZE, description="Members that start all-or-nothing."

@@ -26,6 +26,7 @@ from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
 from portal.api.deps import allocator, listed_tenants, requires
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.inputs import KEY, TEXT, Label, bounded
 from portal.api.schemas import ErrorBody
 from portal.telemetry.access import DeviceAccess, device_access
 from portal.telemetry.reads import (
@@ -209,10 +210,12 @@ def get_series(
     alloc: Annotated[Allocator, Depends(allocator)],
     telemetry: Annotated[Telemetry, Depends(telemetry_of)],
     device: Annotated[
-        str | None,
-        Query(max_length=128, description="A GPU UUID, or <GPU UUID>/gi<id> for MIG."),
+        Annotated[str, bounded(KEY, 128)] | None,
+        Query(description="A GPU UUID, or <GPU UUID>/gi<id> for MIG."),
     ] = None,
-    workload_id: Annotated[str | None, Query(max_length=64, description="A workload.")] = None,
+    workload_id: Annotated[
+        Annotated[str, bounded(KEY, 64)] | None, Query(description="A workload.")
+    ] = None,
     resolution: Annotated[Resolution, Query(description="raw, 1m or 1h.")] = Resolution.MINUTE,
     start: Annotated[
         float | None,
@@ -226,12 +229,12 @@ def get_series(
         int, Query(ge=1, le=MAX_POINTS, description="Most points per series.")
     ] = MAX_POINTS,
     tenant: Annotated[
-        str | None,
-        Query(max_length=63, description="Without device and workload_id: only this tenant's."),
+        Label | None,
+        Query(description="Without device and workload_id: only this tenant's."),
     ] = None,
     owner: Annotated[
-        str | None,
-        Query(max_length=255, description="Without device and workload_id: only this user's."),
+        Annotated[str, bounded(TEXT, 255)] | None,
+        Query(description="Without device and workload_id: only this user's."),
     ] = None,
 ) -> SeriesPage:
     """One device, one workload, or (neither given) every live workload the caller may see,

@@ -10,14 +10,23 @@ from policies.errors import Conflict, Forbidden, NotFound
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
-from portal.api.deps import Paging, allocator, etag, expected_version, paging, requires
+from portal.api.deps import (
+    Paging,
+    allocator,
+    etag,
+    expected_version,
+    paging,
+    refused_edit,
+    requires,
+)
 from portal.api.deps import visible_tenants as _visible
-from portal.api.errors import ERROR_RESPONSES, PreconditionFailed, Responses
+from portal.api.errors import ERROR_RESPONSES, Responses
+from portal.api.inputs import Label
 from portal.api.schemas import ErrorBody, Page, TenantIn, TenantOut
 
 router = APIRouter(prefix="/tenants", tags=["tenants"], responses=ERROR_RESPONSES)
 
-TenantName = Annotated[str, Path(max_length=63, description="The tenant (JupyterHub group).")]
+TenantName = Annotated[Label, Path(description="The tenant (JupyterHub group).")]
 IfMatch = Annotated[str | None, Header(description='The ETag read, e.g. "3".')]
 IfNoneMatch = Annotated[str | None, Header(description="`*`: create only.")]
 
@@ -83,6 +92,7 @@ def put_tenant(
             expected_version=expected,
         )
     except Conflict as exc:
-        raise PreconditionFailed(exc.message) from exc
+        current = next((t.version for t in alloc.tenants() if t.name == tenant), None)
+        raise refused_edit("tenant", tenant, expected, current, exc) from exc
     response.headers["ETag"] = etag(rec.version)
     return convert.tenant_out(rec)

@@ -11,6 +11,7 @@ from portal.api import convert
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES
+from portal.api.inputs import Label
 from portal.api.schemas import ErrorBody, Page, UsageOut
 
 router = APIRouter(prefix="/usage", tags=["usage"], responses=ERROR_RESPONSES)
@@ -26,7 +27,7 @@ def list_usage(
     caller: Annotated[Caller, requires(Scope.USAGE_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
-    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
 ) -> Page[UsageOut]:
     shown = listed_tenants(caller, Scope.USAGE_READ, tenant, alloc)
     names = [t.name for t in alloc.tenants()] if shown is None else sorted(shown)

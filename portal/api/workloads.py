@@ -8,17 +8,18 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from policies.errors import Forbidden
 from policies.requests import DeviceRequest, WorkloadRequest
-from portal.allocator import Allocator
+from portal.allocator import Allocator, codec
 from portal.api import convert
 from portal.api.auth import Caller, CallerKind, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
-from portal.api.errors import ERROR_RESPONSES, Responses
+from portal.api.errors import ERROR_RESPONSES, IdempotencyMismatch, Responses, shown_value
+from portal.api.inputs import HEADER, KEY, TEXT, Label, bounded
 from portal.api.schemas import ErrorBody, Page, WorkloadIn, WorkloadOut
 from portal.store.records import WorkloadState
 
 router = APIRouter(prefix="/workloads", tags=["workloads"], responses=ERROR_RESPONSES)
 
-WorkloadId = Annotated[str, Path(max_length=64, description="The workload's id.")]
+WorkloadId = Annotated[Annotated[str, bounded(KEY, 64)], Path(description="The workload's id.")]
 _404: Responses = {404: {"model": ErrorBody, "description": "no such workload or tenant"}}
 
 
@@ -33,6 +34,47 @@ def _charge(caller: Caller, tenant: str) -> None:
         raise Forbidden(
             f"user {caller.name} is not a member of tenant {tenant}; "
             f"their tenants: {', '.join(sorted(caller.groups)) or 'none'}"
+        )
+
+
+def _check_retry(
+    alloc: Allocator,
+    workload_id: str,
+    req: WorkloadRequest,
+    expected_duration_s: float | None,
+    key: str,
+) -> None:
+    """Refuse a retry whose body differs from the first request with its key, as Stripe does:
+    answering the first workload to a different request would hide a client's bug (a key
+    reused across spawns). Compared after ``request``, on the record the allocator stored:
+    a first request with the key stored exactly this request, so only a mismatching retry
+    differs, and the allocator created nothing for it, however requests race."""
+    first = alloc.store.workload(workload_id)
+    if first is None:
+        return
+    asked = {
+        "name": req.name,
+        "kind": req.kind.value,
+        "devices": codec.device_request_to_dict(req.devices),
+        "gang_size": req.gang_size,
+        "priority": req.priority,
+        "expected_duration_s": expected_duration_s,
+    }
+    stored = {
+        "name": first.name,
+        "kind": first.kind,
+        "devices": first.request,
+        "gang_size": first.gang_size,
+        "priority": first.priority,
+        "expected_duration_s": first.expected_duration_s,
+    }
+    differing = [k for k in asked if asked[k] != stored[k]]
+    if differing:
+        raise IdempotencyMismatch(
+            "Idempotency-Key",
+            shown_value(key),
+            f"a new key for a different request: workload {workload_id} was requested with "
+            f"this key and another {', '.join(differing)}",
         )
 
 
@@ -52,17 +94,14 @@ def request_workload(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
     alloc: Annotated[Allocator, Depends(allocator)],
     idempotency_key: Annotated[
-        str | None,
+        Annotated[str, HEADER] | None,
         Header(
-            max_length=255,
             description="Retries with the same key (per tenant and owner) allocate once.",
         ),
     ] = None,
     owner: Annotated[
-        str | None,
+        Annotated[str, bounded(TEXT, 255)] | None,
         Query(
-            min_length=1,
-            max_length=255,
             description=(
                 "Services only (e.g. the hub's spawner): the user the workload is for, who "
                 "becomes its owner; the service vouches for the user's membership. "
@@ -101,6 +140,8 @@ def request_workload(
     status = alloc.request(
         req, idempotency_key=idempotency_key, expected_duration_s=body.expected_duration_s
     )
+    if idempotency_key is not None:
+        _check_retry(alloc, status.id, req, body.expected_duration_s, idempotency_key)
     response.status_code = 202 if status.state is WorkloadState.QUEUED else 201
     return convert.workload_out(status)
 
@@ -115,7 +156,7 @@ def list_workloads(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
-    tenant: Annotated[str | None, Query(max_length=63, description="Only this tenant.")] = None,
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
     state: Annotated[WorkloadState | None, Query(description="Only this state.")] = None,
 ) -> Page[WorkloadOut]:
     """Queued, running and preempting workloads in arrival order; ended ones by id only."""

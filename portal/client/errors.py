@@ -93,6 +93,7 @@ class PortalUnreachable(PortalError):
 
 BY_CODE: dict[str, type[ApiError]] = {
     "invalid": ApiInvalidRequest,
+    "idempotency_mismatch": ApiInvalidRequest,
     "forbidden": ApiForbidden,
     "not_found": ApiNotFound,
     "conflict": ApiConflict,

@@ -51,8 +51,15 @@ def auth(token: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def allocator(tmp_path: Path) -> Iterator[Allocator]:
-    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+def store_url(tmp_path: Path) -> str:
+    """The allocator's database: SQLite here; a module overrides it with ``db_url`` to run on
+    SQLite and PostgreSQL."""
+    return f"sqlite:///{tmp_path / 'portal.db'}"
+
+
+@pytest.fixture
+def allocator(store_url: str) -> Iterator[Allocator]:
+    store = Store(store_url)
     alloc = Allocator(store, clock=ManualClock())
     alloc.start([hgx("n1")])
     alloc.set_tenant("team-a")

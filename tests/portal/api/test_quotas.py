@@ -57,11 +57,20 @@ def test_an_edit_without_if_match_is_refused_and_changes_nothing(
     assert [q.version for q in allocator.quotas("team-a")] == [1]
 
 
-def test_if_none_match_star_creates_but_never_overwrites(client: TestClient) -> None:
-    url = "/api/v1/tenants/team-a/quotas/T4"
-    new = {**auth("anna"), "If-None-Match": "*"}
+def test_if_none_match_star_creates_but_never_overwrites(
+    client: TestClient, allocator: Allocator
+) -> None:
+    allocator.set_tenant("team-c")
+    url = "/api/v1/tenants/team-c/quotas/H100-80GB"
+    new = {**auth("root"), "If-None-Match": "*"}
     assert client.put(url, json={"guaranteed": 0, "limit": 1}, headers=new).status_code == 200
-    assert client.put(url, json={"guaranteed": 0, "limit": 2}, headers=new).status_code == 412
+    again = client.put(url, json={"guaranteed": 0, "limit": 2}, headers=new)
+    assert again.status_code == 412
+    assert again.json()["message"] == (
+        "quota team-c/H100-80GB exists already (version 1): If-None-Match: * only creates; "
+        'to change it, send If-Match: "1" (its ETag)'
+    )
+    assert [q.limit for q in allocator.quotas("team-c")] == [1]
 
 
 def test_a_tenant_admin_cannot_read_or_change_another_tenants_quota(

@@ -80,11 +80,11 @@ def test_an_edit_without_etag_is_refused_and_create_makes_a_new_quota(
             anna.set_quota("team-a", "H100-80GB", guaranteed=0, limit=1)
         assert caught.value.status == 428
         assert "If-Match" in caught.value.message
-        made = anna.set_quota("team-a", "H100-80GB/3g.40gb", guaranteed=1, limit=2, create=True)
-        assert made.value.flavor == "H100-80GB/3g.40gb"
-        assert anna.quota("team-a", "H100-80GB/3g.40gb").etag == made.etag
+        made = anna.set_quota("team-a", "T4", guaranteed=1, limit=2, create=True)
+        assert made.value.flavor == "T4"
+        assert anna.quota("team-a", "T4").etag == made.etag
         with pytest.raises(PreconditionFailed):
-            anna.set_quota("team-a", "H100-80GB/3g.40gb", guaranteed=1, limit=2, create=True)
+            anna.set_quota("team-a", "T4", guaranteed=1, limit=2, create=True)
         with pytest.raises(InvalidRequest, match="if_match"):
             anna.set_quota(
                 "team-a", "H100-80GB", guaranteed=1, limit=2, if_match='"1"', create=True
@@ -92,6 +92,17 @@ def test_an_edit_without_etag_is_refused_and_create_makes_a_new_quota(
 
 
 # ------------------------------------------------------------------ workloads
+
+
+def test_a_reused_idempotency_key_for_another_request_raises_invalid_request(
+    portal_server: Served,
+) -> None:
+    with portal(portal_server, "alice") as alice:
+        first = alice.request("team-a", "H100-80GB", name="a", idempotency_key="spawn-1")
+        with pytest.raises(InvalidRequest) as caught:
+            alice.request("team-a", "H100-80GB", name="b", idempotency_key="spawn-1")
+        assert caught.value.code == "idempotency_mismatch"
+        assert caught.value.field == "Idempotency-Key" and first.id in caught.value.message
 
 
 def test_a_request_that_fits_runs_with_its_devices(portal_server: Served) -> None:
