@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from policies.placement import devices
 from policies.placement.state import ClusterState, NodeState, Placement
@@ -109,6 +109,9 @@ class Policy:
         default_factory=OrderedDict, repr=False, compare=False
     )
     indexed_token: Hashable | None = field(default=None, repr=False, compare=False)
+    # Whether the single scorer chooses within the node: a runtime Protocol check costs a
+    # scan of the protocol's members, too slow for every node of every decision.
+    _node_scorer: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     def score(
         self, req: DeviceRequest, st: NodeState, option: Placement, cluster: ClusterState
@@ -125,13 +128,16 @@ class Policy:
         opts = devices.options(req, st)
         if not opts:
             return None
-        if len(self.scorers) == 1:
+        if self._node_scorer is None:
+            self._node_scorer = len(self.scorers) == 1 and isinstance(
+                self.scorers[0][0], NodeScorer
+            )
+        if self._node_scorer:
             scorer, weight = self.scorers[0]
-            if isinstance(scorer, NodeScorer):
-                got = scorer.score_node(req, st, opts, cluster)
-                if got is None:
-                    return None
-                return weight * got[0], got[1]
+            got = cast(NodeScorer, scorer).score_node(req, st, opts, cluster)
+            if got is None:
+                return None
+            return weight * got[0], got[1]
         best = opts[0]
         best_score = self.score(req, st, best, cluster)
         for opt in opts[1:]:
