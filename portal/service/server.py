@@ -41,6 +41,7 @@ from policies.isolation import IsolationSettings
 from policies.placement.scorers import policy as named_policy
 from portal.agent import inprocess
 from portal.alerting import wiring as alerting
+from portal.alerting.wiring import AlertingSettings
 from portal.allocator import Allocator
 from portal.api import cost as cost_api
 from portal.api import create_app
@@ -50,11 +51,11 @@ from portal.api.metrics import ServiceMetrics
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.kube import service as kube_loops
-from portal.service import logs, seed, tokens
+from portal.service import hubsync, logs, seed, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
 from portal.service.loops import Loops, LoopsCollector
-from portal.settings import Settings
+from portal.settings import ENV_PREFIX, Settings
 from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
@@ -126,6 +127,7 @@ def register_loops(
     isolation_loop.register_for_service(loops, allocator, settings, isolation)
     kube_loops.register_for_service(loops, allocator, settings, isolation)
     alerting.register_for_service(loops, allocator)
+    hubsync.register_for_service(loops, allocator, settings.hub_reconcile_interval_s, os.environ)
     _register_agent(loops, allocator, settings)
 
 
@@ -148,6 +150,12 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
             (nothing is served).
     """
     logs.configure(settings.log_format, settings.log_level)
+    report = settings_report(settings, AlertingSettings())
+    log.info(
+        "settings given: %s",
+        ", ".join(f"{k}={v}" for k, v in report.items()) or "none (defaults)",
+        extra={"fields": {"settings": report}},
+    )
     signals = StopSignals()
     signals.install()
     where = plan(settings, os.environ)
@@ -267,6 +275,29 @@ class StopSignals:
         self.requested = True
         if self.server is not None:
             self.server.should_exit = True
+
+
+_MASKED = ("url", "secret", "token", "password")
+
+
+def settings_report(*models: Settings | AlertingSettings) -> dict[str, str]:
+    """The settings given to this process (environment or flags) with the values in effect, by
+    variable name; values that may hold credentials (URLs, secrets) show as ``(set)``."""
+    report = {}
+    for model in models:
+        for name in sorted(model.model_fields_set):
+            value = getattr(model, name)
+            shown = "(set)" if any(m in name for m in _MASKED) else _plain(value)
+            report[f"{ENV_PREFIX}{name.upper()}"] = shown
+    return dict(sorted(report.items()))
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def open_store(url: str) -> ReportingStore:
