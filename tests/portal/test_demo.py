@@ -611,18 +611,24 @@ def test_the_portal_releases_a_notebook_whose_server_the_hub_does_not_run(demo: 
 
 
 def _oauth_scopes(demo: Demo, user: str) -> set[str]:
-    """The scopes of the OAuth token the hub gave the dashboards for ``user``."""
+    """The scopes of the OAuth token the hub gave the dashboards when ``user`` opened them."""
     with _login(demo.url, user) as client:
         deadline = time.monotonic() + START_TIMEOUT_S
         while client.get(DASHBOARDS_URL, follow_redirects=True).status_code != 200:
             assert time.monotonic() < deadline, demo.log_tail()
             time.sleep(1)
+    # A second session: the dashboards set an _xsrf cookie of their own in the first.
+    with _login(demo.url, user) as client:
         tokens = client.get(
             f"/hub/api/users/{user}/tokens", headers={"X-XSRFToken": client.cookies["_xsrf"]}
         )
     assert tokens.status_code == 200, tokens.text
-    (oauth,) = [t for t in tokens.json()["oauth_tokens"] if t["oauth_client"] == "dashboards"]
-    return set(oauth["scopes"])
+    # The dashboards' OAuth client is named after the service ("Service dashboards").
+    oauth = [
+        t for t in tokens.json()["api_tokens"] if "dashboards" in (t.get("oauth_client") or "")
+    ]
+    assert oauth, tokens.json()
+    return set(oauth[-1]["scopes"])
 
 
 DASHBOARDS_URL = "/services/dashboards/"
