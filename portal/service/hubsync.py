@@ -8,10 +8,13 @@ the hub which servers exist — at start and every ``GPUPORTAL_HUB_RECONCILE_INT
 releases, through the allocator, every notebook workload of a spawner whose server is gone.
 
 Which workloads: kind ``notebook``, named the way the spawner names them (``<owner>/<server>``,
-``<owner>/default`` for the default server), created at least ``min_age_s`` ago. Other notebook
-workloads (requested through the API under another name) have no server to check and are left
-alone. A server counts as present while the hub lists it, pending spawns included, so a spawn
-waiting in the queue keeps its place. When the hub cannot be read, nothing is released.
+``<owner>/default`` for the default server), holding devices for at least ``min_age_s``. Other
+notebook workloads (requested through the API under another name) have no server to check and
+are left alone. Queued ones hold nothing and are left alone too: a spawn that died with the hub
+finds its queue place again when the user spawns again (``spawner.mixin``); should such a
+workload be allocated with no server to take it, a later round releases it. A server counts as
+present while the hub lists it, pending spawns included. When the hub cannot be read, nothing
+is released.
 
 The order is deliberate: the workloads are read first and the hub second, so a workload whose
 spawn began after the hub answered cannot be taken for a gone one.
@@ -104,8 +107,9 @@ def release_gone(
         (w, server)
         for w in allocator.workloads()
         if w.kind == WorkloadKind.NOTEBOOK
+        and w.started_at is not None
+        and w.started_at <= oldest
         and (server := server_of(w)) is not None
-        and w.created_at <= oldest
     ]
     if not candidates:
         return []

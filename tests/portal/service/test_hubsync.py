@@ -58,10 +58,14 @@ def test_notebooks_of_servers_the_hub_no_longer_runs_are_released_with_the_reaso
         assert allocator.status(wid).state is WorkloadState.RUNNING
 
 
-def test_a_young_workload_is_left_to_its_spawn_and_a_hub_error_releases_nothing(
+def test_a_young_or_queued_workload_is_left_to_its_spawn_and_a_hub_error_releases_nothing(
     allocator: Allocator, clock: ManualClock
 ) -> None:
     young = _ask(allocator, "bob", "bob/default")
+    for i in range(7):  # team-a's other seven GPUs
+        _ask(allocator, f"u{i}", "held")
+    queued = _ask(allocator, "carol", "carol/default")
+    assert allocator.status(queued).state is WorkloadState.QUEUED
     assert release_gone(allocator, set, min_age_s=30, now=clock) == []
     clock.advance(seconds=31)
 
@@ -72,3 +76,9 @@ def test_a_young_workload_is_left_to_its_spawn_and_a_hub_error_releases_nothing(
         release_gone(allocator, hub_down, min_age_s=30, now=clock)
     assert allocator.status(young).state is WorkloadState.RUNNING
     assert release_gone(allocator, set, min_age_s=30, now=clock) == [young]
+    # carol's spawn may come back for its queue place; once allocated with no server to take
+    # it, the round after its minimum age releases it.
+    assert allocator.status(queued).state is WorkloadState.RUNNING
+    assert release_gone(allocator, set, min_age_s=30, now=clock) == []
+    clock.advance(seconds=31)
+    assert release_gone(allocator, set, min_age_s=30, now=clock) == [queued]
