@@ -35,21 +35,24 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from types import FrameType
 
 import yaml
-from pydantic import ValidationError
 
 from policies.capacity import flavor_capacity
-from policies.errors import InvalidRequest, PortalError
+from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 from policies.inventory import Node
-from portal.alerting.wiring import AlertingSettings
 from portal.api.auth import Scope
+from portal.demo_settings import (
+    DASHBOARDS_SETTINGS,
+    check_service_settings,
+    demo_pricing_file,
+    service_settings,
+)
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
-from portal.settings import ENV_PREFIX, Settings
+from portal.settings import Settings
 from spawner import hubconfig
 
 # Tenants are JupyterHub groups; the demo has two, each with a member and a tenant admin.
@@ -77,25 +80,6 @@ DEMO_ROLES: Mapping[str, str] = {
     **dict.fromkeys(DEMO_LEADERSHIP, "leadership: cost and usage of every tenant, read-only"),
 }
 
-DEMO_PRICING = "data/demo-pricing.yaml"  # example prices, relative to the portal package
-
-# Settings of `gpuportal serve` that the demo decides itself; every other GPUPORTAL_* setting
-# of the service (portal.settings, portal.alerting.wiring) set here is passed on to it.
-_DEMO_OWNED = frozenset(
-    {
-        "state_dir",
-        "database_url",
-        "inventory",
-        "demo_ip",
-        "demo_port",
-        "demo_password",
-        "service_ip",
-        "service_port",
-        "service_prefix",
-        "hub_api_url",
-    }
-)
-_DASHBOARDS_SETTINGS = ("GPUPORTAL_DASHBOARDS_COOKIE_SECRET",)
 
 PROXY_PROGRAM = "configurable-http-proxy"
 # Where scripts/bootstrap installs the proxy (npm --prefix), relative to the repository root.
@@ -162,43 +146,6 @@ def demo_groups() -> dict[str, list[str]]:
     return groups
 
 
-def service_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """The ``GPUPORTAL_*`` settings of the services in ``environ`` that the demo passes on to
-    them: all of ``gpuportal serve``'s but those the demo decides itself (such as the
-    database), and the dashboards' cookie secret."""
-    names = {
-        f"{ENV_PREFIX}{name.upper()}"
-        for name in (*Settings.model_fields, *AlertingSettings.model_fields)
-        if name not in _DEMO_OWNED
-    }
-    return dict(
-        sorted((k, v) for k, v in environ.items() if k in names or k in _DASHBOARDS_SETTINGS)
-    )
-
-
-def check_service_settings() -> None:
-    """Read the service's settings from this process's environment as the service will: a bad
-    value stops the demo here, with the setting named, instead of making the hub restart the
-    service over and over.
-
-    Raises:
-        InvalidRequest: a value is not valid.
-    """
-    try:
-        AlertingSettings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = str(first["loc"][0]) if first["loc"] else "settings"
-        raise InvalidRequest(
-            f"setting {ENV_PREFIX}{name.upper()}", repr(first.get("input")), first["msg"]
-        ) from exc
-
-
-def demo_pricing_file() -> Path:
-    """The example prices the demo uses unless GPUPORTAL_PRICING_FILE is set."""
-    return Path(str(resources.files("portal").joinpath(DEMO_PRICING)))
-
-
 def demo_seed(nodes: Sequence[Node]) -> dict[str, object]:
     """The portal's seed (``portal.service.seed`` format) for the demo tenants over ``nodes``.
 
@@ -255,7 +202,7 @@ def hub_config(
         [python, "-m", "portal.cli", "serve", "--seed", str(state / SEED_FILE)],
         environment={
             **defaults,
-            **{k: v for k, v in passed.items() if k not in _DASHBOARDS_SETTINGS},
+            **{k: v for k, v in passed.items() if k not in DASHBOARDS_SETTINGS},
             "GPUPORTAL_STATE_DIR": str(state / "portal"),
             "GPUPORTAL_DATABASE_URL": f"sqlite:///{state / 'portal' / 'portal.sqlite'}",
             "GPUPORTAL_INVENTORY": inventory,
@@ -357,7 +304,7 @@ def _portal_url(ports: HubPorts) -> str:
 
 def _dashboards_services(ports: HubPorts, python: str, passed: Mapping[str, str]) -> list[object]:
     svc = dashboards_service(f"http://127.0.0.1:{ports.dashboards}", _portal_url(ports), python)
-    env = {k: v for k, v in passed.items() if k in _DASHBOARDS_SETTINGS}
+    env = {k: v for k, v in passed.items() if k in DASHBOARDS_SETTINGS}
     if env:
         svc["environment"] = env
     return [svc]

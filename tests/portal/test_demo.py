@@ -34,14 +34,13 @@ from portal.demo import (
     SEED_FILE,
     HubPorts,
     choose_inventory,
-    demo_pricing_file,
     demo_seed,
     demo_users,
     hub_config,
     inventory_summary,
     render_config,
-    service_settings,
 )
+from portal.demo_settings import demo_pricing_file, service_settings
 from portal.service import seed as seed_module
 from portal.settings import Settings
 from portal.store.records import AllocationRecord
