@@ -150,12 +150,6 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
             (nothing is served).
     """
     logs.configure(settings.log_format, settings.log_level)
-    report = settings_report(settings, AlertingSettings())
-    log.info(
-        "settings given: %s",
-        ", ".join(f"{k}={v}" for k, v in report.items()) or "none (defaults)",
-        extra={"fields": {"settings": report}},
-    )
     signals = StopSignals()
     signals.install()
     where = plan(settings, os.environ)
@@ -213,6 +207,13 @@ def _run(
     app.state.loops = loops
     metrics.registry.register(LoopsCollector(loops))
     register_loops(loops, allocator, settings, isolation)
+    # Once every setting was read and accepted (a bad one stops the service with one line).
+    report = settings_report(settings, AlertingSettings())
+    log.info(
+        "settings given: %s",
+        ", ".join(f"{k}={v}" for k, v in report.items()) or "none (defaults)",
+        extra={"fields": {"settings": report}},
+    )
     follower.follow(allocator)
     # What is loaded by now (modules, the inventory, allocator state) lives as long as the
     # process: kept out of the collector's generations, full collections stop walking it
@@ -277,7 +278,7 @@ class StopSignals:
             self.server.should_exit = True
 
 
-_MASKED = ("url", "secret", "token", "password")
+_MASKED = ("url", "secret", "password")
 
 
 def settings_report(*models: Settings | AlertingSettings) -> dict[str, str]:
@@ -287,7 +288,8 @@ def settings_report(*models: Settings | AlertingSettings) -> dict[str, str]:
     for model in models:
         for name in sorted(model.model_fields_set):
             value = getattr(model, name)
-            shown = "(set)" if any(m in name for m in _MASKED) else _plain(value)
+            hidden = any(m in name for m in _MASKED) or name.endswith("_token")
+            shown = "(set)" if hidden else _plain(value)
             report[f"{ENV_PREFIX}{name.upper()}"] = shown
     return dict(sorted(report.items()))
 
