@@ -211,7 +211,6 @@ def hub_config(
     )
     portal_url = _portal_url(ports)
     server_path = os.pathsep.join(p for p in (str(Path(python).parent), search_path) if p)
-    roles = _ROLES
     return {
         "JupyterHub": {
             "bind_url": f"http://{_host_for_url(settings.demo_ip)}:{ports.public}/",
@@ -223,7 +222,7 @@ def hub_config(
             "spawner_class": "spawner.local.GPUSimpleLocalSpawner",
             "load_groups": {name: {"users": users} for name, users in demo_groups().items()},
             "custom_scopes": custom_scopes(),
-            "load_roles": [*load_roles(roles), hubconfig.spawner_role()],
+            "load_roles": [*load_roles(_ROLES), hubconfig.spawner_role()],
             "services": [
                 portal,
                 hubconfig.spawner_service(spawner_token),
@@ -394,7 +393,7 @@ def prepare(settings: Settings) -> DemoPlan:
         password=password,
         inventory=inventory,
         passed=passed,
-        pricing="example prices (demo)" if pricing is not None else "GPUPORTAL_PRICING_FILE",
+        pricing="example prices (demo)" if pricing is not None else "from GPUPORTAL_PRICING_FILE",
     )
 
 
@@ -412,7 +411,7 @@ def banner(plan: DemoPlan) -> str:
         for k, v in plan.passed.items()
     ]
     lines.append(
-        "settings passed to the portal: " + (", ".join(shown) if shown else "none (defaults)")
+        "settings passed to the services: " + (", ".join(shown) if shown else "none (defaults)")
     )
     lines.append(f"prices: {plan.pricing}")
     return "\n".join(lines)

@@ -208,11 +208,11 @@ def _run(
     metrics.registry.register(LoopsCollector(loops))
     register_loops(loops, allocator, settings, isolation)
     # Once every setting was read and accepted (a bad one stops the service with one line).
-    report = settings_report(settings, AlertingSettings())
+    given = settings_report(settings, AlertingSettings())
     log.info(
         "settings given: %s",
-        ", ".join(f"{k}={v}" for k, v in report.items()) or "none (defaults)",
-        extra={"fields": {"settings": report}},
+        ", ".join(f"{k}={v}" for k, v in given.items()) or "none (defaults)",
+        extra={"fields": {"settings": given}},
     )
     follower.follow(allocator)
     # What is loaded by now (modules, the inventory, allocator state) lives as long as the
