@@ -5,10 +5,18 @@ database, seeded with the demo tenants' quotas (``demo_seed``), over the simulat
 or, when NVML finds GPUs here, the real ones (``choose_inventory``). Users pick a GPU option on
 the spawn page and get a JupyterLab pinned to the allocated devices (``GPUSimpleLocalSpawner``).
 
+Every role of the portal has a demo user (``DEMO_ROLES``): a platform admin, one tenant admin
+per tenant, members and a leadership viewer. The ``GPUPORTAL_*`` settings of the service
+(``service_settings``) set where ``gpuportal demo`` runs are passed on to it: JupyterHub gives
+its services only the environment their entry names. The demo prices GPUs with example prices
+(``portal/data/demo-pricing.yaml``) unless ``GPUPORTAL_PRICING_FILE`` says otherwise. Spawned
+servers get ``GPUPORTAL_URL``, a ``PATH`` that finds this Python's ``gpuportal`` and a token with
+the portal scopes their user holds, so the notebook client and the CLI work in them.
+
 ``hub_config`` builds the hub's configuration from typed inputs with no I/O, ``render_config``
 turns it into a ``jupyterhub_config.py``; ``prepare`` writes the state directory and ``run_hub``
-runs JupyterHub as a child until it exits, passing on Ctrl-C and SIGTERM, and then stops any
-process the hub left behind.
+runs JupyterHub (``portal.demohub``: servers stop before the portal) as a child until it exits,
+passing on Ctrl-C and SIGTERM, and then stops any process the hub left behind.
 """
 
 from __future__ import annotations
@@ -37,13 +45,41 @@ from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 from policies.inventory import Node
 from portal.api.auth import Scope
+from portal.demo_settings import (
+    DASHBOARDS_SETTINGS,
+    check_service_settings,
+    demo_pricing_file,
+    service_settings,
+)
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from portal.settings import Settings
 from spawner import hubconfig
 
-# Tenants are JupyterHub groups; the demo has two, plus one hub admin in none of them.
+# Tenants are JupyterHub groups; the demo has two, each with a member and a tenant admin.
 DEMO_TENANTS: Mapping[str, tuple[str, ...]] = {"team-a": ("alice",), "team-b": ("bob",)}
+DEMO_TENANT_ADMINS: Mapping[str, tuple[str, ...]] = {"team-a": ("dave",), "team-b": ("erin",)}
+# The platform admin (also the hub's admin) and the leadership viewer belong to no tenant.
 DEMO_ADMINS: tuple[str, ...] = ("carol",)
+DEMO_LEADERSHIP: tuple[str, ...] = ("frank",)
+DASHBOARDS_SERVICE = "dashboards"
+_ROLES = HubRolesSpec(tenants=tuple(DEMO_TENANTS), oauth_services=(DASHBOARDS_SERVICE,))
+
+# What each demo user may do, in words for the banner, in the order it lists them.
+DEMO_ROLES: Mapping[str, str] = {
+    **dict.fromkeys(DEMO_ADMINS, "platform admin: every view and tenant, hub admin"),
+    **{
+        user: f"tenant admin of {tenant}: its quotas and cost, and its GPUs"
+        for tenant, users in DEMO_TENANT_ADMINS.items()
+        for user in users
+    },
+    **{
+        user: f"member of {tenant}: its GPUs, queue and usage"
+        for tenant, users in DEMO_TENANTS.items()
+        for user in users
+    },
+    **dict.fromkeys(DEMO_LEADERSHIP, "leadership: cost and usage of every tenant, read-only"),
+}
+
 
 PROXY_PROGRAM = "configurable-http-proxy"
 # Where scripts/bootstrap installs the proxy (npm --prefix), relative to the repository root.
@@ -87,13 +123,27 @@ class DemoPlan:
     url: str
     password: str
     inventory: DemoInventory
+    passed: Mapping[str, str]  # GPUPORTAL_* settings passed on to the services
+    pricing: str  # where the prices come from, in words
 
 
 def demo_users() -> dict[str, str]:
-    """Each demo user with its role in words, e.g. ``{"alice": "team-a"}``."""
-    users = {user: tenant for tenant, members in DEMO_TENANTS.items() for user in members}
-    users.update(dict.fromkeys(DEMO_ADMINS, "admin"))
-    return users
+    """Each demo user with its role in words, e.g. ``{"alice": "member of team-a: ..."}``."""
+    return dict(DEMO_ROLES)
+
+
+def demo_groups() -> dict[str, list[str]]:
+    """The hub groups of the demo and their users: tenants (members and their admins), the
+    tenants' admin groups, leadership and platform admins."""
+    groups = {
+        tenant: sorted({*members, *DEMO_TENANT_ADMINS.get(tenant, ())})
+        for tenant, members in DEMO_TENANTS.items()
+    }
+    for tenant, admins in DEMO_TENANT_ADMINS.items():
+        groups[_ROLES.admin_group(tenant)] = list(admins)
+    groups[_ROLES.leadership_group] = list(DEMO_LEADERSHIP)
+    groups[_ROLES.platform_admin_group] = list(DEMO_ADMINS)
+    return groups
 
 
 def demo_seed(nodes: Sequence[Node]) -> dict[str, object]:
@@ -125,24 +175,42 @@ def hub_config(
     run_as_root: bool,
     inventory: str = "demo",
     spawner_token: str = "",
+    passed: Mapping[str, str] | None = None,
+    pricing_file: Path | None = None,
+    search_path: str = os.defpath,
 ) -> dict[str, dict[str, object]]:
-    """The hub configuration as ``{section: {trait: value}}``; pure, for tests and rendering."""
+    """The hub configuration as ``{section: {trait: value}}``; pure, for tests and rendering.
+
+    ``passed``: ``GPUPORTAL_*`` settings for the services (``service_settings``), over the
+    demo's own defaults; ``pricing_file``: the demo's prices unless ``passed`` names others;
+    ``search_path``: the ``PATH`` of the servers, after this Python's own directory.
+    """
     state = settings.state_dir
+    passed = dict(passed or {})
     users = sorted(demo_users())
     singleuser_args = ["--allow-root"] if run_as_root else []
+    defaults = {
+        # Synthetic utilization for simulated GPUs (ignored when NVML finds real ones).
+        "GPUPORTAL_SIMULATED_SAMPLES": "true",
+        # The reconcile that releases GPUs of servers gone while the portal was down.
+        "GPUPORTAL_HUB_RECONCILE_INTERVAL_S": "15",
+    }
+    if pricing_file is not None:
+        defaults["GPUPORTAL_PRICING_FILE"] = str(pricing_file)
     portal = hubconfig.portal_service(
         f"http://127.0.0.1:{ports.portal}",
         [python, "-m", "portal.cli", "serve", "--seed", str(state / SEED_FILE)],
         environment={
+            **defaults,
+            **{k: v for k, v in passed.items() if k not in DASHBOARDS_SETTINGS},
             "GPUPORTAL_STATE_DIR": str(state / "portal"),
             "GPUPORTAL_DATABASE_URL": f"sqlite:///{state / 'portal' / 'portal.sqlite'}",
             "GPUPORTAL_INVENTORY": inventory,
-            # Synthetic utilization for simulated GPUs (ignored when NVML finds real ones).
-            "GPUPORTAL_SIMULATED_SAMPLES": "true",
         },
         cwd=state,
     )
-    roles = HubRolesSpec(tenants=tuple(DEMO_TENANTS), oauth_services=_dashboards_names())
+    portal_url = _portal_url(ports)
+    server_path = os.pathsep.join(p for p in (str(Path(python).parent), search_path) if p)
     return {
         "JupyterHub": {
             "bind_url": f"http://{_host_for_url(settings.demo_ip)}:{ports.public}/",
@@ -152,18 +220,13 @@ def hub_config(
             "cookie_secret_file": str(state / "jupyterhub_cookie_secret"),
             "authenticator_class": "jupyterhub.auth.DummyAuthenticator",
             "spawner_class": "spawner.local.GPUSimpleLocalSpawner",
-            "load_groups": {
-                **{tenant: {"users": list(members)} for tenant, members in DEMO_TENANTS.items()},
-                # The hub admin also operates the portal and reads cost as leadership does.
-                roles.platform_admin_group: {"users": list(DEMO_ADMINS)},
-                roles.leadership_group: {"users": list(DEMO_ADMINS)},
-            },
+            "load_groups": {name: {"users": users} for name, users in demo_groups().items()},
             "custom_scopes": custom_scopes(),
-            "load_roles": [*load_roles(roles), hubconfig.spawner_role()],
+            "load_roles": [*load_roles(_ROLES), hubconfig.spawner_role()],
             "services": [
                 portal,
                 hubconfig.spawner_service(spawner_token),
-                *_dashboards_services(settings, ports, python),
+                *_dashboards_services(ports, python, passed),
             ],
             "cleanup_servers": True,
             "cleanup_proxy": True,
@@ -184,6 +247,11 @@ def hub_config(
             "default_url": "/lab",
             "start_timeout": _SPAWN_TIMEOUT_S,
             "http_timeout": _SPAWN_TIMEOUT_S,
+            # The notebook client and the CLI in a server: where the portal is (the hub's
+            # API port does not route /services/), `gpuportal` on PATH, and a token with the
+            # portal scopes the user holds (the hub keeps their tenant filters).
+            "environment": {"GPUPORTAL_URL": portal_url, "PATH": server_path},
+            "server_token_scopes": hubconfig.server_token_scopes(),
         },
         "GPUSimpleLocalSpawner": {
             "home_dir_template": str(state / "home" / "{username}"),
@@ -196,8 +264,6 @@ def hub_config(
 # ---- the dashboards service ------------------------------------------------------------
 # The dashboards (Panel apps) run as a hub-managed service behind the hub's OAuth, under
 # /services/dashboards/, listed on the hub's home page; every portal role may access them.
-
-DASHBOARDS_SERVICE = "dashboards"
 
 # The portal scopes a viewer's OAuth token for the dashboards may carry: the hub intersects
 # them with the viewer's own (group filters included), so nobody gains anything by them.
@@ -231,13 +297,16 @@ def dashboards_service(
     }
 
 
-def _dashboards_names() -> tuple[str, ...]:
-    return (DASHBOARDS_SERVICE,)
+def _portal_url(ports: HubPorts) -> str:
+    return f"http://127.0.0.1:{ports.portal}/services/{hubconfig.PORTAL_SERVICE}/"
 
 
-def _dashboards_services(settings: Settings, ports: HubPorts, python: str) -> list[object]:
-    portal_url = f"http://127.0.0.1:{ports.portal}/services/{hubconfig.PORTAL_SERVICE}/"
-    return [dashboards_service(f"http://127.0.0.1:{ports.dashboards}", portal_url, python)]
+def _dashboards_services(ports: HubPorts, python: str, passed: Mapping[str, str]) -> list[object]:
+    svc = dashboards_service(f"http://127.0.0.1:{ports.dashboards}", _portal_url(ports), python)
+    env = {k: v for k, v in passed.items() if k in DASHBOARDS_SETTINGS}
+    if env:
+        svc["environment"] = env
+    return [svc]
 
 
 def render_config(config: Mapping[str, Mapping[str, object]]) -> str:
@@ -279,6 +348,9 @@ def prepare(settings: Settings) -> DemoPlan:
     proxy = find_proxy()
     state = settings.state_dir
     inventory = choose_inventory()
+    check_service_settings()  # the portal's own Settings were read already, by the CLI
+    passed = service_settings(os.environ)
+    pricing = None if "GPUPORTAL_PRICING_FILE" in passed else demo_pricing_file()
     try:
         (state / "home").mkdir(parents=True, exist_ok=True)
         (state / "portal").mkdir(parents=True, exist_ok=True)
@@ -302,6 +374,9 @@ def prepare(settings: Settings) -> DemoPlan:
             inventory=inventory.spec,
             # A fresh token at every start: the hub stores the one its configuration names.
             spawner_token=secrets.token_urlsafe(32),
+            passed=passed,
+            pricing_file=pricing,
+            search_path=os.environ.get("PATH", os.defpath),
         )
         config_file = state / "jupyterhub_config.py"
         config_file.touch(mode=0o600)  # it holds the spawner's token
@@ -317,13 +392,29 @@ def prepare(settings: Settings) -> DemoPlan:
         url=f"http://{_host_for_url(settings.demo_ip, display=True)}:{settings.demo_port}/",
         password=password,
         inventory=inventory,
+        passed=passed,
+        pricing="example prices (demo)" if pricing is not None else "from GPUPORTAL_PRICING_FILE",
     )
 
 
+_SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "URL")
+
+
 def banner(plan: DemoPlan) -> str:
-    """The one line that tells a person where to go and how to log in."""
-    users = ", ".join(f"{user} ({role})" for user, role in demo_users().items())
-    return f"gpuportal demo: open {plan.url} and log in as {users} with password {plan.password}"
+    """What to tell the person who started the demo: where to go, who to log in as (one user
+    per role) and with which password, and the settings passed on to the services."""
+    width = max(map(len, DEMO_ROLES))
+    lines = [f"gpuportal demo: open {plan.url} and log in with password {plan.password} as"]
+    lines += [f"  {user:<{width}}  {role}" for user, role in DEMO_ROLES.items()]
+    shown = [
+        f"{k}=(set)" if any(h in k for h in _SECRET_HINTS) else f"{k}={v}"
+        for k, v in plan.passed.items()
+    ]
+    lines.append(
+        "settings passed to the services: " + (", ".join(shown) if shown else "none (defaults)")
+    )
+    lines.append(f"prices: {plan.pricing}")
+    return "\n".join(lines)
 
 
 @cache
@@ -354,13 +445,14 @@ def inventory_summary() -> str:
 def run_hub(plan: DemoPlan) -> int:
     """Run JupyterHub until it exits, and leave no process of it behind; returns its status.
 
-    SIGINT, SIGTERM and SIGHUP to this process become one SIGTERM to the hub, which stops its
-    proxy and the users' servers. JupyterHub starts those in sessions of their own and handles
-    signals only once it is up, so a signal during start-up (or a crash) would orphan them:
+    SIGINT, SIGTERM and SIGHUP to this process become one SIGTERM to the hub, which stops the
+    users' servers (while the portal still answers their releases), then its services and its
+    proxy. JupyterHub starts those in sessions of their own and handles signals only once it is
+    up, so a signal during start-up (or a crash) would orphan them:
     this process is made their subreaper (Linux) and stops whatever is left after the hub.
     """
     _become_subreaper()
-    argv = [sys.executable, "-m", "jupyterhub", "--config", str(plan.config_file)]
+    argv = [sys.executable, "-m", "portal.demohub", "--config", str(plan.config_file)]
     try:
         # Its own process group: a terminal's Ctrl-C reaches only this process, which
         # forwards it once.

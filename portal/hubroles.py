@@ -14,7 +14,8 @@ Roles (``docs/roles.md`` explains each choice), for tenant ``t``:
   and ``cost:read``, all filtered ``!group=t``; nothing else.
 - ``gpuportal-leadership`` (group ``gpuportal-leadership``): ``cost:read`` and ``usage:read``
   of every tenant; nothing that writes.
-- ``gpuportal-platform-admin`` (group ``gpuportal-admins``): ``custom:gpuportal:admin``.
+- ``gpuportal-platform-admin`` (group ``gpuportal-admins``): ``custom:gpuportal:admin``, and
+  each scope an OAuth service may ask for, unfiltered (``PLATFORM_ADMIN_SCOPES``).
 - ``gpuportal-service`` (service ``gpuportal``): the hub API calls the portal makes (list
   users and groups, read activity and servers, stop idle GPU servers).
 """
@@ -47,6 +48,17 @@ TENANT_ADMIN_SCOPES: tuple[Scope, ...] = (*MEMBER_SCOPES, Scope.QUOTAS_WRITE, Sc
 
 LEADERSHIP_SCOPES: tuple[Scope, ...] = (Scope.COST_READ, Scope.USAGE_READ)
 """Read-only, every tenant."""
+
+PLATFORM_ADMIN_SCOPES: tuple[Scope, ...] = (
+    Scope.ADMIN,
+    *TENANT_ADMIN_SCOPES,
+    Scope.METRICS_READ,
+)
+"""Every portal scope. ``admin`` implies the others in the portal, but the hub knows nothing
+of that: it hands an OAuth client (the dashboards, a server's token) the intersection of what
+the client may ask for and what the person holds, scope by scope. A client that may not ask
+for ``admin`` (the dashboards may not) would get none of a platform admin's power unless the
+role names each scope too. ``telemetry:write`` stays the node agents' own."""
 
 SERVICE_HUB_SCOPES: tuple[str, ...] = (
     "list:users",  # whose servers exist
@@ -174,7 +186,7 @@ def load_roles(spec: HubRolesSpec) -> list[Role]:
             "name": f"{ROLE_PREFIX}platform-admin",
             "description": "every portal scope for every tenant",
             "groups": [spec.platform_admin_group],
-            "scopes": [Scope.ADMIN.value, *_access(spec)],
+            "scopes": [*(s.value for s in PLATFORM_ADMIN_SCOPES), *_access(spec)],
         }
     )
     roles.append(

@@ -122,6 +122,15 @@ class Settings(BaseSettings):
             "cycles did not retry, ETAs)."
         ),
     )
+    hub_reconcile_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Under JupyterHub, seconds between checks that release the GPUs of notebook "
+            "servers the hub no longer runs (reason server-gone); the first runs at start."
+        ),
+    )
     shutdown_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -6,7 +6,11 @@ deployments.
 - the spawner's own hub service and role (``spawner_service``, ``spawner_role``): a token
   with exactly the portal scopes a spawner uses, for every tenant: request, read and release
   workloads and read offers (``queue:read``). The portal service's own role grants hub
-  scopes only (``portal.hubroles``), so the two identities stay apart.
+  scopes only (``portal.hubroles``), so the two identities stay apart;
+- the scopes of each server's own token (``server_token_scopes``, for
+  ``c.Spawner.server_token_scopes``): the hub's defaults plus every portal scope a tenant admin
+  may hold, of which the hub gives each server the part its user holds, tenant filters kept, so
+  ``Portal()`` and ``gpuportal`` work inside a notebook as that user.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from portal.api.auth import Scope
+from portal.hubroles import TENANT_ADMIN_SCOPES
 
 PORTAL_SERVICE = "gpuportal"
 SPAWNER_SERVICE = "gpuportal-spawner"
 SPAWNER_SCOPES: tuple[Scope, ...] = (Scope.WORKLOADS_WRITE, Scope.WORKLOADS_READ, Scope.QUEUE_READ)
+# What JupyterHub's `server` role gives a server's token; asking for scopes replaces it.
+_SERVER_DEFAULT_SCOPES = ("users:activity!user", "access:servers!server")
 
 
 def portal_service(
@@ -56,3 +63,11 @@ def spawner_role(name: str = SPAWNER_SERVICE) -> dict[str, object]:
         "services": [name],
         "scopes": [s.value for s in SPAWNER_SCOPES],
     }
+
+
+def server_token_scopes() -> list[str]:
+    """``c.Spawner.server_token_scopes``: the server role's scopes plus the portal's, unfiltered
+    here; the hub intersects them with the user's own (``!group=<tenant>`` filters included),
+    so nobody gains a scope by them. ``custom:gpuportal:admin`` is not asked for: a notebook's
+    token never carries it."""
+    return [*_SERVER_DEFAULT_SCOPES, *(s.value for s in TENANT_ADMIN_SCOPES)]

@@ -11,13 +11,17 @@
           H100-80GB: {guaranteed: 2, limit: 4}
           H100-80GB/3g.40gb: {guaranteed: 0, limit: 7, budget_gpu_hours: 100}
 
-The whole file is checked before anything is applied. Applying changes only what differs, so
-running it at every start leaves edits made since through the API alone unless the file sets
-the same tenant or quota to other values (the file wins for what it names).
+The whole file is checked before anything is applied. A seed creates what does not exist yet and
+never undoes an edit: the service applies it at every start, so "the file wins" would revert
+every quota an admin changed through the API, CLI or dashboards at the next restart. The
+database remembers a digest of each entry (tenant settings, and each quota) as last applied
+(``meta`` rows ``seed:...``); an existing tenant or quota is changed only when the file's entry
+itself changed since then. Entries left alone because they were edited since are logged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from sqlalchemy import delete, select
 
 from policies.errors import InvalidRequest, PortalError
 from policies.flavors import Flavor
 from portal.allocator import Allocator
+from portal.store.writer import META, Store
 
 log = logging.getLogger(__name__)
 
@@ -128,37 +134,49 @@ def _quota(flavor: str, body: object, here: str) -> SeedQuota:
 
 
 def apply(allocator: Allocator, tenants: list[SeedTenant]) -> int:
-    """Create or change what differs; returns how many tenants and quotas changed.
+    """Create what is missing, change what the file changed; returns how many tenants and quotas
+    changed. An existing tenant or quota whose entry in the file is the one last applied keeps
+    its current values (an admin's edit), and so does one that existed before any seed named it.
 
     Raises:
         PortalError: the allocator refused a value (unknown flavor, limit below guaranteed,
             ...); what was applied before it stays.
     """
-    changed = 0
+    memory = _Memory(allocator.store)
+    applied = memory.load()
+    seen: dict[str, str] = {}
+    changed = skipped = 0
     current = {t.name: t for t in allocator.tenants()}
     for seed in tenants:
         old = current.get(seed.name)
-        if old is None or (old.cohort, old.weight, old.pools) != (
-            seed.cohort,
-            seed.weight,
-            seed.pools,
-        ):
-            allocator.set_tenant(
-                seed.name,
-                cohort=seed.cohort,
-                weight=seed.weight,
-                pools=seed.pools,
-                expected_version=old.version if old else 0,
-            )
-            changed += 1
+        want = (seed.cohort, seed.weight, seed.pools)
+        key, digest = _key(seed.name), _digest(want)
+        seen[key] = digest
+        if old is None or _file_changed(applied, key, digest):
+            if old is None or (old.cohort, old.weight, old.pools) != want:
+                allocator.set_tenant(
+                    seed.name,
+                    cohort=seed.cohort,
+                    weight=seed.weight,
+                    pools=seed.pools,
+                    expected_version=old.version if old else 0,
+                )
+                changed += 1
+        elif (old.cohort, old.weight, old.pools) != want:
+            skipped += 1
+            _kept(f"tenant {seed.name}", want, (old.cohort, old.weight, old.pools))
         quotas = {q.flavor: q for q in allocator.quotas(seed.name)}
         for q in seed.quotas:
             have = quotas.get(q.flavor)
-            if have is not None and (have.guaranteed, have.limit, have.budget_gpu_hours) == (
-                q.guaranteed,
-                q.limit,
-                q.budget_gpu_hours,
-            ):
+            want_q = (q.guaranteed, q.limit, q.budget_gpu_hours)
+            key, digest = _key(seed.name, q.flavor), _digest(want_q)
+            seen[key] = digest
+            now = None if have is None else (have.guaranteed, have.limit, have.budget_gpu_hours)
+            if now == want_q:
+                continue
+            if have is not None and not _file_changed(applied, key, digest):
+                skipped += 1
+                _kept(f"quota {seed.name} {q.flavor}", want_q, now)
                 continue
             allocator.set_quota(
                 seed.name,
@@ -169,8 +187,58 @@ def apply(allocator: Allocator, tenants: list[SeedTenant]) -> int:
                 expected_version=have.version if have else None,
             )
             changed += 1
-    log.info("seed applied: %d change(s)", changed, extra={"fields": {"changes": changed}})
+    memory.save({k: v for k, v in seen.items() if applied.get(k) != v})
+    log.info(
+        "seed applied: %d change(s), %d entry(ies) kept as edited since",
+        changed,
+        skipped,
+        extra={"fields": {"changes": changed, "kept": skipped}},
+    )
     return changed
+
+
+def _file_changed(applied: Mapping[str, str], key: str, digest: str) -> bool:
+    """Whether the file's entry differs from the one last applied (an entry never applied
+    counts as unchanged: what exists already was set by someone else)."""
+    return key in applied and applied[key] != digest
+
+
+def _kept(what: str, file_says: object, now: object) -> None:
+    log.info(
+        "seed: %s kept as edited since the seed was applied (the file says %s, it is %s)",
+        what,
+        file_says,
+        now,
+        extra={"fields": {"entry": what}},
+    )
+
+
+def _key(tenant: str, flavor: str = "") -> str:
+    # Meta keys are at most 64 characters; tenant and flavor names may be longer together.
+    return "seed:" + hashlib.sha256(f"{tenant}\0{flavor}".encode()).hexdigest()[:40]
+
+
+def _digest(values: tuple[object, ...]) -> str:
+    return hashlib.sha256(repr(values).encode()).hexdigest()
+
+
+class _Memory:
+    """The digests of seed entries as last applied, in the database's ``meta`` table."""
+
+    def __init__(self, store: Store) -> None:
+        self._engine = store.engine
+
+    def load(self) -> dict[str, str]:
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(META).where(META.c.key.startswith("seed:")))
+            return {r.key: r.value for r in rows}
+
+    def save(self, digests: Mapping[str, str]) -> None:
+        if not digests:
+            return
+        with self._engine.begin() as conn:
+            conn.execute(delete(META).where(META.c.key.in_(list(digests))))
+            conn.execute(META.insert(), [{"key": k, "value": v} for k, v in digests.items()])
 
 
 def _short(value: object) -> str:

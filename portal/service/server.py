@@ -51,11 +51,11 @@ from portal.api.metrics import ServiceMetrics
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.kube import service as kube_loops
-from portal.service import logs, seed, tokens
+from portal.service import hubsync, logs, seed, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
 from portal.service.loops import Loops, LoopsCollector
-from portal.settings import Settings
+from portal.settings import ENV_PREFIX, Settings
 from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
@@ -132,6 +132,7 @@ def register_loops(
     isolation_loop.register_for_service(loops, allocator, settings, isolation)
     kube_loops.register_for_service(loops, allocator, settings, isolation)
     alerting.register_for_service(loops, allocator, alerts, budgets=budgets)
+    hubsync.register_for_service(loops, allocator, settings.hub_reconcile_interval_s, os.environ)
     _register_agent(loops, allocator, settings)
 
 
@@ -216,6 +217,13 @@ def _run(
     metrics.registry.register(LoopsCollector(loops))
     # Money budgets (the pricing file's) feed the budget_burn rule.
     register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
+    # Once every setting was read and accepted (a bad one stops the service with one line).
+    given = settings_report(settings, alerts)
+    log.info(
+        "settings given: %s",
+        ", ".join(f"{k}={v}" for k, v in given.items()) or "none (defaults)",
+        extra={"fields": {"settings": given}},
+    )
     follower.follow(allocator)
     # What is loaded by now (modules, the inventory, allocator state) lives as long as the
     # process: kept out of the collector's generations, full collections stop walking it
@@ -278,6 +286,30 @@ class StopSignals:
         self.requested = True
         if self.server is not None:
             self.server.should_exit = True
+
+
+_MASKED = ("url", "secret", "password")
+
+
+def settings_report(*models: Settings | alerting.AlertingSettings) -> dict[str, str]:
+    """The settings given to this process (environment or flags) with the values in effect, by
+    variable name; values that may hold credentials (URLs, secrets) show as ``(set)``."""
+    report = {}
+    for model in models:
+        for name in sorted(model.model_fields_set):
+            value = getattr(model, name)
+            hidden = any(m in name for m in _MASKED) or name.endswith("_token")
+            shown = "(set)" if hidden else _plain(value)
+            report[f"{ENV_PREFIX}{name.upper()}"] = shown
+    return dict(sorted(report.items()))
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def open_store(url: str) -> ReportingStore:

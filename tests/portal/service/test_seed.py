@@ -73,6 +73,52 @@ def test_a_changed_value_is_applied_on_top_of_the_current_version(allocator: All
     assert (q.limit, q.version) == (5, 3)
 
 
+def _one_quota(limit: int, *, weight: float = 1.0) -> list[seed.SeedTenant]:
+    doc = {"weight": weight, "quotas": {"H100-80GB": {"guaranteed": 0, "limit": limit}}}
+    return seed.parse({"tenants": {"team-b": doc}}, "s")
+
+
+def test_an_edit_made_since_survives_the_same_seed_at_a_restart(tmp_path: Path) -> None:
+    # The case: team-b's H100 limit 1 -> 2 through the API, the service restarts and
+    # applies its unchanged seed again.
+    url = f"sqlite:///{tmp_path / 'portal.db'}"
+    store = Store(url)
+    first = Allocator(store, clock=ManualClock())
+    first.start([hgx("n1")])
+    assert seed.apply(first, _one_quota(1)) == 2
+    first.set_quota("team-b", "H100-80GB", guaranteed=0, limit=2, expected_version=1)
+    first.set_tenant("team-b", weight=3.0, expected_version=1)
+    store.close()
+
+    store = Store(url)
+    restarted = Allocator(store, clock=ManualClock())
+    restarted.start([hgx("n1")])
+    try:
+        assert seed.apply(restarted, _one_quota(1)) == 0
+        (q,) = restarted.quotas("team-b")
+        assert (q.limit, q.version) == (2, 2)
+        (t,) = restarted.tenants()
+        assert t.weight == 3.0
+        # The file itself changing an entry still applies, to that entry alone.
+        assert seed.apply(restarted, _one_quota(4)) == 1
+        (q,) = restarted.quotas("team-b")
+        assert q.limit == 4
+        assert restarted.tenants()[0].weight == 3.0
+    finally:
+        store.close()
+
+
+def test_a_seed_never_overwrites_what_existed_before_it_named_it(allocator: Allocator) -> None:
+    allocator.set_tenant("team-b", weight=2.0)
+    allocator.set_quota("team-b", "H100-80GB", guaranteed=0, limit=3)
+    assert seed.apply(allocator, _one_quota(1)) == 0
+    assert allocator.quotas("team-b")[0].limit == 3
+    assert allocator.tenants()[0].weight == 2.0
+    # Remembered now: a later change of the file's entry applies.
+    assert seed.apply(allocator, _one_quota(5)) == 1
+    assert allocator.quotas("team-b")[0].limit == 5
+
+
 @pytest.mark.parametrize(
     ("doc", "names"),
     [
