@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +75,10 @@ SHAPES: tuple[dict[str, Any], ...] = (
 )
 ROUNDS = 3
 CLIENTS = 8
-KILL_AFTER_S = (0.4, 2.5)
-"""When, after the burst starts, the server is killed (uniform, from the round's seed)."""
-MIN_ACKNOWLEDGED = 10
+KILL_AFTER_ANSWERS = (15, 150)
+"""The server is killed once this many answers of the round have arrived (uniform, from the
+round's seed), which stays a point inside the burst however loaded the machine is."""
+BURST_TIMEOUT_S = 60.0
 LIMIT_CEILING = 6
 """Quota edits raise limits by one up to here: limits only grow, so none is ever legitimately
 below what a tenant already holds."""
@@ -107,6 +109,7 @@ class Ledger:
     """(tenant, flavor) → the newest acknowledged PUT's answer."""
     in_flight: int = 0
     """Requests sent whose answer has not arrived yet."""
+    answered: int = 0
     unexpected: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -163,10 +166,14 @@ def create(c: httpx.Client, ledger: Ledger, rng: random.Random, key: str) -> Non
 
 
 def release(c: httpx.Client, ledger: Ledger, rng: random.Random) -> None:
+    with ledger.lock:
+        released = set(ledger.releases)
     ids = ledger.acknowledged_ids()
     if not ids:
         return
-    wid = rng.choice(ids)
+    # Mostly workloads not released yet (so the queue moves); sometimes a repeat (idempotent).
+    fresh = [i for i in ids if i not in released]
+    wid = rng.choice(fresh if fresh and rng.random() < 0.8 else ids)
     with ledger.lock:
         ledger.release_sent.add(wid)
     with sending(ledger):
@@ -216,13 +223,14 @@ def sending(ledger: Ledger) -> Iterator[None]:
     yield
     with ledger.lock:
         ledger.in_flight -= 1
+        ledger.answered += 1
 
 
 def burst_then_kill(
     svc: Service, ledger: Ledger, rng: random.Random, round_no: int
-) -> tuple[float, int]:
-    """Run the clients, SIGKILL the server at a random point; returns that point (s) and how
-    many requests were in flight then."""
+) -> tuple[str, int]:
+    """Run the clients, SIGKILL the server at a random point; returns that point in words and
+    how many requests were in flight then."""
     stop = threading.Event()
     ready = threading.Barrier(CLIENTS + 1)  # building a client takes a while: not in the burst
     threads = [
@@ -232,13 +240,15 @@ def burst_then_kill(
         )
         for i in range(CLIENTS)
     ]
-    kill_after = rng.uniform(*KILL_AFTER_S)
+    kill_after = ledger.answered + rng.randint(*KILL_AFTER_ANSWERS)
     for t in threads:
         t.start()
     try:
         ready.wait(30)
         start = time.monotonic()
-        time.sleep(kill_after)
+        while ledger.answered < kill_after:
+            assert time.monotonic() - start < BURST_TIMEOUT_S, "the burst is too slow"
+            time.sleep(0.001)
         with ledger.lock:
             in_flight = ledger.in_flight
         svc.kill()  # SIGKILL: no shutdown code of the server runs
@@ -248,7 +258,7 @@ def burst_then_kill(
         for t in threads:
             t.join(60)
     ledger.in_flight = 0
-    return killed_at, in_flight
+    return f"killed at answer {kill_after}, {killed_at:.2f} s into the burst", in_flight
 
 
 def pages(c: httpx.Client, path: str) -> Iterator[dict[str, Any]]:
@@ -298,25 +308,43 @@ def check_acknowledged(c: httpx.Client, ledger: Ledger) -> None:
         assert now["guaranteed"] == ack["guaranteed"], (tenant, flavor, ack, now)
 
 
-def retry_every_creation(c: httpx.Client, ledger: Ledger, db: sa.Engine) -> None:
-    """The same key again gives the same workload, whether or not the first answer arrived."""
+def retry_every_creation(c: httpx.Client, ledger: Ledger, db: sa.Engine) -> tuple[int, int]:
+    """The same key again gives the same workload, whether or not the first answer arrived.
+    Returns how many unanswered creations the kill left stored, and how many it left unstored."""
     before = dict(keyed_workloads(db))
-    for creation in ledger.creations.values():
-        r = c.post(
+    unanswered = [k for k, cr in ledger.creations.items() if cr.ack is None]
+    stored = sum(k in before for k in unanswered)
+
+    def again(creation: Creation) -> httpx.Response:
+        return c.post(
             "/api/v1/workloads", json=creation.body, headers={"Idempotency-Key": creation.key}
         )
-        assert r.status_code in (201, 202), (creation.key, r.status_code, r.text)
-        wid = r.json()["id"]
+
+    # Each key twice at once: a retry may race the client's own second retry.
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(again, [cr for cr in ledger.creations.values() for _ in "12"]))
+    for i, creation in enumerate(ledger.creations.values()):
+        first, second = answers[2 * i], answers[2 * i + 1]
+        for r in (first, second):
+            assert r.status_code in (201, 202), (creation.key, r.status_code, r.text)
+        wid = first.json()["id"]
+        assert second.json()["id"] == wid, (creation.key, first.json(), second.json())
         if creation.ack is not None:
-            assert wid == creation.ack["id"], (creation.key, "acknowledged", creation.ack, r.json())
+            assert wid == creation.ack["id"], (
+                creation.key,
+                "acknowledged",
+                creation.ack,
+                first.json(),
+            )
         if creation.key in before:
             assert [wid] == before[creation.key], (creation.key, wid, before[creation.key])
-        creation.ack = creation.ack or r.json()
+        creation.ack = creation.ack or first.json()
     after = keyed_workloads(db)
     keys = [k for k, _ in after]
     assert keys == sorted(ledger.creations), "workloads without a request, or lost"
     doubled = {k: ids for k, ids in after if len(ids) != 1}
     assert not doubled, doubled
+    return stored, len(unanswered) - stored
 
 
 def keyed_workloads(db: sa.Engine) -> list[tuple[str | None, list[str]]]:
@@ -394,20 +422,29 @@ def test_sigkill_during_a_burst_loses_nothing_acknowledged_and_doubles_nothing_r
         svc.start(seed=TENANT_SEED)
         for round_no in range(ROUNDS):
             killed_at, in_flight = burst_then_kill(svc, ledger, rng, round_no)
-            where = f"round {round_no} (TEST_SEED={SEED}, killed after {killed_at:.2f} s)"
+            where = f"round {round_no} (TEST_SEED={SEED}, {killed_at})"
             acknowledged = len(ledger.acknowledged_ids())
             assert not ledger.unexpected, (where, ledger.unexpected)
             assert in_flight, f"{where}: no request was in flight at the kill"
-            assert acknowledged >= MIN_ACKNOWLEDGED * (round_no + 1), (where, acknowledged)
+            restart = time.monotonic()
             svc.start(seed=None)
+            check = time.monotonic()
             with svc.client() as c:
                 try:
                     check_acknowledged(c, ledger)
                     check_devices_and_usage(c, engine)
-                    retry_every_creation(c, ledger, engine)
+                    stored, unstored = retry_every_creation(c, ledger, engine)
                     check_devices_and_usage(c, engine)
+                    states = Counter(w["state"] for w in pages(c, "/api/v1/workloads"))
                 except AssertionError as err:
                     raise AssertionError(f"{where}: {err}") from err
+            print(
+                f"{where}: {acknowledged} creations acknowledged so far, {in_flight} requests "
+                f"in flight at the kill, of the unanswered creations {stored} were stored and "
+                f"{unstored} not; {len(ledger.releases)} releases and {len(ledger.quotas)} "
+                f"quota edits acknowledged; live now: {dict(states)}; restart "
+                f"{check - restart:.1f} s, checks {time.monotonic() - check:.1f} s"
+            )
     finally:
         svc.kill()
         engine.dispose()
