@@ -300,7 +300,10 @@ def check_acknowledged(c: httpx.Client, ledger: Ledger) -> None:
             assert now["reason"] == "preempted", (creation.key, "ended by itself", now)
         assert now["state"] in legal, (creation.key, ack["state"], "then", now["state"])
         if ack["state"] in LIVE and now["state"] in LIVE:
-            assert devices(now["allocations"]) == devices(ack["allocations"]), creation.key
+            assert devices(now["allocations"]) == devices(ack["allocations"]), (
+                f"{creation.key} moved: acknowledged on {devices(ack['allocations'])}, "
+                f"now on {devices(now['allocations'])}"
+            )
     for (tenant, flavor), ack in ledger.quotas.items():
         now = c.get(f"/api/v1/tenants/{tenant}/quotas/{flavor}").json()
         assert now["version"] >= ack["version"], (tenant, flavor, ack, now)
@@ -396,7 +399,8 @@ def check_devices_and_usage(c: httpx.Client, db: sa.Engine) -> None:
     live = {w["id"]: w for w in pages(c, "/api/v1/workloads") if w["state"] in LIVE}
     assert sorted(live) == sorted(by_workload), "live workloads in the API and the database"
     for wid, w in live.items():
-        assert sorted(a["id"] for a in w["allocations"]) == sorted(by_workload[wid]), wid
+        shown = sorted(a["id"] for a in w["allocations"])
+        assert shown == sorted(by_workload[wid]), (wid, "API", shown, "database", by_workload[wid])
     for u in pages(c, "/api/v1/usage"):
         key = (u["tenant"], u["flavor"])
         assert u["used"] == used.pop(key, 0), (key, u)
@@ -431,8 +435,8 @@ def test_sigkill_during_a_burst_loses_nothing_acknowledged_and_doubles_nothing_r
             check = time.monotonic()
             with svc.client() as c:
                 try:
-                    check_acknowledged(c, ledger)
                     check_devices_and_usage(c, engine)
+                    check_acknowledged(c, ledger)
                     stored, unstored = retry_every_creation(c, ledger, engine)
                     check_devices_and_usage(c, engine)
                     states = Counter(w["state"] for w in pages(c, "/api/v1/workloads"))
