@@ -376,19 +376,21 @@ def check_devices_and_usage(c: httpx.Client, db: sa.Engine) -> None:
     by_workload: dict[str, list[str]] = defaultdict(list)
     for aid, wid, tenant, state, node, flavor, amount, gpus, milli, profile, start in rows:
         assert state in LIVE, f"allocation {aid} still active for a {state} workload {wid}"
-        gpus = json.loads(gpus) if isinstance(gpus, str) else gpus
-        kind = Flavor.parse(flavor).kind
-        for g in gpus:
-            held[(node, g)].append((wid, kind.value, milli if kind is FlavorKind.SHARE else None))
-            if kind is FlavorKind.MIG:
-                size = mig.geometry(Flavor.parse(flavor).model).profiles[profile].memory_slices
-                held[(node, g)][-1] = (wid, "mig", range(start, start + size))
+        fl = Flavor.parse(flavor)
+        share: Any = None  # what of the GPU it holds: all of it, milli, or MIG memory slices
+        if fl.kind is FlavorKind.SHARE:
+            share = milli
+        elif fl.kind is FlavorKind.MIG:
+            size = mig.geometry(fl.model).profiles[profile].memory_slices
+            share = range(start, start + size)
+        for g in json.loads(gpus) if isinstance(gpus, str) else gpus:
+            held[(node, g)].append((wid, fl.kind.value, share))
         used[(tenant, flavor)] += amount
         by_workload[wid].append(aid)
     for (node, g), holders in held.items():
         kinds = {k for _, k, _ in holders}
         assert len(kinds) == 1, f"{node} GPU {g} held as {kinds}: {holders}"
-        kind = kinds.pop()
+        (kind,) = kinds
         if kind == "gpu":
             assert len(holders) == 1, f"{node} GPU {g} held twice: {holders}"
         elif kind == "share":
