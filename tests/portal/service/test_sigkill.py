@@ -58,9 +58,14 @@ QUOTAS = {
 }
 """(guaranteed, limit) of each tenant: more is asked for than fits, so some requests queue,
 some borrow, and releases and raised limits admit queued ones."""
+COHORTS = {"team-a": "lab", "team-b": "lab", "team-c": None}
+"""team-a and team-b lend each other unused guaranteed quota, so reclaims preempt borrowers."""
 TENANT_SEED = {
     "tenants": {
-        t: {"quotas": {fl: {"guaranteed": g, "limit": lim} for fl, (g, lim) in QUOTAS.items()}}
+        t: {
+            "cohort": COHORTS[t],
+            "quotas": {fl: {"guaranteed": g, "limit": lim} for fl, (g, lim) in QUOTAS.items()},
+        }
         for t in TENANTS
     }
 }
@@ -150,6 +155,8 @@ def create(c: httpx.Client, ledger: Ledger, rng: random.Random, key: str) -> Non
         "tenant": rng.choice(TENANTS),
         "name": key,
         "devices": dict(rng.choice(SHAPES)),
+        "kind": rng.choice(("notebook", "job")),
+        "priority": rng.choice((0, 0, 10)),
         "expected_duration_s": 600,
     }
     creation = Creation(key, body)
