@@ -5,9 +5,13 @@ Only what a client saw acknowledged (a 2xx answer it received whole) is promised
 restart the test checks, through the API, that every acknowledged creation, release and quota
 edit is there (in its acknowledged state or a later legal one), and that retrying every request
 with its Idempotency-Key (acknowledged or cut off by the kill) gives exactly one workload per
-key. It then reads the database directly, only to check the API against it: no device is held
-twice, no tenant is above a limit, and the usage the API reports is what the active allocations
-sum to. Kill points are drawn from a seeded generator, so a failing round can be replayed.
+key. Before and after the retries it reads the database directly, only to check the API against
+it: no device is held twice, no tenant is above a limit, every live workload shows the
+allocations the database holds for it, and the usage the API reports is what they sum to.
+
+Requests and kill points are drawn from a seeded generator (``TEST_SEED``), so a failing round's
+draws can be repeated; the threads' interleaving with the server cannot be, so run a failing
+seed a few times.
 """
 
 from __future__ import annotations
