@@ -33,6 +33,7 @@ from dashboards.stores import (
     TenantStore,
     tenants_for,
 )
+from dashboards.stores.base import may_not
 from dashboards.tenant import TenantView
 from dashboards.warmup import warm_up
 from portal.api.auth import Caller, Scope
@@ -99,13 +100,23 @@ def build_view(
     ``clock`` (epoch s) ends the time windows of telemetry."""
     page: Page
     if view == "cluster":
-        cluster = ClusterStore(source, selected=args.get("node", ""))
+        cluster = ClusterStore(
+            source,
+            selected=args.get("node", ""),
+            platform_alerts=viewer.can_everywhere(Scope.WORKLOADS_READ),
+        )
         page = Page(TITLES["cluster"], ClusterView(cluster), [cluster])
     elif view == "tenant":
         page = _tenant_page(source, viewer, args, clock)
     elif view == "cost":
-        cost = CostStore(source)
-        page = Page(TITLES["cost"], CostView(cost), [cost])
+        if viewer.holds_any(Scope.COST_READ):
+            cost = CostStore(source)
+            page = Page(TITLES["cost"], CostView(cost), [cost])
+        else:  # opened by its address: say so instead of a page of refused reads
+            page = Page(
+                TITLES["cost"],
+                pn.pane.Markdown(f"*Cost is not shown: {may_not(Scope.COST_READ)}.*"),
+            )
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name, clock=clock)
         page = Page(TITLES["my_work"], MyWorkView(work), [work])
