@@ -238,6 +238,16 @@ def _without_mathjax() -> None:
     resources._panel_use_mathjax = lambda roots: False
 
 
+def _icon_route() -> tuple[str, Any, dict[str, str]]:
+    """``/favicon.ico`` under the prefix. Every page links the icon next to itself
+    (``./favicon.ico``), but Bokeh serves it only at the server's root: behind the hub
+    (``/services/dashboards/``) each page load asked for an icon that was not there (404)."""
+    from panel.io.resources import DIST_DIR
+    from tornado.web import StaticFileHandler
+
+    return (r"/(favicon\.ico)", StaticFileHandler, {"path": str(DIST_DIR / "images")})
+
+
 def serve(
     settings: Settings,
     *,
@@ -255,6 +265,8 @@ def serve(
     # of the collector's generations, full collections during a live update stop walking it.
     gc.collect()
     gc.freeze()
+    if prefix:
+        server_kw["extra_patterns"] = [*server_kw.get("extra_patterns", []), _icon_route()]
     return pn.serve(
         applications(settings),
         address=address,
