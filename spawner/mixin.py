@@ -7,10 +7,11 @@ Put the mixin first: ``class GPUKubeSpawner(GPUPortalMixin, KubeSpawner)``. The 
 
 - builds the options form at request time (``get_options_form``) from the portal's offers for each
   of the user's tenants (hub groups the portal knows), and reads it back (``options_from_form``);
-- checks ``user_options`` on every spawn, from the form or the REST API (``checked_choice``):
-  only ``{"tenant", "option"}``, a tenant the user is in, an option the operator offers and the
-  tenant may use; anything else fails the spawn with HTTP 400 (403 for a forbidden tenant or
-  option) and a message that says what is valid;
+- checks ``user_options`` on every spawn, from the form or the REST API (``checked_choice``, run
+  as the hub's ``apply_user_options`` right before ``start()``, or by ``start()`` itself when a
+  deployment sets its own hook): only ``{"tenant", "option"}``, a tenant the user is in, an
+  option the operator offers and the tenant may use; anything else fails the spawn with HTTP 400
+  (403 for a forbidden tenant or option) and a message that says what is valid;
 - in ``start()``: requests the devices on the user's behalf (the idempotency key is this server's
   spawn key, kept in the spawner state), waits in the portal's queue while reporting progress
   events with position, reason and ETA, gives up after ``max_queue_wait`` (withdrawing the
