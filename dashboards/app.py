@@ -33,6 +33,7 @@ from dashboards.stores import (
     TenantStore,
     tenants_for,
 )
+from dashboards.stores.base import may_not
 from dashboards.tenant import TenantView
 from dashboards.warmup import warm_up
 from portal.api.auth import Caller, Scope
@@ -99,13 +100,23 @@ def build_view(
     ``clock`` (epoch s) ends the time windows of telemetry."""
     page: Page
     if view == "cluster":
-        cluster = ClusterStore(source, selected=args.get("node", ""))
+        cluster = ClusterStore(
+            source,
+            selected=args.get("node", ""),
+            platform_alerts=viewer.can_everywhere(Scope.WORKLOADS_READ),
+        )
         page = Page(TITLES["cluster"], ClusterView(cluster), [cluster])
     elif view == "tenant":
         page = _tenant_page(source, viewer, args, clock)
     elif view == "cost":
-        cost = CostStore(source)
-        page = Page(TITLES["cost"], CostView(cost), [cost])
+        if viewer.holds_any(Scope.COST_READ):
+            cost = CostStore(source)
+            page = Page(TITLES["cost"], CostView(cost), [cost])
+        else:  # opened by its address: say so instead of a page of refused reads
+            page = Page(
+                TITLES["cost"],
+                pn.pane.Markdown(f"*Cost is not shown: {may_not(Scope.COST_READ)}.*"),
+            )
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name, clock=clock)
         page = Page(TITLES["my_work"], MyWorkView(work), [work])
@@ -227,6 +238,16 @@ def _without_mathjax() -> None:
     resources._panel_use_mathjax = lambda roots: False
 
 
+def _icon_route() -> tuple[str, Any, dict[str, str]]:
+    """``/favicon.ico`` under the prefix. Every page links the icon next to itself
+    (``./favicon.ico``), but Bokeh serves it only at the server's root: behind the hub
+    (``/services/dashboards/``) each page load asked for an icon that was not there (404)."""
+    from panel.io.resources import DIST_DIR
+    from tornado.web import StaticFileHandler
+
+    return (r"/(favicon\.ico)", StaticFileHandler, {"path": str(DIST_DIR / "images")})
+
+
 def serve(
     settings: Settings,
     *,
@@ -244,6 +265,8 @@ def serve(
     # of the collector's generations, full collections during a live update stop walking it.
     gc.collect()
     gc.freeze()
+    if prefix:
+        server_kw["extra_patterns"] = [*server_kw.get("extra_patterns", []), _icon_route()]
     return pn.serve(
         applications(settings),
         address=address,

@@ -14,6 +14,7 @@ from panel.viewable import Viewer
 
 from dashboards import components as c
 from dashboards.stores import ClusterStore
+from dashboards.stores.cluster import ALL_READ, UNKNOWN
 from policies.topology import LinkClass
 
 # Link classes from worst (cross-socket) to best (NVSwitch): light to dark green.
@@ -192,9 +193,18 @@ class ClusterView(Viewer):
             )
             for a in self.store.health
         ]
-        # Unread (the note says why) is not the same as healthy.
-        empty = "unknown" if self.store.health_note else "no health alerts"
-        return c.table_html(rows, ["node", "GPU", "alert", "state", "about"], empty=empty)
+        return c.table_html(
+            rows, ["node", "GPU", "alert", "state", "about"], empty=self.no_health()
+        )
+
+    def no_health(self) -> str:
+        """What an empty node-health table says: healthy only when every health alert was
+        read; "not shown" for alerts the viewer may not see; "unknown" when the portal could
+        not be read (the status line or the note says why)."""
+        known = self.store.health_known
+        if self.store.error or self.store.updated is None:
+            known = UNKNOWN
+        return "no health alerts" if known == ALL_READ else known
 
     def __panel__(self) -> pn.viewable.Viewable:
         choose = pn.widgets.AutocompleteInput.from_param(
@@ -220,7 +230,7 @@ class ClusterView(Viewer):
             c.message(self.store, "utilization_note"),
             self.chart(),
             "### Node health",
-            c.live(self.health, st.health, st.health_note),
+            c.live(self.health, st.health, st.health_known, st.error),
             c.message(self.store, "health_note"),
             pn.Row(
                 pn.Column(

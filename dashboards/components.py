@@ -154,13 +154,17 @@ def _cell(value: object) -> str:
 
 
 def message(store: param.Parameterized, name: str = "message") -> pn.pane.Alert:
-    """The store's last action result as an alert: red when it starts with 'invalid' or 'not'.
+    """The store's last action result or note as an alert: red when something failed (it
+    starts with 'invalid', 'not ' or 'unknown'), blue for a part the viewer's roles leave out
+    ('not shown': nothing went wrong), green otherwise.
     One Alert whose text, colour and visibility follow the parameter (not a function Panel
     must find a pane type for on every change: that search imports matplotlib's figure
     module the first time, ~0.7 s of a process's first page)."""
     text = store.param[name]
 
     def kind(value: str) -> str:
+        if value.startswith("not shown"):
+            return "info"
         return "danger" if value.startswith(("invalid", "not ", "unknown")) else "success"
 
     return pn.pane.Alert(text, alert_type=pn.bind(kind, text), visible=pn.bind(bool, text))

@@ -12,10 +12,15 @@ import param
 from panel.viewable import Viewer
 
 from dashboards import components as c
+from dashboards.sources import CostGroup
 from dashboards.stores import CostStore
+from dashboards.stores.cost import efficiency, measured
 
 
-def _pct(x: float | None) -> str:
+def _pct(g: CostGroup) -> str:
+    """Efficiency for people; "not measured" (as My work and Tenant say) for a group none of
+    whose time was measured, which the portal reports as 0 % used."""
+    x = efficiency(g)
     return "not measured" if x is None else f"{x:.0%}"
 
 
@@ -33,12 +38,12 @@ class CostView(Viewer):
         if r is None:
             return ""
         t = r.total
-        idle = "not measured" if t.idle_cost is None else f"{t.idle_cost} {r.currency}"
+        idle = "not measured" if not measured(t) else f"{t.idle_cost} {r.currency}"
         return c.summary(
             f"{r.start:%Y-%m-%d} – {r.end:%Y-%m-%d %H:%M} UTC",
             c.number("cost", f"{t.cost:,} {r.currency}"),
             c.number("GPU-hours", f"{t.allocated_gpu_hours:,.1f}"),
-            c.number("efficiency", _pct(t.efficiency)),
+            c.number("efficiency", _pct(t)),
             c.number("idle spend", idle),
         )
 
@@ -46,9 +51,12 @@ class CostView(Viewer):
         """Cost or GPU-hours (``measure``) by tenant per day, stacked."""
         index = 2 if measure == "cost" else 3
         rows = [(r[0], r[1], r[index]) for r in self.store.stacked()]
+        title = f"{'Cost' if measure == 'cost' else 'GPU-hours'} by tenant per day"
         return hv.Bars(rows, kdims=["day", "tenant"], vdims=[measure]).opts(
-            title=f"{'Cost' if measure == 'cost' else 'GPU-hours'} by tenant per day",
-            stacked=True,
+            title=title if rows else f"{title}: none",
+            # HoloViews cannot stack no bars (an IndexError that left the page's chart
+            # loading for ever): empty, the chart is plain, and stacks once bars arrive.
+            stacked=bool(rows),
             tools=["hover"],
             responsive=True,
             height=320,
@@ -74,8 +82,7 @@ class CostView(Viewer):
 
     def flavors(self, *_: object) -> str:
         rows = [
-            (g.flavor, f"{g.cost:,}", g.allocated_gpu_hours, _pct(g.efficiency))
-            for g in self.store.flavors
+            (g.flavor, f"{g.cost:,}", g.allocated_gpu_hours, _pct(g)) for g in self.store.flavors
         ]
         return c.table_html(rows, ["flavor", "cost", "GPU-hours", "efficiency"], empty="no cost")
 
@@ -102,13 +109,22 @@ class CostView(Viewer):
         rows = [(g.tenant, g.owner, f"{g.idle_cost:,}") for g in self.store.top_idle()]
         return c.table_html(rows, ["tenant", "owner", "idle spend"], empty="no idle spend measured")
 
+    def no_report(self, *_: object) -> bool:
+        """True while there is no cost report to export (not read yet, or refused)."""
+        return self.store.report is None or bool(self.store.error)
+
     def _csv(self) -> io.StringIO:
         return io.StringIO(self.store.chargeback())
 
     def __panel__(self) -> pn.viewable.Viewable:
         st = self.store.param
         download = pn.widgets.FileDownload(
-            callback=self._csv, filename="chargeback.csv", label="Chargeback CSV", embed=False
+            callback=self._csv,
+            filename="chargeback.csv",
+            label="Chargeback CSV",
+            embed=False,
+            # Only for a window the portal answered: otherwise a click only fails.
+            disabled=pn.bind(self.no_report, st.report, st.error),
         )
         return pn.Column(
             "## Cost",

@@ -224,7 +224,7 @@ class TenantView(Viewer):
             self.editor.__panel__()
             if self.editor is not None
             else pn.pane.Markdown(
-                f"*Changing quotas needs {Scope.QUOTAS_WRITE}!group={self.store.tenant}.*",
+                f"*Changing quotas needs the tenant admin role of {self.store.tenant}.*",
                 css_classes=["gp-no-editor"],
             )
         )

@@ -139,9 +139,15 @@ class HubRolesSpec:
 Role = dict[str, object]
 
 
-def custom_scopes() -> dict[str, dict[str, str]]:
-    """``c.JupyterHub.custom_scopes``: every portal scope with its description."""
-    return {s.value: {"description": SCOPE_HELP[s]} for s in Scope}
+def custom_scopes() -> dict[str, dict[str, object]]:
+    """``c.JupyterHub.custom_scopes``: every portal scope with its description; ``admin``
+    lists every other portal scope as its subscopes. The hub then expands a held admin scope
+    (filter included) into them, so a token it narrows to named portal scopes, such as the
+    dashboards' OAuth token (``oauth_client_allowed_scopes``), keeps them for an admin instead
+    of losing them all: the hub knows nothing of what the portal reads ``admin`` as."""
+    out: dict[str, dict[str, object]] = {s.value: {"description": SCOPE_HELP[s]} for s in Scope}
+    out[Scope.ADMIN.value]["subscopes"] = [s.value for s in Scope if s is not Scope.ADMIN]
+    return out
 
 
 def _filtered(scopes: Sequence[Scope], tenant: str) -> list[str]:

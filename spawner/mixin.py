@@ -7,10 +7,11 @@ Put the mixin first: ``class GPUKubeSpawner(GPUPortalMixin, KubeSpawner)``. The 
 
 - builds the options form at request time (``get_options_form``) from the portal's offers for each
   of the user's tenants (hub groups the portal knows), and reads it back (``options_from_form``);
-- checks ``user_options`` on every spawn, from the form or the REST API (``checked_choice``):
-  only ``{"tenant", "option"}``, a tenant the user is in, an option the operator offers and the
-  tenant may use; anything else fails the spawn with HTTP 400 (403 for a forbidden tenant or
-  option) and a message that says what is valid;
+- checks ``user_options`` on every spawn, from the form or the REST API (``checked_choice``, run
+  as the hub's ``apply_user_options`` right before ``start()``, or by ``start()`` itself when a
+  deployment sets its own hook): only ``{"tenant", "option"}``, a tenant the user is in, an
+  option the operator offers and the tenant may use; anything else fails the spawn with HTTP 400
+  (403 for a forbidden tenant or option) and a message that says what is valid;
 - in ``start()``: requests the devices on the user's behalf (the idempotency key is this server's
   spawn key, kept in the spawner state), waits in the portal's queue while reporting progress
   events with position, reason and ETA, gives up after ``max_queue_wait`` (withdrawing the
@@ -168,6 +169,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
     spawn_key: str | None = None
     spawn_for: str | None = None  # "<tenant>/<option key>" the spawn key was made for
     _queued = False
+    _applied: tuple[dict[str, Any], forms.Choice] | None = None  # by apply_user_options
     _events_changed: asyncio.Event | None = None
     _backend_start_timeout: float | None = None
     _raised_start_timeout: int | None = None
@@ -179,6 +181,10 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
     @default("options_from_form")
     def _default_options_from_form(self) -> Callable[..., Any]:
         return _options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Callable[..., Any]:
+        return _apply_user_options
 
     # ------------------------------------------------------------------ portal access
 
@@ -226,7 +232,8 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
             tenants = await self.tenant_offers()
         except PortalError as exc:
             raise _http_error(exc) from exc
-        return forms.render_form(tenants)
+        # The hub keeps the previous spawn's user_options: preselect what was picked then.
+        return forms.render_form(tenants, last=self.user_options or {})
 
     async def checked_choice(self, user_options: Mapping[str, Any]) -> forms.Choice:
         """``user_options`` checked against the live offers; raises ``web.HTTPError`` 400
@@ -297,7 +304,12 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
         self._events_changed = asyncio.Event()
 
     async def start(self) -> Any:
-        choice = await self.checked_choice(self.user_options)
+        applied = self._applied
+        self._applied = None
+        if applied is not None and applied[0] == dict(self.user_options):
+            choice = applied[1]
+        else:  # an operator's own apply_user_options hook ran instead of ours
+            choice = await self.checked_choice(self.user_options)
         if choice.offer.devices.kind is None:
             self.allocation = GPUAllocation("", choice.tenant, choice.offer.key, choice.offer.label)
             self._emit(20, f"{choice.offer.label}: no GPU needed")
@@ -516,6 +528,14 @@ async def _options_from_form(
     chosen = forms.options_from_form(form_data)
     await spawner.checked_choice(chosen)
     return chosen
+
+
+async def _apply_user_options(spawner: GPUPortalMixin, user_options: Mapping[str, Any]) -> None:
+    """``apply_user_options`` of gpuportal spawners: the hub runs it on every spawn, just
+    before ``start()``; without one it logs "Received unhandled user_options" each time. The
+    options are checked here (a refusal fails the spawn with its reason) and ``start()`` uses
+    the choice."""
+    spawner._applied = (dict(user_options), await spawner.checked_choice(user_options))
 
 
 def allocation_env(a: GPUAllocation) -> dict[str, str]:

@@ -18,6 +18,7 @@ from policies.errors import Forbidden, InvalidRequest
 from portal.api.offers import OfferOut, OfferStateOut
 
 USER_OPTION_KEYS = ("tenant", "option")
+CPU_OPTION = "cpu"  # the offer key of a server without GPUs
 TENANT_FIELD = "tenant"
 OPTION_FIELD_PREFIX = "option-"
 
@@ -107,18 +108,22 @@ _BADGE = {
 }
 
 
-def render_form(tenants: Sequence[TenantOffers], selected: Choice | None = None) -> str:
+def render_form(tenants: Sequence[TenantOffers], last: Mapping[str, object] | None = None) -> str:
     """The options form: a tenant selector when there are several, then each tenant's options
-    as radio buttons with their state. Not-allowed options are disabled. The first available
-    option is preselected (else the first queued one), unless ``selected`` says otherwise."""
+    as radio buttons with their state. Not-allowed options are disabled. ``last`` is the
+    ``user_options`` of the user's previous spawn (the hub keeps them): its tenant is selected
+    and its option preselected while that tenant may still use it; otherwise CPU only is
+    (never a GPU nobody asked for: one click on Start would hold it), or nothing when the
+    operator offers no CPU-only option."""
     if not tenants:
         return (
             '<div class="alert alert-warning gpuportal-options">You are in no tenant (JupyterHub '
             "group) with GPU access; ask an administrator to add you to one.</div>"
         )
-    parts = ['<div class="gpuportal-options">']
     names = [t.tenant for t in tenants]
-    chosen_tenant = selected.tenant if selected else names[0]
+    previous = _previous(last or {}, names)
+    chosen_tenant = previous[0] if previous else names[0]
+    parts = ['<div class="gpuportal-options">']
     if len(tenants) > 1:
         opts = "".join(
             f'<option value="{escape(n)}"{" selected" if n == chosen_tenant else ""}>'
@@ -133,16 +138,16 @@ def render_form(tenants: Sequence[TenantOffers], selected: Choice | None = None)
     else:
         parts.append(f'<input type="hidden" name="{TENANT_FIELD}" value="{escape(names[0])}">')
     for t in tenants:
-        parts.append(_tenant_fieldset(t, selected, several=len(tenants) > 1))
+        parts.append(_tenant_fieldset(t, previous, several=len(tenants) > 1))
     parts.append("</div>")
     if len(tenants) > 1:
         parts.append(_SWITCH_SCRIPT)
     return "".join(parts)
 
 
-def _tenant_fieldset(t: TenantOffers, selected: Choice | None, *, several: bool) -> str:
+def _tenant_fieldset(t: TenantOffers, previous: tuple[str, str] | None, *, several: bool) -> str:
     field = OPTION_FIELD_PREFIX + t.tenant
-    pick = _preselected(t, selected)
+    pick = _preselected(t, previous)
     rows = []
     for i, offer in enumerate(t.offers):
         ident = escape(f"gpuportal-{t.tenant}-{i}")
@@ -170,14 +175,22 @@ def _reason(offer: OfferOut) -> str:
     return f' <small class="text-muted gpuportal-reason">{escape(offer.message)}</small>'
 
 
-def _preselected(t: TenantOffers, selected: Choice | None) -> str | None:
-    if selected is not None and selected.tenant == t.tenant:
-        return selected.offer.key
-    for state in (OfferStateOut.AVAILABLE, OfferStateOut.QUEUED):
-        for offer in t.offers:
-            if offer.state is state:
-                return offer.key
-    return None
+def _previous(last: Mapping[str, object], tenants: Sequence[str]) -> tuple[str, str] | None:
+    """(tenant, option key) of the previous spawn's ``user_options`` when they name one of
+    ``tenants`` (or leave it out for a user in one tenant); None otherwise."""
+    tenant, key = last.get("tenant") or "", last.get("option")
+    if not tenant and len(tenants) == 1:
+        tenant = tenants[0]
+    if not isinstance(tenant, str) or tenant not in tenants or not isinstance(key, str):
+        return None
+    return tenant, key
+
+
+def _preselected(t: TenantOffers, previous: tuple[str, str] | None) -> str | None:
+    usable = {o.key for o in t.offers if o.state is not OfferStateOut.NOT_ALLOWED}
+    if previous is not None and previous[0] == t.tenant and previous[1] in usable:
+        return previous[1]
+    return CPU_OPTION if CPU_OPTION in usable else None
 
 
 # Shows only the selected tenant's options; without scripts every tenant's list shows and the

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import param
 
 from dashboards.sources import AlertInfo, Capacity, NodeChanges, NodeInfo, Source
-from dashboards.stores.base import HEALTH_RULES, UTILIZATION_WINDOW_S, Store
-from policies.errors import PortalError
+from dashboards.stores.base import HEALTH_RULES, UTILIZATION_WINDOW_S, Store, in_words, not_shown
+from policies.errors import Forbidden, PortalError
 from policies.flavors import Flavor, FlavorKind
 
 
@@ -20,6 +20,10 @@ class FreeCapacity:
     capacity: int
     free: int
 
+
+ALL_READ = "read"
+NOT_SHOWN = "not shown"
+UNKNOWN = "unknown"
 
 _LATEST: dict[str, tuple[str, list[NodeInfo]]] = {}
 """Per portal origin: the latest inventory version read by any Cluster page and its nodes."""
@@ -46,6 +50,17 @@ class ClusterStore(Store):
 
     health = param.List(default=[], item_type=AlertInfo, doc="XID, throttling, ECC alerts.")
     health_note = param.String(default="", doc="Why node health is not shown.")
+    health_known: param.Selector[str] = param.Selector(
+        default=UNKNOWN,
+        objects=[ALL_READ, NOT_SHOWN, UNKNOWN],
+        doc="Whether ``health`` holds every health alert (an empty list: none fire), none the "
+        "viewer may see, or what could not be read.",
+    )
+    platform_alerts = param.Boolean(
+        default=True,
+        doc="Whether the viewer may see the platform's alerts (devices' XID, ECC, throttling: "
+        "workloads:read of every tenant); without, health is not read.",
+    )
     metric: param.Selector[str] = param.Selector(
         default="allocation", objects=["allocation", "utilization"], doc="What the heatmap shows."
     )
@@ -70,7 +85,7 @@ class ClusterStore(Store):
         if selected and (detail is None or detail.name != selected or selected in changed):
             detail = self.source.node(selected)
         capacity = self.source.capacity()
-        health, note = self._health()
+        health, note, known = self._health()
         # Read only while shown: one more request per refresh.
         utilization, unmeasured = (
             self._utilization(nodes) if self.metric == "utilization" else ({}, "")
@@ -80,6 +95,7 @@ class ClusterStore(Store):
             "capacity": capacity,
             "health": health,
             "health_note": note,
+            "health_known": known,
             "utilization": utilization,
             "utilization_note": unmeasured,
             "detail": detail if selected else None,
@@ -120,7 +136,7 @@ class ClusterStore(Store):
         try:
             self.detail = self.source.node(self.selected)
         except PortalError as exc:
-            self.error = exc.message
+            self.error = in_words(exc)
 
     @param.depends("metric", watch=True)
     def _metric_chosen(self) -> None:
@@ -137,7 +153,7 @@ class ClusterStore(Store):
         try:
             usage = self.source.device_usage(start=now - UTILIZATION_WINDOW_S, end=now)
         except PortalError as exc:
-            return {}, f"not shown: utilization: {exc.message}"
+            return {}, not_shown("utilization", exc)
         where = {g.uuid: (g.node, g.index) for n in nodes for g in n.gpus if g.uuid}
         cells: dict[tuple[str, int], float] = {}
         for d in usage:
@@ -146,13 +162,20 @@ class ClusterStore(Store):
                 cells[cell] = max(d.utilization, cells.get(cell, d.utilization))
         return cells, ""
 
-    def _health(self) -> tuple[list[AlertInfo], str]:
-        # Device alerts are the platform's: only unfiltered workloads:read holders see them.
+    def _health(self) -> tuple[list[AlertInfo], str, str]:
+        """Health alerts, why they are not shown, and what an empty list means. Device alerts
+        are the platform's: only unfiltered workloads:read holders see them, so a viewer
+        without is told so instead of seeing "no health alerts" (and costs no read)."""
+        if not self.platform_alerts:
+            why = "node health: the GPUs' XID, ECC and throttling alerts are for platform operators"
+            return [], f"not shown: {why}", NOT_SHOWN
         try:
             alerts = self.source.alerts()
+        except Forbidden as exc:
+            return [], not_shown("node health", exc), NOT_SHOWN
         except PortalError as exc:
-            return [], f"not shown: node health: {exc.message}"
-        return [a for a in alerts if a.rule in HEALTH_RULES], ""
+            return [], f"unknown: node health could not be read ({in_words(exc)})", UNKNOWN
+        return [a for a in alerts if a.rule in HEALTH_RULES], "", ALL_READ
 
     def where(self, scope: str) -> tuple[str, str]:
         """(node, GPU) an alert's scope names: a device's GPU by its UUID, or ``node:<n>``;

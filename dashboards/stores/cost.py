@@ -10,6 +10,21 @@ from dashboards.sources import Budget, CostGroup, CostReport
 from dashboards.stores.base import Store
 
 
+def measured(g: CostGroup) -> bool:
+    """Whether any of ``g``'s time was measured. The portal counts unmeasured time as unused
+    and not idle, so no use and no idle spend means no utilization data (unknown, not 0 %).
+    (A group measured at exactly 0 % on GPUs priced at 0 reads as unknown too: the portal's
+    figures cannot tell the two apart.)"""
+    if g.used_gpu_hours is None or g.efficiency is None:
+        return False
+    return g.used_gpu_hours > 0 or bool(g.idle_cost)
+
+
+def efficiency(g: CostGroup) -> float | None:
+    """``g``'s efficiency (used / allocated), None when nothing of it was measured."""
+    return g.efficiency if measured(g) else None
+
+
 class CostStore(Store):
     """Cost this month (the portal's default window) by tenant and day, by flavor, by owner,
     and budgets (``cost:read``; a filtered scope shows only its tenants)."""

@@ -7,7 +7,7 @@ import time
 import param
 
 from dashboards.sources import AlertInfo, UsagePoint, Workload
-from dashboards.stores.base import USAGE_WINDOW_S, Store
+from dashboards.stores.base import USAGE_WINDOW_S, Store, in_words, not_shown
 from policies.errors import PortalError
 
 
@@ -33,7 +33,7 @@ class MyWorkStore(Store):
             try:
                 series = self.source.series(start=now - USAGE_WINDOW_S, end=now, owner=self.owner)
             except PortalError as exc:  # e.g. no usage:read: the rest of the page still shows
-                notes.append(f"not shown: GPU usage: {exc.message}")
+                notes.append(not_shown("GPU usage", exc))
             else:
                 usage = {wid: points for wid, points in series.items() if wid in ids}
         try:
@@ -43,7 +43,7 @@ class MyWorkStore(Store):
                 if a.owner == self.owner or ids.intersection(a.workloads)
             ]
         except PortalError as exc:
-            notes.append(f"not shown: alerts: {exc.message}")
+            notes.append(not_shown("alerts", exc))
         self.workloads = mine
         self.usage = usage
         self.alerts = alerts
@@ -54,7 +54,7 @@ class MyWorkStore(Store):
         try:
             w = self.source.release(workload_id)
         except PortalError as exc:
-            self.message = f"not stopped: {exc.message}"
+            self.message = f"not stopped: {in_words(exc)}"
             return False
         self.message = f"{w.name} ({w.id}): {w.state}"
         self.refresh()

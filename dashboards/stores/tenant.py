@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import param
 
 from dashboards.sources import AlertInfo, CostGroup, QueueEntry, Quota, Usage, Workload
-from dashboards.stores.base import MAX_UNITS, UTILIZATION_WINDOW_S, Store
+from dashboards.stores.base import MAX_UNITS, UTILIZATION_WINDOW_S, Store, in_words, not_shown
+from dashboards.stores.cost import measured
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 
@@ -66,13 +67,13 @@ class TenantStore(Store):
         try:
             spend = list(self.source.cost(["owner"], tenant=self.tenant).groups)
         except PortalError as exc:
-            notes.append(f"not shown: GPU-hours and efficiency: {exc.message}")
+            notes.append(not_shown("GPU-hours and efficiency", exc))
         latest = self._latest(workloads, notes)
         alerts: list[AlertInfo] = []
         try:
             alerts = self.source.alerts(self.tenant)
         except PortalError as exc:
-            notes.append(f"not shown: alerts: {exc.message}")
+            notes.append(not_shown("alerts", exc))
         read = {
             "usage": usage,
             "quotas": quotas,
@@ -97,7 +98,7 @@ class TenantStore(Store):
                 start=now - UTILIZATION_WINDOW_S, end=now, tenant=self.tenant
             )
         except PortalError as exc:
-            notes.append(f"not shown: GPU utilization: {exc.message}")
+            notes.append(not_shown("GPU utilization", exc))
             return {}
         out: dict[str, float | None] = {}
         for wid in running:
@@ -121,7 +122,7 @@ class TenantStore(Store):
         for owner in live.keys() | spent.keys():
             mine, g = live.get(owner, []), spent.get(owner)
             hours = g.allocated_gpu_hours if g else None if self.spend is None else 0.0
-            known = g if g is not None and _measured(g) else None
+            known = g if g is not None and measured(g) else None
             out.append(
                 Member(
                     owner=owner,
@@ -215,7 +216,7 @@ class TenantStore(Store):
                 version=current.version,
             )
         except PortalError as exc:
-            self.message = f"not saved: {exc.message}"
+            self.message = f"not saved: {in_words(exc)}"
             return False
         self.message = (
             f"saved {saved.flavor}: guaranteed {saved.guaranteed}, limit {saved.limit} "
@@ -223,11 +224,3 @@ class TenantStore(Store):
         )
         self.refresh()
         return True
-
-
-def _measured(g: CostGroup) -> bool:
-    """Whether any of ``g``'s time was measured. The portal counts unmeasured time as unused
-    and not idle, so no use and no idle spend means no utilization data (unknown, not 0 %)."""
-    if g.used_gpu_hours is None or g.efficiency is None:
-        return False
-    return g.used_gpu_hours > 0 or bool(g.idle_cost)

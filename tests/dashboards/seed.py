@@ -88,10 +88,12 @@ VIEWERS: dict[str, Caller] = {
     "tok-anna": _user("anna", {"team-a"}, *admin_of("team-a")),
     "tok-lead": _user("lead", set(), *READ_ALL),
     "tok-ops": _user("ops", set(), S.INVENTORY_READ),
+    "tok-mia": _user("mia", {"team-a"}, *member_of("team-a"), f"{S.INVENTORY_READ}!group=team-a"),
     "tok-root": Caller("portal-admin", CallerKind.SERVICE, frozenset({S.ADMIN})),
 }
 """Hub tokens of the seeded viewers: data scientists alice and bob, team-a's admin anna,
-leadership (every tenant, read only), an operator, and an unfiltered portal admin."""
+leadership (every tenant, read only), an operator, mia (a member of team-a with the inventory
+read the hub's member role grants) and an unfiltered portal admin."""
 
 
 def _gpus(n: int, model: str = "H100-80GB") -> DeviceRequest:

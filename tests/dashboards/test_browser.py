@@ -211,6 +211,20 @@ def test_cost_view(page: tuple[Page, Console], served: Served) -> None:
     assert console.errors == []
 
 
+def test_cost_opened_by_a_member_says_why_instead_of_loading_for_ever(
+    page: tuple[Page, Console], served: Served
+) -> None:
+    p, console = page
+    open_view(p, served, "cost", "tok-alice")  # not offered to her: typed or bookmarked
+    expect(p.get_by_text("Cost is not shown: your roles do not let you read cost.")).to_be_visible(
+        timeout=WAIT_MS
+    )
+    assert p.locator(".pn-loading").count() == 0  # no chart left spinning
+    assert p.get_by_role("button", name="Chargeback CSV").count() == 0
+    assert "custom:gpuportal" not in p.content()
+    assert console.errors == []
+
+
 def test_landing_routes_by_scopes(page: tuple[Page, Console], served: Served) -> None:
     p, console = page
     open_view(p, served, "", "tok-lead")

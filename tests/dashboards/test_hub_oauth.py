@@ -21,7 +21,10 @@ import httpx
 import pytest
 import yaml
 from playwright.sync_api import Browser, Page, expect
+from sqlalchemy import create_engine
 
+from policies.alerts.engine import Alert, AlertKey, AlertState
+from portal.alerting.store import AlertStore
 from portal.demo import DASHBOARDS_SERVICE, dashboards_service, demo_seed
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from portal.inventory import simulated
@@ -36,6 +39,7 @@ USERS = {
     "alice": "team-a",  # member of team-a
     "anna": "team-a-admins",  # tenant admin of team-a
     "lee": "gpuportal-leadership",
+    "carol": "gpuportal-admins",  # the platform admin: custom:gpuportal:admin
 }
 DASHBOARDS = f"/services/{DASHBOARDS_SERVICE}/"
 UP_TIMEOUT_S = 120.0
@@ -76,9 +80,14 @@ def _config(directory: Path, portal_port: int, dashboards_port: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
+def hub_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hub")
+
+
+@pytest.fixture(scope="module")
+def hub(hub_dir: Path) -> Iterator[RunningHub]:
     # Module-scoped: one hub (and its two services) for every test here.
-    directory = tmp_path_factory.mktemp("hub")
+    directory = hub_dir
     portal_port, dashboards_port = free_port(), free_port()
     running = make_hub(directory, lambda _ports: _config(directory, portal_port, dashboards_port))
     try:
@@ -190,3 +199,47 @@ def test_the_tenant_admin_sees_their_tenant_only(browser: Browser, hub: RunningH
             assert texts[:3] == ["H100-80GB", "8", "16"]
             expect(page.get_by_role("button", name="Save quota")).to_be_visible()
             assert "team-b" not in page.content()
+
+
+@pytest.mark.browser
+def test_node_health_shows_the_platform_admin_the_xid_and_a_member_not_shown(
+    browser: Browser, hub: RunningHub, hub_dir: Path
+) -> None:
+    """An XID error fires on hgx-2's GPU 3 (a platform alert, no tenant), written where the
+    hub's portal keeps its alerts. carol's token, narrowed by the hub to the dashboards'
+    allowed scopes, still reads the inventory and every alert (admin's subscopes); alice, a
+    member, may read the inventory but not the platform's alerts: "not shown", not healthy."""
+    now = time.time()
+    engine = create_engine(f"sqlite:///{hub_dir / 'portal' / 'portal.sqlite'}")
+    try:
+        AlertStore(engine).save(
+            [
+                Alert(
+                    AlertKey("xid", "GPU-sim-hgx-2-3", "GPU-sim-hgx-2-3"),
+                    AlertState.FIRING,
+                    None,
+                    None,
+                    (),
+                    "XID 79: fell off the bus",
+                    79.0,
+                    now - 600,
+                    now - 300,
+                )
+            ]
+        )
+    finally:
+        engine.dispose()
+    health = re.compile(r"Node health")
+    with _browse_as(browser, hub, "carol") as page:
+        page.goto(f"{hub.url}{DASHBOARDS}cluster", timeout=WAIT_MS)
+        expect(page.get_by_text(health)).to_be_visible(timeout=WAIT_MS)
+        xid = page.locator("table.gp-table tr").filter(has_text="XID 79: fell off the bus")
+        expect(xid).to_be_visible(timeout=WAIT_MS)
+        cells = [t.strip() for t in xid.locator("td").all_inner_texts()]
+        assert cells == ["hgx-2", "3", "XID", "firing", "XID 79: fell off the bus"]
+        assert "lacks scope" not in page.content()
+    with _browse_as(browser, hub, "alice") as page:
+        page.goto(f"{hub.url}{DASHBOARDS}cluster", timeout=WAIT_MS)
+        expect(page.get_by_text(health)).to_be_visible(timeout=WAIT_MS)
+        expect(page.get_by_text("not shown", exact=True)).to_be_visible(timeout=WAIT_MS)
+        assert "no health alerts" not in page.content() and "XID 79" not in page.content()

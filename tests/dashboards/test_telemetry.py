@@ -224,7 +224,7 @@ def test_cluster_node_health_lists_xid_and_throttling_alerts_by_node_and_gpu(
     ops.refresh()
     assert ops.error == "" and ops.nodes
     assert ops.health == []
-    assert ops.health_note.startswith("not shown: node health: ")
+    assert ops.health_note.startswith("not shown: node health (your roles do not let you read ")
 
 
 def test_cluster_heatmap_shows_utilization_of_whole_gpus_when_chosen(portal: Portal) -> None:

@@ -182,8 +182,8 @@ def test_a_member_sees_alerts_about_their_work_and_no_cost(portal: Portal) -> No
     # Tenant-wide alerts are for the tenant's admins; members see those about their work.
     assert [a.rule for a in store.alerts] == ["idle"]
     assert store.spend is None
-    assert store.note.startswith("not shown: GPU-hours and efficiency: ")
-    assert "cost:read" in store.note
+    assert store.note.startswith("not shown: GPU-hours and efficiency (your roles do not let you ")
+    assert "read cost" in store.note and "custom:" not in store.note
     members = _html(TenantView(store, VIEWERS["tok-alice"]).members())
     assert "<tr><td>alice</td><td>3</td><td>0</td><td>5</td></tr>" in members
     assert "efficiency" not in members

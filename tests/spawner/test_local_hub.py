@@ -187,3 +187,21 @@ def test_hub_restart_keeps_allocations_and_queue_places(portal_hub: PortalHub) -
     assert ph.portal(f"/workloads/{old['workload_id']}")["state"] == "cancelled"
     assert ph.portal("/queue")["total"] == 0
     assert ph.server_env("alice")["GPUPORTAL_FLAVOR"] == "T4/share"
+
+
+def test_a_spawn_applies_its_options_and_the_next_form_preselects_them(
+    portal_hub: PortalHub,
+) -> None:
+    ph = portal_hub
+    with login(ph, "bob") as client:
+        first = client.get("/hub/spawn/bob")
+    assert first.status_code == 200
+    assert re.findall(r'value="([^"]+)" checked', first.text) == ["cpu"]  # never a GPU unasked
+    assert ph.spawn("bob", {"option": "share:T4:250"}).status_code in (201, 202)
+    ph.wait_ready("bob")
+    ph.stop("bob")
+    with login(ph, "bob") as client:
+        again = client.get("/hub/spawn/bob")
+    assert re.findall(r'value="([^"]+)" checked', again.text) == ["share:T4:250"]
+    # The spawner handled the options (apply_user_options): the hub had nothing to warn about.
+    assert "unhandled user_options" not in ph.hub.log.read_text(errors="replace")

@@ -135,7 +135,7 @@ def test_one_tenant_form_shows_each_state_and_disables_the_refused() -> None:
     assert {r["name"] for r in form.radios} == {"option-team-a"}
     checked = [r["value"] for r in form.radios if "checked" in r]
     disabled = [r["value"] for r in form.radios if "disabled" in r]
-    assert checked == ["gpu:H100-80GB:1"] and disabled == ["share:T4:250"]
+    assert checked == ["cpu"] and disabled == ["share:T4:250"]  # no GPU nobody asked for
     assert "available now" in html
     assert "position 3 in the tenant (5 overall), estimated wait 12 min</span>" in html
     assert "team-a quota for H100-80GB: 4/4 gpus in use</small>" in html
@@ -145,6 +145,42 @@ def test_one_tenant_form_shows_each_state_and_disables_the_refused() -> None:
         "team-a quota for H100-80GB: 4/4 gpus in use"
     )
     assert status_line(ONE) == "available now"
+
+
+def checked(html: str) -> list[tuple[str | None, str | None]]:
+    return [(r["name"], r["value"]) for r in parse(html).radios if "checked" in r]
+
+
+@pytest.mark.parametrize(
+    ("last", "expected"),
+    [
+        ({}, "cpu"),  # a first spawn
+        ({"tenant": "team-a", "option": "gpu:H100-80GB:2"}, "gpu:H100-80GB:2"),  # queues: fine
+        ({"option": "gpu:H100-80GB:1"}, "gpu:H100-80GB:1"),  # REST, one tenant: left out
+        ({"tenant": "team-a", "option": "share:T4:250"}, "cpu"),  # not allowed any more
+        ({"tenant": "team-a", "option": "gpu:B200:1"}, "cpu"),  # no longer offered
+        ({"tenant": "team-c", "option": "gpu:H100-80GB:1"}, "cpu"),  # not their tenant now
+        ({"tenant": "team-a", "option": 3}, "cpu"),  # whatever the REST API was sent
+    ],
+)
+def test_the_form_preselects_the_last_choice_or_cpu_only(
+    last: dict[str, object], expected: str
+) -> None:
+    assert checked(render_form([TEAM_A], last)) == [("option-team-a", expected)]
+
+
+def test_with_several_tenants_the_last_ones_is_selected_and_the_others_get_cpu_only() -> None:
+    html = render_form([TEAM_A, TEAM_B], {"tenant": "team-b", "option": "cpu"})
+    assert '<option value="team-b" selected>' in html
+    assert checked(html) == [("option-team-a", "cpu"), ("option-team-b", "cpu")]
+    html = render_form([TEAM_A, TEAM_B], {"tenant": "team-a", "option": "gpu:H100-80GB:1"})
+    assert '<option value="team-a" selected>' in html
+    assert checked(html) == [("option-team-a", "gpu:H100-80GB:1"), ("option-team-b", "cpu")]
+
+
+def test_without_a_cpu_only_option_nothing_is_preselected() -> None:
+    gpus_only = TenantOffers("team-a", (ONE, QUEUED))
+    assert checked(render_form([gpus_only])) == []
 
 
 def test_several_tenants_get_a_selector_and_a_list_each() -> None:

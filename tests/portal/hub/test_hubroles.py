@@ -9,6 +9,7 @@ from traitlets.config import Config
 
 from policies.errors import InvalidRequest
 from portal.api.auth import Scope
+from portal.demo import DASHBOARDS_OAUTH_SCOPES
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles, render_config
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -85,3 +86,32 @@ def test_bad_input_is_refused_naming_the_value(kwargs: dict[str, object], field:
     with pytest.raises(InvalidRequest, match="expected") as err:
         HubRolesSpec(**kwargs)  # type: ignore[arg-type]
     assert field in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("held", "kept"),
+    [
+        # The platform admin: every scope the dashboards ask for, for every tenant.
+        ("custom:gpuportal:admin", {s.value for s in DASHBOARDS_OAUTH_SCOPES}),
+        # An admin filtered to one tenant keeps the filter on each.
+        (
+            "custom:gpuportal:admin!group=team-a",
+            {f"{s.value}!group=team-a" for s in DASHBOARDS_OAUTH_SCOPES},
+        ),
+    ],
+)
+def test_the_hub_keeps_the_dashboards_scopes_of_an_admin_when_it_narrows_the_token(
+    monkeypatch: pytest.MonkeyPatch, held: str, kept: set[str]
+) -> None:
+    """The hub's own resolution of an OAuth token's scopes (what the user holds, narrowed to
+    the client's ``oauth_client_allowed_scopes``), with the portal's custom scopes defined:
+    ``admin`` must not vanish from the dashboards' token for want of a name the hub knows."""
+    from jupyterhub import scopes as hub_scopes
+
+    monkeypatch.setattr(hub_scopes, "scope_definitions", dict(hub_scopes.scope_definitions))
+    hub_scopes.define_custom_scopes(custom_scopes())
+    requested = {s.value for s in DASHBOARDS_OAUTH_SCOPES}
+    allowed, _refused = hub_scopes._resolve_requested_scopes(
+        requested, {held}, user=None, client=None, db=None
+    )
+    assert allowed == kept

@@ -1,0 +1,67 @@
+"""The Cost view's edges: opened by its address without ``cost:read``, with nothing to chart,
+and groups whose utilization was not measured."""
+
+from __future__ import annotations
+
+import panel as pn
+
+from dashboards.app import build_view
+from dashboards.cost import CostView
+from dashboards.stores import CostStore
+from tests.dashboards.conftest import Portal
+from tests.dashboards.seed import VIEWERS
+from tests.dashboards.test_scoping import rendered
+from tests.dashboards.test_telemetry import _html
+from tests.dashboards.test_tenant_members import TWO_HOURS, measure_utilization, post_utilization
+
+
+def download(view: CostView) -> pn.widgets.FileDownload:
+    (button,) = view.__panel__().select(pn.widgets.FileDownload)
+    assert isinstance(button, pn.widgets.FileDownload)
+    return button
+
+
+def test_a_member_opening_cost_by_its_address_is_told_why_and_reads_nothing(
+    portal: Portal,
+) -> None:
+    page = build_view("cost", portal.source("tok-alice"), VIEWERS["tok-alice"], {})
+    assert page.stores == []
+    text = rendered(page.view)
+    assert "Cost is not shown: your roles do not let you read cost." in text
+    assert "custom:" not in text and "Chargeback" not in text
+    assert portal.seen("tok-alice") == []
+
+
+def test_with_no_report_the_chart_still_draws_and_chargeback_is_disabled(portal: Portal) -> None:
+    # A store whose reads were refused: no groups, no report (the same as a month with none).
+    refused = CostStore(portal.source("tok-alice"))
+    refused.refresh()
+    assert refused.error and refused.daily == [] and refused.report is None
+    view = CostView(refused)
+    # The empty chart renders (stacking no bars raised IndexError: a spinner for ever).
+    pn.pane.HoloViews(view.bars()).get_root()
+    assert download(view).disabled is True
+
+    lead = CostView(CostStore(portal.source("tok-lead")))
+    lead.store.refresh()
+    button = download(lead)
+    assert button.disabled is False
+    # The chart stacks again once bars are there.
+    assert lead.bars()[()].opts.get("plot").kwargs["stacked"] is True
+
+
+def test_efficiency_of_groups_nobody_measured_is_not_measured_never_zero(portal: Portal) -> None:
+    """nb-alice's H100 at 50 % for the last 2 h: used 1.00 of the 168 H100 GPU-hours, 0.6 %
+    (shown as 1%); infer-a's T4 share and mig-bob's slice have no samples: the portal reports
+    them as 0 % used, and the view says "not measured", as My work and Tenant do."""
+    measure_utilization(portal)
+    post_utilization(portal, "nb-alice", 50.0, TWO_HOURS)
+    store = CostStore(portal.source("tok-lead"))
+    store.refresh()
+    assert store.error == ""
+    share = next(g for g in store.flavors if g.flavor == "T4/share")
+    assert share.efficiency == 0.0  # the portal's figure the view must not show as 0 %
+    flavors = _html(CostView(store).flavors())
+    assert "<tr><td>T4/share</td><td>2.40</td><td>6.00</td><td>not measured</td></tr>" in flavors
+    assert "<td>A100-80GB/1g.10gb</td><td>6.86</td><td>3.43</td><td>not measured</td>" in flavors
+    assert "<tr><td>H100-80GB</td><td>672.00</td><td>168.00</td><td>1%</td></tr>" in flavors
