@@ -56,6 +56,7 @@ from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
 from portal.service.loops import Loops, LoopsCollector
 from portal.settings import Settings
+from portal.store.guard import AdvisoryLockGuard
 from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
@@ -196,6 +197,10 @@ def _run(
     loops: Loops,
     signals: StopSignals,
 ) -> int:
+    if isinstance(store.guard, AdvisoryLockGuard):
+        # Another writer wrote while this one was cut off: its memory is stale; stop, so the
+        # platform restarts it and it rebuilds from the database.
+        store.guard.on_fenced = lambda _reason: signals.stop()
     allocator = Allocator(store, policy=named_policy(settings.placement_policy))
     report = allocator.start(nodes)
     log.info(
@@ -275,6 +280,10 @@ class StopSignals:
     def _handle(self, sig: int, _frame: FrameType | None) -> None:
         if not self.requested:
             log.info("%s: stopping", signal.Signals(sig).name)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop as a signal would (from any thread)."""
         self.requested = True
         if self.server is not None:
             self.server.should_exit = True
@@ -285,12 +294,14 @@ def open_store(url: str) -> ReportingStore:
 
     Raises:
         Unavailable: the database does not accept connections or cannot be migrated.
+        WriterTaken: another serve is this database's writer.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     try:
-        return ReportingStore(url)
+        # The writer guard: a second serve on this database refuses to start (WriterTaken).
+        return ReportingStore(url, writer_guard=True)
     except SQLAlchemyError as exc:
         shown = parsed.render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
