@@ -285,6 +285,8 @@ class AdvisoryLockGuard:
                 conn.close()
                 self._fence_for_good("another writer took the database over")
                 return
+            # Pooled connections to the old server are dead: start the pool afresh.
+            self._engine.dispose()
             last = self._read_meta()
         except Exception:
             conn.close()
@@ -298,8 +300,6 @@ class AdvisoryLockGuard:
             self._fence_for_good("a commit's outcome is unknown (the connection dropped in it)")
             return
         self._conn = conn
-        # Pooled connections to the old server are dead: start the pool afresh.
-        self._engine.dispose()
         self._lost = None
         log.info("writer guard regained; writing again")
 
