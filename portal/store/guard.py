@@ -164,7 +164,9 @@ class AdvisoryLockGuard:
         )
         conn.autocommit = True
         with conn.cursor() as cur:
-            cur.execute("SET application_name = %s", (f"gpuportal writer {self._me}"[:63],))
+            # Shown to a refused second writer (pg_stat_activity), with the connection's start.
+            name = f"gpuportal writer on {socket.gethostname()} pid {os.getpid()}"
+            cur.execute("SELECT set_config('application_name', %s, false)", (name[:63],))
             # The server notices a vanished client in ~10 s, not after hours.
             for name, value in (
                 ("tcp_keepalives_idle", 5),
