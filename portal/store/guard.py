@@ -32,10 +32,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Table, select
+from sqlalchemy.dialects import postgresql
 
 from policies.errors import PortalError, Unavailable
 from portal.store.db import POSTGRES_CONNECT_TIMEOUT_S, RETRY_AFTER_S
+from portal.store.models import metadata
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ LOCK_CLASS = 0x67707075  # "gpup"
 LOCK_OBJECT = 1  # the writer
 MONITOR_INTERVAL_S = 1.0
 WRITER_META_KEY = "writer"
+META: Table = metadata.tables["meta"]
 
 
 class WriterTaken(PortalError):
@@ -55,6 +58,15 @@ class WriterTaken(PortalError):
 def describe_self(token: str) -> str:
     since = datetime.now(UTC).isoformat(timespec="seconds")
     return f"host {socket.gethostname()} pid {os.getpid()} since {since} (token {token})"
+
+
+def make_guard(engine: Engine) -> Guard:
+    """The guard for ``engine``'s database (none for an in-memory one)."""
+    if engine.dialect.name == "postgresql":
+        return AdvisoryLockGuard(engine)
+    if engine.url.database in (None, "", ":memory:"):
+        return NoGuard()
+    return FileGuard(engine.url.database)
 
 
 class Guard(Protocol):
@@ -129,18 +141,9 @@ class FileGuard(NoGuard):
 class AdvisoryLockGuard:
     """PostgreSQL: a session advisory lock on a dedicated connection (see the module doc)."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        write_meta: Callable[[str], None],
-        read_meta: Callable[[], str | None],
-        interval_s: float = MONITOR_INTERVAL_S,
-    ) -> None:
+    def __init__(self, engine: Engine, *, interval_s: float | None = None) -> None:
         self._engine = engine
-        self._write_meta = write_meta
-        self._read_meta = read_meta
-        self._interval_s = interval_s
+        self._interval_s = MONITOR_INTERVAL_S if interval_s is None else interval_s
         self.token = uuid.uuid4().hex[:12]
         self._me = describe_self(self.token)
         self._conn: Any = None
@@ -217,6 +220,22 @@ class AdvisoryLockGuard:
         self._thread = threading.Thread(target=self._monitor, name="writer-guard", daemon=True)
         self._thread.start()
 
+    def _write_meta(self, who: str) -> None:
+        row = {"key": WRITER_META_KEY, "value": who}
+        with self._engine.begin() as conn:
+            conn.execute(
+                postgresql.insert(META)
+                .values(row)
+                .on_conflict_do_update(index_elements=["key"], set_={"value": who})
+            )
+
+    def _read_meta(self) -> str | None:
+        with self._engine.connect() as conn:
+            value: str | None = conn.execute(
+                select(META.c.value).where(META.c.key == WRITER_META_KEY)
+            ).scalar_one_or_none()
+        return value
+
     # -- commits ---------------------------------------------------------------------------
 
     def problem(self) -> str | None:
@@ -278,6 +297,7 @@ class AdvisoryLockGuard:
             self._close_conn()
 
     def _regain(self) -> None:
+        self._close_conn()  # the old connection, if still open, holds nothing now
         try:
             conn = self._connect()
         except Exception:

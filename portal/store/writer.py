@@ -47,7 +47,7 @@ from portal.store.db import (
     make_engine,
     raw_write,
 )
-from portal.store.guard import WRITER_META_KEY, AdvisoryLockGuard, FileGuard, Guard, NoGuard
+from portal.store.guard import AdvisoryLockGuard, Guard, NoGuard, make_guard
 from portal.store.migrate import upgrade
 from portal.store.models import metadata
 from portal.store.records import (
@@ -133,7 +133,7 @@ class Store:
     def __init__(self, url: str, *, writer_guard: bool = False) -> None:
         self.url = url
         self.engine: Engine = make_engine(url)
-        self.guard: Guard = self._make_guard() if writer_guard else NoGuard()
+        self.guard: Guard = make_guard(self.engine) if writer_guard else NoGuard()
         try:
             # Before the migration: a second writer must not even migrate.
             self.guard.acquire()
@@ -157,30 +157,6 @@ class Store:
         self._checkpointer = Checkpointer.start_for(self.engine)
         self._generations = itertools.count(1)
         self._generation = 0
-
-    def _make_guard(self) -> Guard:
-        url = self.engine.url
-        if self.engine.dialect.name == "postgresql":
-            return AdvisoryLockGuard(
-                self.engine, write_meta=self._write_writer, read_meta=self._read_writer
-            )
-        if url.database in (None, "", ":memory:"):
-            return NoGuard()
-        return FileGuard(url.database)
-
-    def _write_writer(self, who: str) -> None:
-        with self._write() as conn:
-            conn.execute(
-                self._insert_factory(META)
-                .values(key=WRITER_META_KEY, value=who)
-                .on_conflict_do_update(index_elements=["key"], set_={"value": who})
-            )
-
-    def _read_writer(self) -> str | None:
-        with self._read() as conn:
-            return conn.execute(
-                select(META.c.value).where(META.c.key == WRITER_META_KEY)
-            ).scalar_one_or_none()
 
     def writer_problem(self) -> str | None:
         """Why this store may not write now (the writer guard is lost), or None."""
