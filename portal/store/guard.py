@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, Table, select
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import OperationalError
 
 from policies.errors import PortalError, Unavailable
 from portal.store.db import POSTGRES_CONNECT_TIMEOUT_S, RETRY_AFTER_S
@@ -162,9 +163,13 @@ class AdvisoryLockGuard:
         # A DBAPI connection of the engine's own URL, outside its pool (which may drop it).
         dialect = self._engine.dialect
         cargs, cparams = dialect.create_connect_args(self._engine.url)
-        conn = dialect.loaded_dbapi.connect(
-            *cargs, **{"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S, **cparams}
-        )
+        try:
+            conn = dialect.loaded_dbapi.connect(
+                *cargs, **{"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S, **cparams}
+            )
+        except dialect.loaded_dbapi.Error as err:
+            # As the engine raises it, so callers see one kind of "cannot connect".
+            raise OperationalError("connect", None, err) from err
         conn.autocommit = True
         with conn.cursor() as cur:
             # Shown to a refused second writer (pg_stat_activity), with the connection's start.
