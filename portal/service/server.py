@@ -23,6 +23,7 @@ import signal
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
@@ -51,7 +52,7 @@ from portal.api.metrics import ServiceMetrics
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.kube import service as kube_loops
-from portal.service import logs, seed, tokens
+from portal.service import logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
 from portal.service.loops import Loops, LoopsCollector
@@ -202,7 +203,9 @@ def _run(
         # platform restarts it and it rebuilds from the database.
         store.guard.on_fenced = lambda _reason: signals.stop()
     allocator = Allocator(store, policy=named_policy(settings.placement_policy))
+    started_at = datetime.now(UTC)
     report = allocator.start(nodes)
+    startup.raise_alerts(store, started_at)
     log.info(
         "allocator started on %d node(s); %d workload(s) lost with their nodes",
         len(nodes),

@@ -170,7 +170,13 @@ def test_a_database_that_contradicts_itself_starts_reports_and_the_newest_loses(
     svc.start(seed=None)
     with svc.client() as c:
         running = {w["id"] for w in c.get("/api/v1/workloads").json()["items"]}
+        alerts = c.get("/api/v1/alerts").json()
+        alerts = alerts["items"] if isinstance(alerts, dict) else alerts
     assert running == {"older", "whole-1", "whole-2"}
+    assert sorted((a["rule"], a["tenant"], tuple(a["workloads"])) for a in alerts) == [
+        ("quota_over_limit_at_start", "team-b", ()),
+        ("store_contradiction", "team-a", ("newer",)),
+    ]
     assert "contradicts the database" in svc.tail(200)
     with Store(shared_url) as store:
         active = {a.id for a in store.load().allocations}
