@@ -259,3 +259,5 @@ def test_postgres_stopped_and_started_under_a_running_serve(
     assert listed == stored == {"before", "after"}  # "during" was not half-applied
     assert_nothing_twice_or_above_a_limit(url)
     assert svc.terminate() == 0
+    log = svc.log.read_text()
+    assert "writer guard lost" in log and "writer guard regained" in log
