@@ -54,3 +54,15 @@ class Forbidden(PortalError):
     """The caller may not do this (quota, scope, tenant membership)."""
 
     code = "forbidden"
+
+
+class Unavailable(PortalError):
+    """Something the portal depends on (the database, the hub, the inventory) did not answer,
+    or this process may not write right now; retry later. ``retry_after_s``, when known, is
+    how long to wait before retrying."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -22,6 +22,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -38,7 +39,13 @@ from portal.allocator import codec, cycle, estimates, node_events
 from portal.allocator.draft import Decision, Draft
 from portal.allocator.memory import Live
 from portal.allocator.ops import Enqueue, PutQuota, PutTenant
-from portal.allocator.state import State, released_this_month, snapshot
+from portal.allocator.state import (
+    Contradiction,
+    EndContradiction,
+    State,
+    released_this_month,
+    snapshot,
+)
 from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus, status_of
 from portal.store.records import (
     AllocationRecord,
@@ -58,6 +65,33 @@ log = logging.getLogger(__name__)
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+CONFLICT_AT_START = "conflict-at-start"
+
+
+def _end_contradiction(draft: Draft, c: Contradiction) -> None:
+    """Fail a workload whose stored allocations contradict older ones or the inventory (the
+    rule: of two, the newer loses) and release them, saying what contradicted what."""
+    rec = replace(
+        c.rec,
+        state=WorkloadState.FAILED,
+        reason=CONFLICT_AT_START,
+        ended_at=draft.now,
+        preempt_deadline=None,
+        version=c.rec.version + 1,
+    )
+    draft.do(EndContradiction(rec, c.allocations, draft.now))
+    message = f"{rec.name}: {CONFLICT_AT_START}: {c.reason}"
+    log.error("at start, workload %s contradicts the database: %s", rec.id, c.reason)
+    draft.event(
+        "store.contradiction",
+        rec.tenant,
+        rec.id,
+        message,
+        {"allocations": [a.id for a in c.allocations]},
+    )
+    draft.event("workload.failed", rec.tenant, rec.id, f"{rec.name}: {CONFLICT_AT_START}")
 
 
 class Allocator:
@@ -122,17 +156,33 @@ class Allocator:
             now = self._clock()
             stored = self._store.load()
             state = State(self._state.policy, self._state.preemption, self._state.half_life_s)
-            lost = state.rebuild(nodes, stored, released_this_month(self._store, now))
+            rebuilt = state.rebuild(nodes, stored, released_this_month(self._store, now))
+            lost = rebuilt.lost
             self._state = state
 
             def settle(draft: Draft) -> None:
                 for wid in lost:
                     draft.finish(draft.live[wid], WorkloadState.FAILED, "node-lost")
+                for c in rebuilt.conflicts:
+                    _end_contradiction(draft, c)
+                for tenant, flavor, used, limit in rebuilt.over_limit:
+                    # Legal (a limit lowered below usage): reported, reclaimed by the usual
+                    # rules, nothing stopped for it.
+                    message = f"{tenant} holds {used} {flavor}, above its limit {limit}"
+                    log.warning("at start: %s", message)
+                    draft.event(
+                        "quota.over-limit-at-start",
+                        tenant,
+                        None,
+                        message,
+                        {"flavor": flavor, "used": used, "limit": limit},
+                    )
                 cycle.schedule(draft)
 
             self._decide(settle)
             self._started = True
-            return ReconcileReport(released=tuple(lost), node_lost=tuple(lost))
+            ended = tuple(lost) + tuple(c.rec.id for c in rebuilt.conflicts)
+            return ReconcileReport(released=ended, node_lost=tuple(lost))
 
     # ---------------------------------------------------------------- tenants and quotas
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
+from policies.errors import Conflict
 from policies.inventory import Node
 from policies.placement.framework import Policy
 from policies.placement.state import ClusterState, Placement
@@ -29,7 +31,13 @@ from portal.allocator.memory import (
     period_hours,
 )
 from portal.allocator.ops import restored_placement
-from portal.store.records import AllocationRecord, StoredState, WorkloadState
+from portal.store.records import (
+    AllocationRecord,
+    ChangeSet,
+    StoredState,
+    WorkloadRecord,
+    WorkloadState,
+)
 from portal.store.writer import Store
 
 
@@ -69,9 +77,15 @@ class State(Memory):
         nodes: Iterable[Node],
         stored: StoredState,
         released_this_month: Iterable[tuple[str, AllocationRecord]],
-    ) -> list[str]:
-        """Fill an empty state from the inventory and the database. Returns the workloads
-        holding devices on nodes that are gone (the caller fails them: ``node-lost``)."""
+    ) -> Rebuilt:
+        """Fill an empty state from the inventory and the database.
+
+        Returns the workloads holding devices on nodes that are gone (the caller fails them:
+        ``node-lost``) and those whose allocations contradict the inventory or older ones
+        (see ``Contradiction``), and the tenants above a limit. A database is never refused:
+        workloads are placed oldest first, so of two that claim the same capacity the newer
+        one is left out of memory — it holds nothing here — and the caller ends it.
+        """
         for n in nodes:
             self.cluster.add_node(n)
             self.nodes[n.name] = n
@@ -83,15 +97,22 @@ class State(Memory):
         for a in stored.allocations:
             by_wl[a.workload_id].append(a)
         lost: list[str] = []
+        conflicts: list[Contradiction] = []
         seq = 0
         last: datetime | None = None
         for rec in sorted(stored.workloads, key=lambda r: (r.created_at, r.id)):
+            allocs = tuple(by_wl.get(rec.id, ())) if rec.state is not WorkloadState.QUEUED else ()
+            gone = any(a.node not in self.nodes for a in allocs)
+            if not gone:
+                clash = self._place(allocs)
+                if clash is not None:
+                    conflicts.append(Contradiction(rec, allocs, clash))
+                    continue
             seq += 1
             last = max(last or rec.created_at, rec.created_at)
             req = codec.workload_request_from_record(
                 rec.tenant, rec.owner, rec.name, rec.kind, rec.request, rec.gang_size, rec.priority
             )
-            allocs = tuple(by_wl.get(rec.id, ())) if rec.state is not WorkloadState.QUEUED else ()
             lv = Live(rec, req, seq, allocs)
             self.live[rec.id] = lv
             if rec.state is WorkloadState.QUEUED:
@@ -102,10 +123,7 @@ class State(Memory):
                     if a.flavor:
                         key = (rec.tenant, a.flavor)
                         self.preempting_amount[key] = self.preempting_amount.get(key, 0) + a.amount
-            gone = any(a.node not in self.nodes for a in allocs)
             for a in allocs:
-                if not gone:
-                    self.cluster.apply(restored_placement(self.nodes[a.node], a))
                 self.ledger.add(a, rec.tenant)
             if gone:
                 lost.append(rec.id)
@@ -116,7 +134,74 @@ class State(Memory):
             at = (tenant, a.flavor, month)
             self.period[at] = self.period.get(at, 0.0) + a.gpu_equivalent * hours
         self.scalars = Scalars(seq=seq, last_created=last)
-        return lost
+        return Rebuilt(lost, conflicts, self._over_limit())
+
+    def _place(self, allocs: tuple[AllocationRecord, ...]) -> str | None:
+        """Apply a workload's placements all or none; None, or what they contradict."""
+        done: list[Placement] = []
+        for a in allocs:
+            p = restored_placement(self.nodes[a.node], a)
+            try:
+                self.cluster.apply(p)
+            except Conflict as err:
+                for q in reversed(done):
+                    self.cluster.unapply(q)
+                holders = sorted(
+                    wid
+                    for wid, lv in self.live.items()
+                    if any(b.node == a.node and set(b.gpus) & set(a.gpus) for b in lv.allocations)
+                )
+                held = f" (held by {', '.join(holders)})" if holders else ""
+                return f"allocation {a.id} on {a.node} GPU {list(a.gpus)}: {err.message}{held}"
+            done.append(p)
+        return None
+
+    def _over_limit(self) -> list[tuple[str, str, int, int]]:
+        """(tenant, flavor, used, limit) for each quota that running work exceeds."""
+        return sorted(
+            (tenant, flavor, used, q.limit)
+            for (tenant, flavor), used in self.ledger.usage.items()
+            if (q := self.quotas.get((tenant, flavor))) is not None and used > q.limit
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Contradiction:
+    """A workload whose stored allocations cannot be placed: they claim capacity that older
+    workloads' allocations already hold, or that the inventory does not have."""
+
+    rec: WorkloadRecord
+    allocations: tuple[AllocationRecord, ...]
+    reason: str  # what contradicted what
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    lost: list[str]  # workloads on nodes that are gone
+    conflicts: list[Contradiction]  # left out of memory, newest first loses
+    over_limit: list[tuple[str, str, int, int]]  # (tenant, flavor, used, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class EndContradiction:
+    """The op that fails a ``Contradiction`` at start: its allocations are released in the
+    database. Memory never held them (``rebuild`` left the workload out), so only the
+    period's GPU-hours change, as they would for any released allocation."""
+
+    rec: WorkloadRecord
+    allocations: tuple[AllocationRecord, ...]
+    at: datetime
+
+    def apply(self, mem: Memory) -> None:
+        for a in self.allocations:
+            if a.created_at is not None and a.flavor:
+                month, hours = period_hours(a.created_at, self.at)
+                key = (self.rec.tenant, a.flavor, month)
+                mem.period[key] = mem.period.get(key, 0.0) + a.gpu_equivalent * hours
+
+    def record(self, out: ChangeSet) -> None:
+        out.workloads.append(self.rec)
+        out.released.extend((a.id, self.at) for a in self.allocations)
 
 
 def released_this_month(store: Store, now: datetime) -> list[tuple[str, AllocationRecord]]:

@@ -71,11 +71,22 @@ def create_app(
         "/ready",
         tags=["health"],
         summary="The allocator has started and answers",
-        responses={503: {"description": "the allocator has not finished starting"}},
+        responses={
+            503: {
+                "description": (
+                    "the allocator has not finished starting, or this portal may not write "
+                    "(the database is unreachable or the writer guard is lost)"
+                )
+            }
+        },
     )
     def ready(a: Annotated[Allocator, Depends(allocator)]) -> JSONResponse:
         if not a.started:
             return JSONResponse({"status": "starting"}, status_code=503)
+        problem = a.store.writer_problem()
+        if problem is not None:
+            # The platform stops routing here until the guard is back (or the process restarts).
+            return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
         # Takes the allocator's lock: a wedged allocator makes this hang, which probes see.
         a.tenants()
         return JSONResponse({"status": "ready"})

@@ -6,29 +6,35 @@ validation, has the body ``{"status", "code", "message", "field"?, "valid"?}``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound, PortalError
+from policies.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PortalError,
+)
+from policies.errors import Unavailable as Unavailable  # defined there, raised from here too
 from portal.api import inputs
 from portal.api.schemas import ErrorBody
+from portal.store.db import database_unavailable, database_unreachable
+
+log = logging.getLogger(__name__)
 
 
 class Unauthorized(PortalError):
     """No token, or a token the hub does not know (unknown, expired, revoked)."""
 
     code = "unauthorized"
-
-
-class Unavailable(PortalError):
-    """Something the API depends on (the hub) did not answer; retry later."""
-
-    code = "unavailable"
 
 
 class PreconditionFailed(PortalError):
@@ -96,12 +102,17 @@ def body_of(exc: PortalError) -> ErrorBody:
         message=exc.message,
         field=getattr(exc, "field", None),
         valid=getattr(exc, "valid", None),
+        retry_after_s=getattr(exc, "retry_after_s", None),
     )
 
 
 def error_response(body: ErrorBody) -> JSONResponse:
-    headers = {"WWW-Authenticate": "token"} if body.status == 401 else None
-    return JSONResponse(body.model_dump(exclude_none=True), body.status, headers=headers)
+    headers: dict[str, str] = {}
+    if body.status == 401:
+        headers["WWW-Authenticate"] = "token"
+    if body.retry_after_s is not None:
+        headers["Retry-After"] = str(body.retry_after_s)
+    return JSONResponse(body.model_dump(exclude_none=True), body.status, headers=headers or None)
 
 
 async def _portal_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -118,6 +129,18 @@ STRICT_TYPES = {
     "string_type": "a string",
 }
 """What bodies take as sent, in words: they are never coerced (``true`` is not a count)."""
+async def _database_error(_request: Request, exc: Exception) -> JSONResponse:
+    """A database error no route handled: the database is unreachable (503, retry), or
+    something unexpected (500); the one error body either way, never a plain-text page."""
+    assert isinstance(exc, DBAPIError)
+    if database_unreachable(exc):
+        return error_response(body_of(database_unavailable(exc)))
+    log.error("unexpected database error", exc_info=exc)
+    return error_response(
+        ErrorBody(
+            status=500, code="error", message="internal error: the database refused the request"
+        )
+    )
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -205,3 +228,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(PortalError, _portal_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(DBAPIError, _database_error)

@@ -53,6 +53,13 @@ class ErrorBody(Model):
     valid: str | None = Field(
         default=None, description="What the offending input may be; absent when not known."
     )
+    retry_after_s: int | None = Field(
+        default=None,
+        description=(
+            "With `unavailable`: seconds to wait before retrying (also sent as `Retry-After`); "
+            "absent otherwise."
+        ),
+    )
 
 
 class Page(Model, Generic[T]):

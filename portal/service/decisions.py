@@ -44,8 +44,8 @@ def outcomes(changes: ChangeSet) -> list[tuple[Outcome, EventRecord]]:
 class ReportingStore(Store):
     """A ``Store`` that tells its listeners about each decision after it committed."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, *, writer_guard: bool = False) -> None:
+        super().__init__(url, writer_guard=writer_guard)
         self.listeners: list[Listener] = [log_decision]
 
     def commit(self, changes: ChangeSet) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from policies.errors import Conflict, InvalidRequest
+from policies.errors import Conflict, InvalidRequest, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,17 @@ class Loops:
             began = time.monotonic()
             try:
                 loop.work()
+            except Unavailable as exc:
+                # An outage (the database, the hub): one line a round, not a traceback.
+                loop.errors += 1
+                loop.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "loop %s: %s; it runs again in %.3g s",
+                    loop.name,
+                    exc.message,
+                    loop.interval_s,
+                    extra={"fields": {"loop": loop.name, "errors": loop.errors}},
+                )
             except Exception as exc:
                 loop.errors += 1
                 loop.last_error = f"{type(exc).__name__}: {exc}"

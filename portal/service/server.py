@@ -23,6 +23,7 @@ import signal
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
@@ -51,11 +52,12 @@ from portal.api.metrics import ServiceMetrics
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.kube import service as kube_loops
-from portal.service import hubsync, logs, seed, tokens
+from portal.service import hubsync, logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
 from portal.service.loops import Loops, LoopsCollector
 from portal.settings import ENV_PREFIX, Settings
+from portal.store.guard import AdvisoryLockGuard
 from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
@@ -197,8 +199,14 @@ def _run(
     loops: Loops,
     signals: StopSignals,
 ) -> int:
+    if isinstance(store.guard, AdvisoryLockGuard):
+        # Another writer wrote while this one was cut off: its memory is stale; stop, so the
+        # platform restarts it and it rebuilds from the database.
+        store.guard.on_fenced = lambda _reason: signals.stop()
     allocator = Allocator(store, policy=named_policy(settings.placement_policy))
+    started_at = datetime.now(UTC)
     report = allocator.start(nodes)
+    startup.raise_alerts(store, started_at)
     log.info(
         "allocator started on %d node(s); %d workload(s) lost with their nodes",
         len(nodes),
@@ -283,6 +291,10 @@ class StopSignals:
     def _handle(self, sig: int, _frame: FrameType | None) -> None:
         if not self.requested:
             log.info("%s: stopping", signal.Signals(sig).name)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop as a signal would (from any thread)."""
         self.requested = True
         if self.server is not None:
             self.server.should_exit = True
@@ -317,12 +329,14 @@ def open_store(url: str) -> ReportingStore:
 
     Raises:
         Unavailable: the database does not accept connections or cannot be migrated.
+        WriterTaken: another serve is this database's writer.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     try:
-        return ReportingStore(url)
+        # The writer guard: a second serve on this database refuses to start (WriterTaken).
+        return ReportingStore(url, writer_guard=True)
     except SQLAlchemyError as exc:
         shown = parsed.render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]

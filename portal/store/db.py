@@ -26,15 +26,25 @@ from typing import Any, cast
 
 from sqlalchemy import DateTime, Dialect, Engine, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, StatementError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    InterfaceError,
+    OperationalError,
+    StatementError,
+)
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection, StaticPool
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.types import TypeEngine
 
-from policies.errors import InvalidRequest
+from policies.errors import InvalidRequest, Unavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+POSTGRES_CONNECT_TIMEOUT_S = 5
+RETRY_AFTER_S = 5
+"""What a client is told to wait (``Retry-After``) while the database is unreachable."""
 
 SQLITE_SCHEMES = ("sqlite", "sqlite+pysqlite")
 POSTGRES_SCHEMES = ("postgresql+psycopg", "postgresql")
@@ -67,12 +77,40 @@ def make_engine(url: str, *, echo: bool = False) -> Engine:
         return _sqlite_engine(url, in_memory=parsed.database in (None, "", ":memory:"), echo=echo)
     if scheme in POSTGRES_SCHEMES:
         parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, echo=echo, pool_size=5, max_overflow=5)
+        # A server that does not answer fails a request in seconds (503) instead of hanging it.
+        connect_args = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
+        return create_engine(
+            parsed, echo=echo, pool_size=5, max_overflow=5, connect_args=connect_args
+        )
     raise InvalidRequest("database URL scheme", repr(scheme), _URL_HELP)
 
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+def database_unreachable(err: DBAPIError) -> bool:
+    """The error says the database cannot be reached (refused, dropped, shutting down), not
+    that it rejected what was asked: retrying later may succeed."""
+    if err.connection_invalidated or isinstance(err, InterfaceError):
+        return True
+    if not isinstance(err, OperationalError):
+        return False
+    # SQLite's OperationalError also means "no such table" or a syntax error: only a
+    # lock timeout or an unreadable file is an outage there.
+    text = str(err.orig).lower()
+    if "sqlite" in type(err.orig).__module__:
+        return "locked" in text or "unable to open" in text or "disk i/o" in text
+    return True
+
+
+def database_unavailable(err: DBAPIError) -> Unavailable:
+    """The ``Unavailable`` a request answers while the database is unreachable."""
+    first = (str(err.orig).strip().splitlines() or ["no answer"])[0]
+    return Unavailable(
+        f"the database is unreachable ({first}); nothing was changed, retry later",
+        retry_after_s=RETRY_AFTER_S,
+    )
 
 
 def _sqlite_engine(url: str, *, in_memory: bool, echo: bool) -> Engine:

@@ -32,7 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, StatementError
+from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
@@ -42,9 +42,12 @@ from portal.store.db import (
     RawStatement,
     RawTransaction,
     compile_raw,
+    database_unavailable,
+    database_unreachable,
     make_engine,
     raw_write,
 )
+from portal.store.guard import AdvisoryLockGuard, Guard, NoGuard, make_guard
 from portal.store.migrate import upgrade
 from portal.store.models import metadata
 from portal.store.records import (
@@ -127,10 +130,13 @@ class Store:
     safe to call from several threads.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, writer_guard: bool = False) -> None:
         self.url = url
         self.engine: Engine = make_engine(url)
+        self.guard: Guard = make_guard(self.engine) if writer_guard else NoGuard()
         try:
+            # Before the migration: a second writer must not even migrate.
+            self.guard.acquire()
             upgrade(self.engine)
             self._insert_factory = (
                 sqlite.insert if self.engine.dialect.name == "sqlite" else postgresql.insert
@@ -141,13 +147,20 @@ class Store:
                     .values(key="app_version", value=_app_version())
                     .on_conflict_do_update(index_elements=["key"], set_={"value": _app_version()})
                 )
+            if isinstance(self.guard, AdvisoryLockGuard):
+                self.guard.start()
         except BaseException:
+            self.guard.close()
             self.engine.dispose()
             raise
         self._prepare()
         self._checkpointer = Checkpointer.start_for(self.engine)
         self._generations = itertools.count(1)
         self._generation = 0
+
+    def writer_problem(self) -> str | None:
+        """Why this store may not write now (the writer guard is lost), or None."""
+        return self.guard.problem()
 
     @property
     def generation(self) -> int:
@@ -164,6 +177,7 @@ class Store:
         """Close every pooled connection. The store is unusable afterwards."""
         if self._checkpointer is not None:
             self._checkpointer.stop()
+        self.guard.close()
         self.engine.dispose()
 
     def __enter__(self) -> Store:
@@ -290,17 +304,27 @@ class Store:
             NotFound: a released allocation, deleted tenant or quota, or the workload of a new
                 allocation does not exist.
             InvalidRequest: a record is malformed (naive timestamp, bad flavor or MIG slot).
+            Unavailable: the database is unreachable, or this store lost its writer guard
+                (nothing was written).
         """
         if changes.empty():
             return
+        self.guard.check()
         now = datetime.now(UTC)
         new_claims = self._new_claims(changes.allocations)
         try:
             with raw_write(self.engine) as tx:
+                self.guard.fence(tx.cursor)
                 self._apply(tx, changes, new_claims, now)
             self._generation = next(self._generations)
         except IntegrityError as err:
             raise self._explain(changes, new_claims, err) from err
+        except DBAPIError as err:
+            if not database_unreachable(err):
+                raise
+            if err.statement == "COMMIT":
+                self.guard.commit_unknown()
+            raise database_unavailable(err) from err
         except StatementError as err:
             if isinstance(err.orig, PortalError):
                 raise err.orig from None

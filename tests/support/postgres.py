@@ -73,6 +73,7 @@ class PostgresServer:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     _user: dict[str, Any] = field(default_factory=dict)
+    _settings: list[str] = field(default_factory=list)
     _counter: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -113,32 +114,42 @@ class PostgresServer:
         settings = ["-c", "timezone=UTC", "-c", "max_connections=200"]
         if not durable:
             settings += ["-c", "fsync=off", "-c", "full_page_writes=off"]
+        self._settings = settings
         for _attempt in range(3):
             self.port = free_port()
-            with self.log.open("ab") as log:
-                self.process = subprocess.Popen(
-                    [
-                        str(self.bindir / "postgres"),
-                        "-D",
-                        str(data),
-                        "-h",
-                        "127.0.0.1",
-                        "-p",
-                        str(self.port),
-                        "-k",
-                        str(self.root),
-                        *settings,
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    **self._user,
-                )
-            if self._wait_ready():
+            if self._launch(data, env):
                 return
             self.stop()  # most likely another process took the port meanwhile
         raise RuntimeError(f"PostgreSQL did not start; its log:\n{self._log_tail()}")
+
+    def restart(self) -> None:
+        """Start the stopped server again on its data and port (an outage ends)."""
+        env = {**os.environ, "LC_ALL": "C", "PGTZ": "UTC"}
+        if not self._launch(self.root / "data", env):
+            raise RuntimeError(f"PostgreSQL did not restart; its log:\n{self._log_tail()}")
+
+    def _launch(self, data: Path, env: dict[str, str]) -> bool:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(self.bindir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.root),
+                    *self._settings,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                **self._user,
+            )
+        return self._wait_ready()
 
     def _run(self, argv: list[str], env: dict[str, str]) -> None:
         result = subprocess.run(argv, capture_output=True, text=True, env=env, **self._user)

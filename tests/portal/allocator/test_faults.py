@@ -66,8 +66,9 @@ def rebuilt(alloc: Allocator, url: str, nodes: list[Node]) -> dict[str, object]:
     now = alloc.clock()
     with Store(url) as store:
         fresh = State(alloc.policy, alloc.read(lambda s: s.preemption), 24 * 3600.0)
-        lost = fresh.rebuild(nodes, store.load(), released_this_month(store, now))
-    assert not lost, f"workloads on nodes that are gone survived in the database: {lost}"
+        rebuilt = fresh.rebuild(nodes, store.load(), released_this_month(store, now))
+    assert not rebuilt.lost, f"workloads on lost nodes survived in the database: {rebuilt.lost}"
+    assert not rebuilt.conflicts, f"the database contradicts itself: {rebuilt.conflicts}"
     return snapshot(fresh, now)
 
 
