@@ -129,6 +129,8 @@ STRICT_TYPES = {
     "string_type": "a string",
 }
 """What bodies take as sent, in words: they are never coerced (``true`` is not a count)."""
+
+
 async def _database_error(_request: Request, exc: Exception) -> JSONResponse:
     """A database error no route handled: the database is unreachable (503, retry), or
     something unexpected (500); the one error body either way, never a plain-text page."""
