@@ -68,7 +68,7 @@ class ClusterFork(ClusterState):
         self._renewed: set[str] = set()
         self._gone: set[str] = set()
         self._view = _ForkNodes(self._root.nodes, self._own, self._gone)
-        self._next_order = self._root._next_order
+        self._next_order = self._root.next_order
         self.fork_log: list[str] = []
         self.token = next(_TOKENS)
 

@@ -132,7 +132,7 @@ class NodeState:
     def fits_host(self, cpu_milli: int, memory_mib: int) -> bool:
         return self.cpu_free >= cpu_milli and self.mem_free >= memory_mib
 
-    # -- changes (only ClusterState calls these) ------------------------------------------
+    # -- changes (only ClusterState and its working copy, fork.ClusterFork, call these) -----
 
     def _take(self, p: Placement) -> None:
         if not self.fits_host(p.cpu_milli, p.memory_mib):
@@ -272,6 +272,11 @@ class ClusterState:
     def nodes(self) -> Mapping[str, NodeState]:
         """Every node's state by name (read only: change it through the methods below)."""
         return self._nodes
+
+    @property
+    def next_order(self) -> int:
+        """The order a node added without one gets."""
+        return self._next_order
 
     @property
     def root(self) -> ClusterState:
