@@ -486,7 +486,7 @@ def test_demo_answers_on_the_hub_api_within_two_minutes(
     assert listed["carol"].startswith("platform admin")
     assert listed["frank"].startswith("leadership")
     assert lines[7] == (
-        "settings passed to the portal: GPUPORTAL_ALERTS_INTERVAL_S=15, "
+        "settings passed to the services: GPUPORTAL_ALERTS_INTERVAL_S=15, "
         "GPUPORTAL_CULL_IDLE_GPU_SERVERS=true, GPUPORTAL_SIMULATED_SAMPLES=false"
     )
     assert lines[8] == "prices: example prices (demo)"
@@ -514,7 +514,9 @@ def test_settings_set_on_the_demo_reach_the_portal_service(demo: Demo) -> None:
     assert given["GPUPORTAL_PRICING_FILE"] == str(demo_pricing_file())
     # What the service does with them: the culler is its one alert action, and no synthetic
     # samples are fed (no in-process agent loop among its loops).
-    assert '"alerts every 15 s with 1 action(s)"' in demo.log.read_text(errors="replace")
+    assert '"alerts every 15 s with 1 action(s), budgets on"' in demo.log.read_text(
+        errors="replace"
+    )
     metrics = httpx.get(
         f"{demo.url}/services/gpuportal/metrics",
         headers={"Authorization": f"token {_user_token(demo, 'carol')}"},
