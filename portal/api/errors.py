@@ -1,4 +1,5 @@
-"""One mapping from the portal's errors to HTTP, and one JSON error body.
+"""The portal's errors as HTTP answers (statuses from ``portal.errors.ERRORS``), one JSON
+error body.
 
 Every error answer, whether raised by the allocator, by auth, or by FastAPI's request
 validation, has the body ``{"status", "code", "message", "field"?, "valid"?}``.
@@ -14,62 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound, PortalError
 from portal.api import inputs
 from portal.api.schemas import ErrorBody
-
-
-class Unauthorized(PortalError):
-    """No token, or a token the hub does not know (unknown, expired, revoked)."""
-
-    code = "unauthorized"
-
-
-class Unavailable(PortalError):
-    """Something the API depends on (the hub) did not answer; retry later."""
-
-    code = "unavailable"
-
-
-class PreconditionFailed(PortalError):
-    """``If-Match`` named a version that is no longer current: re-read and retry."""
-
-    code = "precondition_failed"
-
-
-class Expired(PortalError):
-    """A change-log position the portal no longer holds (it restarted, or the reader fell too
-    far behind): read the full list again."""
-
-    code = "expired"
-
-
-class IdempotencyMismatch(InvalidRequest):
-    """An ``Idempotency-Key`` used before, by the same owner in the same tenant, for a
-    different request: a retry must repeat the first request exactly."""
-
-    code = "idempotency_mismatch"
-
-
-class PreconditionRequired(PortalError):
-    """An edit came without ``If-Match`` (or ``If-None-Match: *`` to create)."""
-
-    code = "precondition_required"
-
-
-# Checked in order; the first class the error is an instance of decides the status.
-STATUS: tuple[tuple[type[PortalError], int], ...] = (
-    (InvalidRequest, 422),
-    (Unauthorized, 401),
-    (Forbidden, 403),
-    (NotFound, 404),
-    (PreconditionFailed, 412),
-    (PreconditionRequired, 428),
-    (Conflict, 409),
-    (Expired, 410),
-    (Unavailable, 503),
-    (PortalError, 400),
-)
+from portal.errors import PortalError, http_status_of
 
 Responses = dict[int | str, dict[str, Any]]
 """OpenAPI ``responses`` of a route."""
@@ -85,13 +33,9 @@ ERROR_RESPONSES: Responses = {
 """Error answers every route may give; routes add 404/409/412/428 where they apply."""
 
 
-def status_of(exc: PortalError) -> int:
-    return next(status for cls, status in STATUS if isinstance(exc, cls))
-
-
 def body_of(exc: PortalError) -> ErrorBody:
     return ErrorBody(
-        status=status_of(exc),
+        status=http_status_of(exc),
         code=exc.code,
         message=exc.message,
         field=getattr(exc, "field", None),
