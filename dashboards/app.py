@@ -37,17 +37,11 @@ from dashboards.stores.base import may_not
 from dashboards.tenant import TenantView
 from dashboards.warmup import warm_up
 from portal.api.auth import Caller, Scope
+from portal.dashboard_views import DASHBOARD_VIEWS, LANDING_TITLE
 
 TITLE = "gpuportal"
-VIEWS = ("my_work", "tenant", "cluster", "cost")
 # What each page is called: in its header and the browser tab.
-TITLES = {
-    "landing": "Home",
-    "my_work": "My work",
-    "tenant": "Tenant",
-    "cluster": "Cluster",
-    "cost": "Cost",
-}
+TITLES = {"landing": LANDING_TITLE} | {view.name: view.title for view in DASHBOARD_VIEWS}
 
 
 @dataclass
@@ -216,14 +210,14 @@ def applications(settings: Settings) -> dict[str, Callable[[], Any]]:
         return page
 
     apps = {"/": app_of("landing")}
-    apps |= {f"/{view}": app_of(view) for view in VIEWS}
+    apps |= {f"/{view.name}": app_of(view.name) for view in DASHBOARD_VIEWS}
     return apps
 
 
 def page_titles() -> dict[str, str]:
     """The browser tab's title of each application (Panel sets it on every page)."""
     return {"/": f"{TITLE} — {TITLES['landing']}"} | {
-        f"/{view}": f"{TITLE} — {TITLES[view]}" for view in VIEWS
+        f"/{view.name}": f"{TITLE} — {view.title}" for view in DASHBOARD_VIEWS
     }
 
 

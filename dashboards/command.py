@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from portal.dashboard_views import DASHBOARD_VIEWS
+
 
 def _run(args: argparse.Namespace) -> int:
     # Panel and HoloViews load only when the command runs.
@@ -28,13 +30,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _titles() -> str:
+    *first, last = (view.title for view in DASHBOARD_VIEWS)
+    return f"{', '.join(first)} and {last}"
+
+
 def register(commands: Any) -> None:
     """Add the ``dashboards`` subcommand to the CLI's subparsers."""
     cmd = commands.add_parser(
         "dashboards",
         help="serve the dashboards (a JupyterHub service behind HubOAuth)",
         description=(
-            "Serve My work, Tenant, Cluster and Cost. Run by JupyterHub as a managed service: "
+            f"Serve {_titles()}. Run by JupyterHub as a managed service: "
             "it listens on JUPYTERHUB_SERVICE_URL under JUPYTERHUB_SERVICE_PREFIX and sends "
             "people through the hub's OAuth; every page reads the portal with the viewer's "
             "own token."

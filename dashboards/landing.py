@@ -28,7 +28,7 @@ class LandingView(Viewer):
                 "scopes; ask your tenant admin for the gpu-user role."
             )
         items = "".join(
-            f'<li><a class="gp-link" href="./{link.view}{html.escape(self.query)}">'
+            f'<li><a class="gp-link" href="./{link.name}{html.escape(self.query)}">'
             f"{html.escape(link.title)}</a> — {html.escape(link.why)}</li>"
             for link in self.links
         )

@@ -14,13 +14,28 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
-from portal.api.schemas import GpuOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
+from portal.api.schemas import (
+    CapacityOut,
+    GpuOut,
+    NodeOut,
+    QueueEntryOut,
+    QuotaOut,
+    UsageOut,
+    WorkloadOut,
+)
 from portal.client import Expired, Portal
 
 if TYPE_CHECKING:
     from portal.api.cost import BudgetOut  # a route module: only for the annotation
 
 # ------------------------------------------------------------------ records
+
+# The client's own records where the dashboards need the same fields: one definition each
+# (``portal.api.schemas``), read as the client returns them, never copied field by field.
+Capacity = CapacityOut
+Quota = QuotaOut
+Usage = UsageOut
+QueueEntry = QueueEntryOut
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,47 +86,6 @@ class NodeChanges:
     nodes: list[NodeInfo]
     removed: list[str]
     complete: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    flavor: str
-    capacity: int
-
-
-@dataclass(frozen=True, slots=True)
-class Quota:
-    tenant: str
-    flavor: str
-    guaranteed: int
-    limit: int
-    budget_gpu_hours: float | None
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    tenant: str
-    flavor: str
-    guaranteed: int
-    limit: int
-    used: int
-    borrowed: int
-    lent: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEntry:
-    workload_id: str
-    tenant: str
-    owner: str
-    name: str
-    position: int
-    tenant_position: int
-    reason: str
-    message: str
-    gpu_equivalent: float
-    eta_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,36 +268,6 @@ def _node(n: NodeOut) -> NodeInfo:
     )
 
 
-def _quota(q: QuotaOut) -> Quota:
-    return Quota(
-        tenant=q.tenant,
-        flavor=q.flavor,
-        guaranteed=q.guaranteed,
-        limit=q.limit,
-        budget_gpu_hours=q.budget_gpu_hours,
-        version=q.version,
-    )
-
-
-def _usage(u: UsageOut) -> Usage:
-    return Usage(u.tenant, u.flavor, u.guaranteed, u.limit, u.used, u.borrowed, u.lent)
-
-
-def _queue_entry(e: QueueEntryOut) -> QueueEntry:
-    return QueueEntry(
-        workload_id=e.workload_id,
-        tenant=e.tenant,
-        owner=e.owner,
-        name=e.name,
-        position=e.position,
-        tenant_position=e.tenant_position,
-        reason=e.reason,
-        message=e.message,
-        gpu_equivalent=e.gpu_equivalent,
-        eta_s=e.eta_s,
-    )
-
-
 def _workload(w: WorkloadOut) -> Workload:
     return Workload(
         id=w.id,
@@ -355,8 +299,9 @@ class ApiSource:
         self._portal = Portal(base_url, token)
         self.origin = base_url.rstrip("/")
 
-    # The client's typed answers become the dashboards' records field by field (the cost
-    # report still through its JSON form: its money is text there).
+    # Capacity, quotas, usage and the queue are the client's records as it returns them; the
+    # others become the dashboards' own shapes (the cost report through its JSON form: its
+    # money is text there).
 
     def tenants(self) -> list[str]:
         return sorted(t.name for t in self._portal.tenants())
@@ -380,16 +325,16 @@ class ApiSource:
         return _node(self._portal.node(name))
 
     def capacity(self) -> list[Capacity]:
-        return [Capacity(c.flavor, c.capacity) for c in self._portal.capacity()]
+        return self._portal.capacity()
 
     def quotas(self, tenant: str | None = None) -> list[Quota]:
-        return [_quota(q) for q in self._portal.quotas(tenant)]
+        return self._portal.quotas(tenant)
 
     def usage(self, tenant: str | None = None) -> list[Usage]:
-        return [_usage(u) for u in self._portal.usage(tenant)]
+        return self._portal.usage(tenant)
 
     def queue(self, tenant: str | None = None) -> list[QueueEntry]:
-        return [_queue_entry(e) for e in self._portal.queue(tenant)]
+        return self._portal.queue(tenant)
 
     def workloads(self, tenant: str | None = None) -> list[Workload]:
         return [_workload(w) for w in self._portal.workloads(tenant)]
@@ -412,7 +357,7 @@ class ApiSource:
             budget_gpu_hours=budget_gpu_hours,
             if_match=f'"{version}"',
         )
-        return _quota(saved.value)
+        return saved.value
 
     def release(self, workload_id: str) -> Workload:
         return _workload(self._portal.release(workload_id))

@@ -1,7 +1,8 @@
 """The root of every error gpuportal raises on purpose.
 
-Each error names what was wrong, with which value, and what would be valid. The portal maps
-each class once to an HTTP status and a CLI exit code (``portal.errors``).
+Each error names what was wrong, with which value, and what would be valid. The portal adds the
+errors of requests and services (``Unauthorized``, ``Expired``, ``Unavailable``...) below this
+root and maps every class once to an HTTP status and a CLI exit code (``portal.errors.ERRORS``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The ``gpuportal`` command line.
 
 ``run`` parses arguments and dispatches to one handler per subcommand; ``main`` is the only
-place that exits the process. Every ``PortalError`` becomes exit code 2 with its message on
-stderr, the same code argparse uses for a malformed command line.
+place that exits the process. A ``PortalError`` becomes its exit code from
+``portal.errors.ERRORS`` (2 for every one today, the code argparse uses for a malformed command
+line) with its message on stderr.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from dashboards.command import register as register_dashboards
-from policies.errors import PortalError
 from portal.agent import command as agent_command
 from portal.commands import register as register_api_commands
+from portal.errors import PortalError, exit_code_of
 from portal.hubroles_command import register as register_hub_roles
 from portal.service import command as service_command
 
 EXIT_OK = 0
-EXIT_USAGE = 2
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -87,14 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run one command and return its exit code; errors of the portal become ``EXIT_USAGE``."""
+    """Run one command and return its exit code; an error of the portal, its ``exit_code_of``."""
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:
         return handler(args)
     except PortalError as exc:
         print(f"gpuportal {args.command}: error: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_code_of(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

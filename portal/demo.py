@@ -44,7 +44,7 @@ from policies.capacity import flavor_capacity
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
 from policies.inventory import Node
-from portal.api.auth import Scope
+from portal.dashboard_views import DASHBOARDS_OAUTH_SCOPES
 from portal.demo_settings import (
     DASHBOARDS_SETTINGS,
     check_service_settings,
@@ -264,19 +264,6 @@ def hub_config(
 # ---- the dashboards service ------------------------------------------------------------
 # The dashboards (Panel apps) run as a hub-managed service behind the hub's OAuth, under
 # /services/dashboards/, listed on the hub's home page; every portal role may access them.
-
-# The portal scopes a viewer's OAuth token for the dashboards may carry: the hub intersects
-# them with the viewer's own (group filters included), so nobody gains anything by them.
-DASHBOARDS_OAUTH_SCOPES: tuple[Scope, ...] = (
-    Scope.WORKLOADS_READ,
-    Scope.WORKLOADS_WRITE,
-    Scope.QUOTAS_READ,
-    Scope.QUOTAS_WRITE,
-    Scope.QUEUE_READ,
-    Scope.USAGE_READ,
-    Scope.COST_READ,
-    Scope.INVENTORY_READ,
-)
 
 
 def dashboards_service(

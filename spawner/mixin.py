@@ -52,7 +52,7 @@ from traitlets import Float, List, Unicode, default
 
 from policies.errors import Forbidden, InvalidRequest, NotFound, PortalError
 from portal.api.schemas import WorkloadOut
-from portal.client.errors import PortalUnreachable
+from portal.errors import PortalUnreachable
 from portal.store.records import WorkloadState
 from spawner import options as forms
 from spawner.portal_api import SpawnerPortal

@@ -6,7 +6,7 @@ views only lay them out. ``refresh()`` replaces the data parameters; views that 
 re-render in place (live updates without page reloads).
 """
 
-from dashboards.stores.access import Link, tenants_for, views_for
+from dashboards.stores.access import tenants_for, views_for
 from dashboards.stores.base import Store
 from dashboards.stores.cluster import ClusterStore, FreeCapacity
 from dashboards.stores.cost import CostStore
@@ -17,7 +17,6 @@ __all__ = [
     "ClusterStore",
     "CostStore",
     "FreeCapacity",
-    "Link",
     "Member",
     "MyWorkStore",
     "QuotaDraft",

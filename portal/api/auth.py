@@ -22,7 +22,7 @@ from typing import Protocol
 import httpx
 
 from policies.errors import Forbidden
-from portal.api.errors import Unauthorized, Unavailable
+from portal.errors import Unauthorized, Unavailable
 
 PREFIX = "custom:gpuportal:"
 GROUP_FILTER = "!group="

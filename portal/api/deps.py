@@ -16,8 +16,8 @@ from fastapi.security import APIKeyHeader
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from portal.allocator import Allocator
 from portal.api.auth import Authenticator, Caller, Scope, token_from_header
-from portal.api.errors import PreconditionFailed, PreconditionRequired, Unauthorized
 from portal.api.schemas import MAX_PAGE, Page
+from portal.errors import PreconditionFailed, PreconditionRequired, Unauthorized
 
 T = TypeVar("T")
 S = TypeVar("S")

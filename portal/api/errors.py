@@ -1,4 +1,5 @@
-"""One mapping from the portal's errors to HTTP, and one JSON error body.
+"""The portal's errors as HTTP answers (statuses from ``portal.errors.ERRORS``), one JSON
+error body.
 
 Every error answer, whether raised by the allocator, by auth, or by FastAPI's request
 validation, has the body ``{"status", "code", "message", "field"?, "valid"?}``.
@@ -16,66 +17,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from policies.errors import (
-    Conflict,
-    Forbidden,
-    InvalidRequest,
-    NotFound,
-    PortalError,
-)
-from policies.errors import Unavailable as Unavailable  # defined there, raised from here too
 from portal.api import inputs
 from portal.api.schemas import ErrorBody
+from portal.errors import PortalError, http_status_of
 from portal.store.db import database_unavailable, database_unreachable
 
 log = logging.getLogger(__name__)
-
-
-class Unauthorized(PortalError):
-    """No token, or a token the hub does not know (unknown, expired, revoked)."""
-
-    code = "unauthorized"
-
-
-class PreconditionFailed(PortalError):
-    """``If-Match`` named a version that is no longer current: re-read and retry."""
-
-    code = "precondition_failed"
-
-
-class Expired(PortalError):
-    """A change-log position the portal no longer holds (it restarted, or the reader fell too
-    far behind): read the full list again."""
-
-    code = "expired"
-
-
-class IdempotencyMismatch(InvalidRequest):
-    """An ``Idempotency-Key`` used before, by the same owner in the same tenant, for a
-    different request: a retry must repeat the first request exactly."""
-
-    code = "idempotency_mismatch"
-
-
-class PreconditionRequired(PortalError):
-    """An edit came without ``If-Match`` (or ``If-None-Match: *`` to create)."""
-
-    code = "precondition_required"
-
-
-# Checked in order; the first class the error is an instance of decides the status.
-STATUS: tuple[tuple[type[PortalError], int], ...] = (
-    (InvalidRequest, 422),
-    (Unauthorized, 401),
-    (Forbidden, 403),
-    (NotFound, 404),
-    (PreconditionFailed, 412),
-    (PreconditionRequired, 428),
-    (Conflict, 409),
-    (Expired, 410),
-    (Unavailable, 503),
-    (PortalError, 400),
-)
 
 Responses = dict[int | str, dict[str, Any]]
 """OpenAPI ``responses`` of a route."""
@@ -91,13 +38,9 @@ ERROR_RESPONSES: Responses = {
 """Error answers every route may give; routes add 404/409/412/428 where they apply."""
 
 
-def status_of(exc: PortalError) -> int:
-    return next(status for cls, status in STATUS if isinstance(exc, cls))
-
-
 def body_of(exc: PortalError) -> ErrorBody:
     return ErrorBody(
-        status=status_of(exc),
+        status=http_status_of(exc),
         code=exc.code,
         message=exc.message,
         field=getattr(exc, "field", None),

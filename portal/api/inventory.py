@@ -12,9 +12,10 @@ from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, paging, requires
-from portal.api.errors import ERROR_RESPONSES, Expired
+from portal.api.errors import ERROR_RESPONSES
 from portal.api.inputs import KEY, Key, bounded
 from portal.api.schemas import MAX_PAGE, CapacityOut, ErrorBody, NodeChangesOut, NodeOut, Page
+from portal.errors import Expired
 
 router = APIRouter(tags=["inventory"], responses=ERROR_RESPONSES)
 

@@ -12,9 +12,10 @@ from portal.allocator import Allocator, codec
 from portal.api import convert
 from portal.api.auth import Caller, CallerKind, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
-from portal.api.errors import ERROR_RESPONSES, IdempotencyMismatch, Responses, shown_value
+from portal.api.errors import ERROR_RESPONSES, Responses, shown_value
 from portal.api.inputs import HEADER, KEY, TEXT, Label, bounded
 from portal.api.schemas import ErrorBody, Page, WorkloadIn, WorkloadOut
+from portal.errors import IdempotencyMismatch
 from portal.store.records import WorkloadState
 
 router = APIRouter(prefix="/workloads", tags=["workloads"], responses=ERROR_RESPONSES)

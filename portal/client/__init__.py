@@ -9,7 +9,8 @@ In a JupyterHub notebook::
     print(w.state, w.reason, w.position, w.eta_s)
 
 Both are thin: requests are built and answers read in ``portal.client.core``; every rule
-(quota, placement, scopes) stays on the server.
+(quota, placement, scopes) stays on the server. The errors are ``portal.errors``' classes, the
+same the server raises (an ``ApiError`` mixed in keeps the answer's status and code).
 """
 
 from portal.client.aio import AsyncPortal
@@ -21,6 +22,9 @@ from portal.client.errors import (
     ApiForbidden,
     ApiInvalidRequest,
     ApiNotFound,
+)
+from portal.client.sync import Portal
+from portal.errors import (
     Expired,
     PortalUnreachable,
     PreconditionFailed,
@@ -28,7 +32,6 @@ from portal.client.errors import (
     Unauthorized,
     Unavailable,
 )
-from portal.client.sync import Portal
 
 __all__ = [
     "ApiConflict",

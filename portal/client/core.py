@@ -34,7 +34,8 @@ from portal.api.schemas import (
     UsageOut,
     WorkloadOut,
 )
-from portal.client.errors import ApiError, PortalUnreachable, error_from_response
+from portal.client.errors import ApiError, error_from_response
+from portal.errors import PortalUnreachable
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:

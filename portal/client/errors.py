@@ -1,9 +1,10 @@
 """The API's error body, turned back into the portal's exceptions.
 
 An answer with the error body ``{"status", "code", "message", "field"?, "valid"?}`` becomes the
-``policies.errors`` class its ``code`` names (so ``except Forbidden`` works the same on both
-sides of the API), mixed with ``ApiError``, which keeps the status, code, field, valid and the
-server's message intact. Connection failures become ``PortalUnreachable``, naming the URL.
+``portal.errors`` class its ``code`` names (so ``except Forbidden`` or ``except Expired`` works
+the same on both sides of the API), mixed with ``ApiError``, which keeps the status, code,
+field, valid and the server's message intact. Connection failures become
+``PortalUnreachable``, naming the URL.
 """
 
 from __future__ import annotations
@@ -12,7 +13,20 @@ from typing import Any
 
 import httpx
 
-from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound, PortalError
+from portal.errors import (
+    ERRORS,
+    Conflict,
+    Expired,
+    Forbidden,
+    IdempotencyMismatch,
+    InvalidRequest,
+    NotFound,
+    PortalError,
+    PreconditionFailed,
+    PreconditionRequired,
+    Unauthorized,
+    Unavailable,
+)
 
 
 class ApiError(PortalError):
@@ -45,6 +59,10 @@ class ApiInvalidRequest(ApiError, InvalidRequest):
     value: object = None
 
 
+class ApiIdempotencyMismatch(ApiInvalidRequest, IdempotencyMismatch):
+    """422 ``idempotency_mismatch``: the key was used before for a different request."""
+
+
 class ApiForbidden(ApiError, Forbidden):
     """403 ``forbidden``: the token lacks the scope, or the user is not in the tenant."""
 
@@ -60,61 +78,63 @@ class ApiConflict(ApiError, Conflict):
     """409 ``conflict``: the change conflicts with the current state."""
 
 
-class PreconditionFailed(ApiConflict):
+class ApiPreconditionFailed(ApiConflict, PreconditionFailed):
     """412 ``precondition_failed``: the ETag sent is stale; read again and reapply."""
 
 
-class PreconditionRequired(ApiError):
+class ApiPreconditionRequired(ApiError, PreconditionRequired):
     """428 ``precondition_required``: an edit came without ``If-Match`` (or create)."""
 
 
-class Expired(ApiError):
+class ApiExpired(ApiError, Expired):
     """410 ``expired``: a change-log position the portal no longer holds; list again."""
 
 
-class Unauthorized(ApiError):
+class ApiUnauthorized(ApiError, Unauthorized):
     """401 ``unauthorized``: no token, or one the hub does not know (expired, revoked)."""
 
 
-class Unavailable(ApiError):
+class ApiUnavailable(ApiError, Unavailable):
     """503 ``unavailable``: the portal or the hub behind it is not ready; retry later."""
 
 
-class PortalUnreachable(PortalError):
-    """No answer at all: the connection failed or timed out."""
-
-    code = "unreachable"
-
-    def __init__(self, url: str, cause: Exception) -> None:
-        detail = str(cause) or type(cause).__name__
-        super().__init__(f"cannot reach the portal at {url}: {detail}")
-        self.url = url
-
-
 BY_CODE: dict[str, type[ApiError]] = {
-    "invalid": ApiInvalidRequest,
-    "idempotency_mismatch": ApiInvalidRequest,
-    "forbidden": ApiForbidden,
-    "not_found": ApiNotFound,
-    "conflict": ApiConflict,
-    "precondition_failed": PreconditionFailed,
-    "precondition_required": PreconditionRequired,
-    "unauthorized": Unauthorized,
-    "unavailable": Unavailable,
-    "expired": Expired,
+    cls.code: cls
+    for cls in (
+        ApiInvalidRequest,
+        ApiIdempotencyMismatch,
+        ApiForbidden,
+        ApiNotFound,
+        ApiConflict,
+        ApiPreconditionFailed,
+        ApiPreconditionRequired,
+        ApiUnauthorized,
+        ApiUnavailable,
+        ApiExpired,
+    )
 }
 """The class for each ``code`` of the error body; other codes become a plain ``ApiError``."""
 
+
+def _status(cls: type[ApiError]) -> int:
+    return next(status for shared, status, _exit in ERRORS if issubclass(cls, shared))
+
+
 _BY_STATUS = {
-    401: Unauthorized,
-    403: ApiForbidden,
-    404: ApiNotFound,
-    409: ApiConflict,
-    410: Expired,
-    412: PreconditionFailed,
-    428: PreconditionRequired,
-    503: Unavailable,
+    _status(cls): cls
+    for cls in (
+        ApiUnauthorized,
+        ApiForbidden,
+        ApiNotFound,
+        ApiConflict,
+        ApiExpired,
+        ApiPreconditionFailed,
+        ApiPreconditionRequired,
+        ApiUnavailable,
+    )
 }
+"""An answer without the error body (a proxy's, the hub's) raises the class of its status, as
+``portal.errors.ERRORS`` maps them; a 422 without it is not an input error of ours."""
 
 
 def error_from_response(response: httpx.Response) -> ApiError:

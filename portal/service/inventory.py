@@ -21,7 +21,7 @@ from policies.errors import InvalidRequest, PortalError
 from policies.inventory import Node
 from portal.allocator import Allocator
 from portal.allocator.inventory_sync import apply_event
-from portal.api.errors import Unavailable
+from portal.errors import Unavailable
 from portal.inventory.events import InventorySource
 from portal.inventory.presets import PRESETS
 from portal.inventory.simulated import SimulatedInventory, generate

@@ -47,8 +47,8 @@ from portal.allocator import Allocator
 from portal.api import cost as cost_api
 from portal.api import create_app
 from portal.api.auth import Authenticator
-from portal.api.errors import Unavailable
 from portal.api.metrics import ServiceMetrics
+from portal.errors import Unavailable
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.kube import service as kube_loops

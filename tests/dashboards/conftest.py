@@ -4,7 +4,6 @@ served by uvicorn on loopback, and sources that speak to it over HTTP as each se
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,16 +27,10 @@ from portal.api.telemetry import use_telemetry
 from portal.store.writer import Store
 from portal.telemetry.service import Telemetry
 from tests.dashboards.seed import PRICES, VIEWERS, SeedClock, seed
+from tests.support.ports import free_port
 
 AGENT_TOKEN = "tok-agent"
 AGENT = Caller("node-agent", CallerKind.SERVICE, frozenset({ApiScope.TELEMETRY_WRITE.value}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ from dashboards.app import Settings, serve
 from dashboards.auth import TokenArgIdentity
 from policies.alerts.engine import Alert, AlertKey, AlertState
 from portal.alerting.store import AlertStore
-from tests.dashboards.conftest import Portal, free_port, running_portal
+from tests.dashboards.conftest import Portal, running_portal
 from tests.dashboards.seed import NOW, VIEWERS
 from tests.dashboards.test_telemetry import gpu_of, post_minutes
 from tests.support.browser import chromium
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -16,10 +16,11 @@ from dashboards.auth import TokenArgIdentity
 from policies.flavors import FlavorKind
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.alerting.service import AlertService
-from tests.dashboards.conftest import Portal, free_port, running_portal
+from tests.dashboards.conftest import Portal, running_portal
 from tests.dashboards.seed import NOW, VIEWERS
 from tests.dashboards.test_browser import WAIT_MS, row
 from tests.support.browser import chromium
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

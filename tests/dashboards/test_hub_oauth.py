@@ -30,7 +30,8 @@ from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from portal.inventory import simulated
 from spawner import hubconfig
 from tests.support.browser import chromium
-from tests.support.hub import RunningHub, free_port, make_hub
+from tests.support.hub import RunningHub, make_hub
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 

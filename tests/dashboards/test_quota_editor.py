@@ -44,7 +44,14 @@ def test_a_valid_edit_round_trips_through_the_portal(portal: Portal) -> None:
     assert ("H100-80GB", "limit", 6) in e.store.bars()
     assert ("H100-80GB", "borrowed", 2) in e.store.bars()  # 5 in use, 3 guaranteed
     q = e.store.quota("H100-80GB")
-    assert q == Quota("team-a", "H100-80GB", 3, 6, 1200.0, 2)
+    assert q == Quota(
+        tenant="team-a",
+        flavor="H100-80GB",
+        guaranteed=3,
+        limit=6,
+        budget_gpu_hours=1200.0,
+        version=2,
+    )
 
 
 def test_the_preview_tells_what_would_be_reclaimed(portal: Portal) -> None:

@@ -23,7 +23,7 @@ def rendered(view: object) -> str:
 
 
 def test_landing_offers_the_views_each_viewers_scopes_open() -> None:
-    offered = {t: [link.view for link in views_for(v)] for t, v in VIEWERS.items()}
+    offered = {t: [view.name for view in views_for(v)] for t, v in VIEWERS.items()}
     assert offered == {
         "tok-alice": ["my_work", "tenant"],
         "tok-bob": ["my_work", "tenant"],
@@ -38,9 +38,9 @@ def test_landing_offers_the_views_each_viewers_scopes_open() -> None:
 def test_tenant_admin_sees_nothing_of_another_tenant(portal: Portal) -> None:
     anna = VIEWERS["tok-anna"]
     texts = []
-    for link in views_for(anna):
-        page = build_view(link.view, portal.source("tok-anna"), anna, {})
-        assert all(s.error == "" for s in page.stores), link.view
+    for view in views_for(anna):
+        page = build_view(view.name, portal.source("tok-anna"), anna, {})
+        assert all(s.error == "" for s in page.stores), view.name
         texts.append(rendered(page.view))
     shown = "\n".join(texts)
     assert "team-a" in shown and "482.40" in shown

@@ -13,8 +13,9 @@ import pytest
 
 from dashboards.app import Settings, serve
 from dashboards.auth import TokenArgIdentity
-from tests.dashboards.conftest import Portal, free_port
+from tests.dashboards.conftest import Portal
 from tests.dashboards.seed import NOW, VIEWERS
+from tests.support.ports import free_port
 
 PREFIX = "/services/dashboards"
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support import k8s
 from tests.support.k8s import BIN_DIR_ENV, BINARIES, BUILD_SCRIPT, KWOK_STAGES, ClusterSetupError
+from tests.support.ports import free_port
 
 
 def test_missing_bin_dir_is_named_with_the_way_to_build_it(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_missing_openssl_is_named() -> None:
 
 
 def test_free_port_is_bindable_on_loopback() -> None:
-    port = k8s.free_port()
+    port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from portal.cli import EXIT_USAGE, run
+from portal.cli import run
+from portal.errors import EXIT_USAGE
 
 GPUPORTAL = Path(sys.executable).parent / "gpuportal"
 

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from portal.settings import Settings
 from portal.store.records import AllocationRecord
 from portal.store.writer import Store
 from tests.support import fake_nvml
+from tests.support.ports import free_port
 
 GPUPORTAL = Path(sys.executable).parent / "gpuportal"
 PASSWORD = "demo-test-password"
@@ -375,16 +375,9 @@ def _group_members(pgid: int) -> list[int]:
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _launch(state_dir: Path, env_more: Mapping[str, str] | None = None) -> Demo:
     """Start `gpuportal demo` in a process group of its own, without waiting for it."""
-    port = _free_port()
+    port = free_port()
     log = state_dir.parent / f"{state_dir.name}.log"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUPORTAL_")},

@@ -17,7 +17,8 @@ import pytest
 
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles
 from spawner import hubconfig
-from tests.support.hub import HubFactory, HubPorts, RunningHub, free_port
+from tests.support.hub import HubFactory, HubPorts, RunningHub
+from tests.support.ports import free_port
 
 GPUPORTAL = Path(sys.executable).parent / "gpuportal"
 TINY_SERVER = Path(__file__).with_name("tiny_server.py")

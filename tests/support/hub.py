@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,18 +29,11 @@ import httpx
 import pytest
 
 from portal.demo import find_proxy
+from tests.support.ports import free_port
 
 JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
+from tests.support.ports import LOOPBACK, free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-k8s-tools"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
@@ -42,7 +43,6 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
 KWOK_STAGES = "kwok-stages.yaml"
 # Points straight at a folder of prebuilt binaries (skips the build script).
 BIN_DIR_ENV = "GPUPORTAL_K8S_BIN_DIR"
-LOOPBACK = "127.0.0.1"
 # kwok hands out pod IPs from here, so a test can serve a "pod" on its loopback address.
 POD_CIDR = "127.100.0.0/16"
 SERVICE_CIDR = "10.96.0.0/24"
@@ -131,16 +131,6 @@ def require_tool(name: str, path: str | None = None) -> str:
             f"(Debian: apt-get install {name})."
         )
     return found
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((LOOPBACK, 0))
-            return int(s.getsockname()[1])
-    except OSError as e:
-        raise ClusterSetupError(f"no free TCP port on {LOOPBACK}: {e}") from e
 
 
 def _tail(text: str, lines: int) -> str:
@@ -474,7 +464,10 @@ def start_cluster(work_dir: Path, bin_dir: Path, openssl: str) -> K8sCluster:
     )
     tokens.chmod(0o600)
 
-    etcd_port, etcd_peer_port, api_port, kcm_port, kwok_port = (free_port() for _ in range(5))
+    try:
+        etcd_port, etcd_peer_port, api_port, kcm_port, kwok_port = (free_port() for _ in range(5))
+    except OSError as e:
+        raise ClusterSetupError(f"no free TCP port on {LOOPBACK}: {e}") from e
     server = f"https://{LOOPBACK}:{api_port}"
     admin_kubeconfig = _write_yaml(
         work_dir / "admin.kubeconfig",

@@ -7,7 +7,6 @@ Tokens: ``agent`` may send samples (``telemetry:write``), ``ops`` may read usage
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,12 +27,6 @@ TOKENS = {
     "agent": Caller("node-agent", CallerKind.SERVICE, frozenset({Scope.TELEMETRY_WRITE})),
     "ops": Caller("ops", CallerKind.SERVICE, frozenset({Scope.USAGE_READ})),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

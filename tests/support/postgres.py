@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.ports import free_port
 
 MISSING = (
     "PostgreSQL server not found: install the Debian package postgresql (scripts/bootstrap does)"
@@ -56,12 +57,6 @@ def find_bindir() -> Path | None:
         if (c / "initdb").is_file() and (c / "postgres").is_file():
             return c
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,13 +21,9 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.ports import free_port
+
 READY_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ready(url: str) -> bool:
@@ -62,7 +57,7 @@ def running_prometheus(
     work_dir.mkdir(parents=True, exist_ok=True)
     config_path = work_dir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = work_dir / "prometheus.log"
     with log_path.open("wb") as log:

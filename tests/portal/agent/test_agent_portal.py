@@ -28,7 +28,8 @@ from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock
 from tests.support import fake_nvml
 from tests.support.fake_nvml import FakeMachine, FakeProcess
-from tests.support.portal_server import PREFIX, free_port, serve
+from tests.support.portal_server import PREFIX, serve
+from tests.support.ports import free_port
 
 
 class Seconds:

@@ -12,7 +12,8 @@ import pytest
 
 from policies.mig import geometry
 from portal.agent.demo import DemoSource
-from portal.cli import EXIT_USAGE, run
+from portal.cli import run
+from portal.errors import EXIT_USAGE
 from portal.inventory import simulated
 from portal.telemetry.wire import SampleBatch
 from tests.support import fake_nvml

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from portal.api.auth import CallerKind, HubAuthenticator, Scope, token_from_header
-from portal.api.errors import Unauthorized, Unavailable
+from portal.errors import Unauthorized, Unavailable
 
 ALICE = {
     "kind": "user",

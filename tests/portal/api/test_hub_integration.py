@@ -1,19 +1,12 @@
 """The API behind a real JupyterHub: tokens, custom scopes with group filters, groups.
 
-Starts ``jupyterhub`` as a subprocess (its own process group, stopped at the end) with the
+Starts ``jupyterhub`` through ``tests.support.hub`` (stopped at the end) with the
 portal's custom scopes, a tenant-admin service holding ``quotas:write!group=team-a``, and a user
 in group team-a whose token the test creates through the hub's API.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,37 +16,19 @@ from fastapi.testclient import TestClient
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import SCOPE_HELP, CallerKind, HubAuthenticator, Scope
-from portal.demo import find_proxy
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
+from tests.support.hub import HubFactory
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
-JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
 ADMIN_SVC_TOKEN = "a" * 32
 PROVISIONER_TOKEN = "p" * 32
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def hub_config(tmp: Path, ports: tuple[int, int, int]) -> str:
-    public, hub, proxy_api = ports
+def hub_config() -> str:
+    """The portal's scopes, a tenant-admin service limited to team-a, a token provisioner."""
     config = {
-        "JupyterHub.ip": "127.0.0.1",
-        "JupyterHub.port": public,
-        "JupyterHub.hub_ip": "127.0.0.1",
-        "JupyterHub.hub_port": hub,
-        "ConfigurableHTTPProxy.api_url": f"http://127.0.0.1:{proxy_api}",
-        "ConfigurableHTTPProxy.command": [str(find_proxy())],
-        "ConfigurableHTTPProxy.pid_file": str(tmp / "proxy.pid"),
-        "JupyterHub.db_url": f"sqlite:///{tmp / 'hub.sqlite'}",
-        "JupyterHub.cookie_secret_file": str(tmp / "cookie_secret"),
-        "JupyterHub.pid_file": str(tmp / "hub.pid"),
         "Authenticator.allowed_users": {"alice"},
         "JupyterHub.load_groups": {"team-a": {"users": ["alice"]}, "team-b": {"users": []}},
         "JupyterHub.custom_scopes": {s.value: {"description": SCOPE_HELP[s]} for s in Scope},
@@ -78,38 +53,8 @@ def hub_config(tmp: Path, ports: tuple[int, int, int]) -> str:
 
 
 @pytest.fixture
-def hub_api(tmp_path: Path) -> Iterator[str]:
-    ports = (free_port(), free_port(), free_port())
-    (tmp_path / "jupyterhub_config.py").write_text(hub_config(tmp_path, ports))
-    log = (tmp_path / "hub.log").open("wb")
-    proc = subprocess.Popen(
-        [str(JUPYTERHUB), "-f", str(tmp_path / "jupyterhub_config.py")],
-        cwd=tmp_path,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{ports[1]}/hub/api"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, (tmp_path / "hub.log").read_text()[-3000:]
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "hub.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+def hub_api(hub_factory: HubFactory) -> str:
+    return hub_factory(hub_config()).api_url
 
 
 def test_hub_tokens_scopes_and_groups_decide_what_the_api_allows(

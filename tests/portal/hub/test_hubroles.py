@@ -9,7 +9,7 @@ from traitlets.config import Config
 
 from policies.errors import InvalidRequest
 from portal.api.auth import Scope
-from portal.demo import DASHBOARDS_OAUTH_SCOPES
+from portal.dashboard_views import DASHBOARDS_OAUTH_SCOPES
 from portal.hubroles import HubRolesSpec, custom_scopes, load_roles, render_config
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.postgres import free_port
+from tests.support.ports import free_port
 
 ROOT = "root-token-for-tests-0001"
 PROMETHEUS = "prometheus-token-for-tests-01"

@@ -2,17 +2,15 @@
 environment, its proxy routes ``/services/gpuportal/`` to it, tokens are the hub's, and the
 hub's shutdown stops it cleanly.
 
-The hub runs as a subprocess in its own process group, stopped at the end.
+The hub is ``tests.support.hub``'s, stopped with everything below it at the end.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +19,12 @@ import pytest
 import yaml
 
 from portal.api.auth import SCOPE_HELP, Scope
-from portal.demo import find_proxy
 from tests.portal.service.conftest import SEED
-from tests.support.postgres import free_port
+from tests.support.hub import HubFactory, RunningHub
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
 
-JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
 PROVISIONER_TOKEN = "p" * 32
 PROMETHEUS_TOKEN = "m" * 32
 REPO = Path(__file__).resolve().parents[3]
@@ -35,14 +32,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 @dataclass
 class Hub:
+    running: RunningHub
     public: str
     api: str
     service_log: Path
     service_pid_file: Path
 
 
-def hub_config(tmp: Path, ports: tuple[int, int, int, int]) -> str:
-    public, hub, proxy_api, service = ports
+def hub_config(tmp: Path, service_port: int) -> str:
     (tmp / "seed.yaml").write_text(yaml.safe_dump(SEED))
     # The service writes its pid so the test can check it is gone after the hub stops.
     command = [
@@ -57,23 +54,13 @@ def hub_config(tmp: Path, ports: tuple[int, int, int, int]) -> str:
         str(tmp / "seed.yaml"),
     ]
     config = {
-        "JupyterHub.ip": "127.0.0.1",
-        "JupyterHub.port": public,
-        "JupyterHub.hub_ip": "127.0.0.1",
-        "JupyterHub.hub_port": hub,
-        "ConfigurableHTTPProxy.api_url": f"http://127.0.0.1:{proxy_api}",
-        "ConfigurableHTTPProxy.command": [str(find_proxy())],
-        "ConfigurableHTTPProxy.pid_file": str(tmp / "proxy.pid"),
-        "JupyterHub.db_url": f"sqlite:///{tmp / 'hub.sqlite'}",
-        "JupyterHub.cookie_secret_file": str(tmp / "cookie_secret"),
-        "JupyterHub.pid_file": str(tmp / "hub.pid"),
         "Authenticator.allowed_users": {"alice"},
         "JupyterHub.load_groups": {"team-a": {"users": ["alice"]}},
         "JupyterHub.custom_scopes": {s.value: {"description": SCOPE_HELP[s]} for s in Scope},
         "JupyterHub.services": [
             {
                 "name": "gpuportal",
-                "url": f"http://127.0.0.1:{service}",
+                "url": f"http://127.0.0.1:{service_port}",
                 "command": command,
                 "cwd": str(REPO),
                 "environment": {
@@ -115,54 +102,20 @@ def wait_until(check: object, what: str, log: Path, timeout_s: float = 90) -> No
 
 
 @pytest.fixture
-def hub(tmp_path: Path) -> Iterator[Hub]:
-    ports = (free_port(), free_port(), free_port(), free_port())
-    (tmp_path / "jupyterhub_config.py").write_text(hub_config(tmp_path, ports))
-    log_path = tmp_path / "hub.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(JUPYTERHUB), "-f", str(tmp_path / "jupyterhub_config.py")],
-            cwd=tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+def hub(tmp_path: Path, hub_factory: HubFactory) -> Hub:
+    running = hub_factory(hub_config(tmp_path, free_port()))
     h = Hub(
-        public=f"http://127.0.0.1:{ports[0]}",
-        api=f"http://127.0.0.1:{ports[1]}/hub/api",
+        running=running,
+        public=running.url,
+        api=running.api_url,
         service_log=tmp_path / "service.log",
         service_pid_file=tmp_path / "service.pid",
     )
-    try:
-        url = f"{h.public}/services/gpuportal/ready"
-        wait_until(lambda: httpx.get(url, timeout=2).status_code == 200, url, h.service_log)
-        yield h
-    finally:
-        stop(proc)
-        stop_proxy(tmp_path / "proxy.pid", ports[2])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def stop_proxy(pid_file: Path, api_port: int) -> None:
-    """The hub stops its proxy when it exits cleanly; a proxy left behind (its own process
-    group) is stopped here, if the pid is still that proxy."""
-    try:
-        pid = int(pid_file.read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return
-    if f"--api-port\x00{api_port}".encode() in cmdline:
-        os.kill(pid, signal.SIGTERM)
+    url = f"{h.public}/services/gpuportal/ready"
+    wait_until(lambda: httpx.get(url, timeout=2).status_code == 200, url, h.service_log)
+    # The service and everything below the hub now are stopped in teardown if still running.
+    running.remember_descendants()
+    return h
 
 
 def test_the_hub_runs_the_portal_as_a_service_behind_its_proxy(hub: Hub) -> None:
@@ -199,9 +152,10 @@ def test_the_hub_runs_the_portal_as_a_service_behind_its_proxy(hub: Hub) -> None
     assert httpx.get(f"{base}/{index.json()['docs']}").status_code == 200
 
 
-def test_stopping_the_hub_stops_the_service_cleanly(tmp_path: Path, hub: Hub) -> None:
+def test_stopping_the_hub_stops_the_service_cleanly(hub: Hub) -> None:
     pid = int(hub.service_pid_file.read_text())
-    hub_pid = int((tmp_path / "hub.pid").read_text())
+    # The hub alone, not its process group: the hub itself must stop the service.
+    hub_pid = int((hub.running.directory / "jupyterhub.pid").read_text())
     os.kill(hub_pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

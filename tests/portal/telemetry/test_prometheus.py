@@ -29,7 +29,8 @@ from portal.telemetry.wire import GpuSample, SampleBatch, Source
 from tests.portal.allocator.conftest import ManualClock
 from tests.support import dcgm_exporter, fake_nvml
 from tests.support.fake_nvml import FakeMachine, FakeProcess
-from tests.support.portal_server import free_port, serve
+from tests.support.portal_server import serve
+from tests.support.ports import free_port
 from tests.support.prometheus import running_prometheus
 
 HOST = "gpu-node-1"

@@ -29,8 +29,9 @@ from spawner import hubconfig
 from tests.spawner.conftest import ADMIN_TOKEN, GPUPORTAL, PASSWORD, SPAWNER_TOKEN, PortalHub
 from tests.spawner.tiny_server import Handler
 from tests.support import gpu_nodes
-from tests.support.hub import HubFactory, HubPorts, free_port
+from tests.support.hub import HubFactory, HubPorts
 from tests.support.k8s import K8sCluster
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub, pytest.mark.slow]
 
