@@ -27,16 +27,16 @@ from typing import TypeVar
 
 from policies import quota
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from policies.flavors import Flavor
+from policies.flavors import Flavor, FlavorKind
 from policies.inventory import Node
 from policies.placement.framework import Policy
 from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState
 from policies.preemption import PreemptionPolicy
-from policies.requests import WorkloadRequest
+from policies.requests import DeviceRequest, WorkloadRequest
 from portal.allocator import codec, cycle, estimates, node_events
 from portal.allocator.draft import Decision, Draft
-from portal.allocator.memory import Live
+from portal.allocator.memory import InventoryFacts, Live, ModelFacts
 from portal.allocator.ops import Enqueue, PutQuota, PutTenant
 from portal.allocator.state import State, released_this_month, snapshot
 from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus, status_of
@@ -468,16 +468,7 @@ def _check_request(state: State, req: WorkloadRequest) -> None:
         raise InvalidRequest(
             "GPU model", ", ".join(unknown), "one of " + (", ".join(sorted(known)) or "none")
         )
-    if dev.count > facts.max_gpus:
-        raise InvalidRequest(
-            "GPU count", dev.count, f"at most {facts.max_gpus} (the largest node's GPUs)"
-        )
-    if dev.cpu_milli > facts.max_cpu_milli or dev.memory_mib > facts.max_memory_mib:
-        raise InvalidRequest(
-            "cpu/memory",
-            f"{dev.cpu_milli}m/{dev.memory_mib}Mi",
-            f"at most {facts.max_cpu_milli}m/{facts.max_memory_mib}Mi (the largest node)",
-        )
+    _check_fits_some_node(facts, dev)
     models = state.models_for(req) if dev.kind is not None else []
     if dev.kind is not None and not models:
         raise InvalidRequest(
@@ -487,6 +478,41 @@ def _check_request(state: State, req: WorkloadRequest) -> None:
         )
     if models:
         _check_quota_allows(state, req, models)
+
+
+def _check_fits_some_node(facts: InventoryFacts, dev: DeviceRequest) -> None:
+    """Refuse a shape no node of the requested models could ever hold (it would wait
+    forever), naming the field and the largest value that could fit."""
+    if dev.kind is None:
+        where = "the largest node"
+        most = ModelFacts(0, 0, facts.max_cpu_milli, facts.max_memory_mib)
+    else:
+        candidates = [facts.per_model[m] for m in sorted(dev.models or facts.models)]
+        if not candidates:
+            return  # no such model: the flavor check names what exists
+        names = sorted(dev.models) if dev.models else ["any model"]
+        where = "/".join(names)
+        most = ModelFacts(
+            max(c.gpus for c in candidates),
+            max(c.gpu_memory_mib for c in candidates),
+            max(c.cpu_milli for c in candidates),
+            max(c.memory_mib for c in candidates),
+        )
+    if dev.kind is FlavorKind.GPU and dev.count > most.gpus:
+        raise InvalidRequest(
+            "GPU count", dev.count, f"at most {most.gpus} (the most {where} GPUs on one node)"
+        )
+    if dev.kind is FlavorKind.SHARE and dev.gpu_memory_mib > most.gpu_memory_mib:
+        raise InvalidRequest(
+            "gpu_memory_mib",
+            dev.gpu_memory_mib,
+            f"at most {most.gpu_memory_mib} (the memory of one {where} GPU)",
+        )
+    scope = f"a node with {where} GPUs" if dev.kind is not None else where
+    if dev.cpu_milli > most.cpu_milli:
+        raise InvalidRequest("cpu_milli", dev.cpu_milli, f"at most {most.cpu_milli} ({scope})")
+    if dev.memory_mib > most.memory_mib:
+        raise InvalidRequest("memory_mib", dev.memory_mib, f"at most {most.memory_mib} ({scope})")
 
 
 def _check_quota_allows(state: State, req: WorkloadRequest, models: list[str]) -> None:
