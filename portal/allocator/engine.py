@@ -169,12 +169,45 @@ class Allocator:
         guaranteed: int,
         limit: int,
         budget_gpu_hours: float | None = None,
+        ceiling_guaranteed: int | None = None,
+        ceiling_limit: int | None = None,
+        overcommit: bool = False,
+        within_ceiling: bool = False,
         expected_version: int | None = None,
     ) -> QuotaRecord:
         """Set a tenant's quota for a flavor. Lowering it below usage stops nothing: it blocks
-        new work and reclaims borrowed work by the normal preemption rules."""
+        new work and reclaims borrowed work by the normal preemption rules.
+
+        Guarantees are the platform's to give (``docs/quota.md``):
+
+        - ``within_ceiling`` (a tenant admin's edit): ``guaranteed`` and ``limit`` must stay
+          within the quota's ceilings, which it cannot change, and it cannot over-commit
+          (``Forbidden`` naming the ceiling);
+        - otherwise (the platform admin's) the ceilings are set too: as given, else kept but
+          raised to the new values;
+        - raising ``guaranteed`` so that the flavor's guarantees add up to more than its
+          capacity is refused (``InvalidRequest`` naming the sum and the capacity) unless
+          ``overcommit``.
+        """
         fl = str(Flavor.parse(flavor))
         quota.FlavorQuota(guaranteed=guaranteed, limit=limit, budget_gpu_hours=budget_gpu_hours)
+        if within_ceiling and (
+            overcommit or ceiling_guaranteed is not None or ceiling_limit is not None
+        ):
+            raise Forbidden(
+                f"only a platform admin may set the ceilings of {tenant}/{fl} or over-commit it"
+            )
+        for name, ceiling, value in (
+            ("ceiling_guaranteed", ceiling_guaranteed, guaranteed),
+            ("ceiling_limit", ceiling_limit, limit),
+        ):
+            if ceiling is not None and ceiling < value:
+                raise InvalidRequest(name, ceiling, f">= {value}, the value it bounds")
+        if ceiling_guaranteed is not None and ceiling_limit is not None:
+            if ceiling_guaranteed > ceiling_limit:
+                raise InvalidRequest(
+                    "ceiling_guaranteed", ceiling_guaranteed, f"<= ceiling_limit {ceiling_limit}"
+                )
 
         def decide(draft: Draft) -> QuotaRecord:
             draft.tenant(tenant)
@@ -182,16 +215,41 @@ class Allocator:
             _check_version(
                 "quota", f"{tenant}/{fl}", old.version if old else None, expected_version
             )
+            had_g, had_l = (old.ceiling_guaranteed, old.ceiling_limit) if old else (0, 0)
+            if within_ceiling:
+                _check_within_ceiling(tenant, fl, guaranteed, limit, had_g, had_l)
+                top_g, top_l = had_g, had_l
+            else:
+                top_g = (
+                    ceiling_guaranteed if ceiling_guaranteed is not None else max(had_g, guaranteed)
+                )
+                top_l = ceiling_limit if ceiling_limit is not None else max(had_l, limit, top_g)
+            if guaranteed > (old.guaranteed if old else 0) and not overcommit:
+                _check_guarantees_fit(draft, tenant, fl, guaranteed)
             rec = QuotaRecord(
-                tenant, fl, guaranteed, limit, budget_gpu_hours, (old.version + 1) if old else 1
+                tenant,
+                fl,
+                guaranteed,
+                limit,
+                budget_gpu_hours,
+                (old.version + 1) if old else 1,
+                top_g,
+                top_l,
             )
             draft.do(PutQuota(rec))
             draft.event(
                 "quota.set",
                 tenant,
                 None,
-                f"quota {tenant} {fl}: {guaranteed}/{limit}",
-                {"flavor": fl, "guaranteed": guaranteed, "limit": limit},
+                f"quota {tenant} {fl}: {guaranteed}/{limit} (ceilings {top_g}/{top_l})",
+                {
+                    "flavor": fl,
+                    "guaranteed": guaranteed,
+                    "limit": limit,
+                    "ceiling_guaranteed": top_g,
+                    "ceiling_limit": top_l,
+                    "overcommit": overcommit,
+                },
             )
             cycle.schedule(draft)
             return rec
@@ -454,6 +512,38 @@ def _check_version(kind: str, name: str, current: int | None, expected: int | No
         raise Conflict(
             f"{kind} {name} changed meanwhile: you read version {expected}, "
             f"it is now version {current or 0}; re-read it and apply your change again"
+        )
+
+
+def _check_within_ceiling(
+    tenant: str, flavor: str, guaranteed: int, limit: int, ceiling_g: int, ceiling_l: int
+) -> None:
+    """A tenant admin's edit stays within the platform admin's ceilings."""
+    for what, value, ceiling in (
+        ("guaranteed", guaranteed, ceiling_g),
+        ("limit", limit, ceiling_l),
+    ):
+        if value > ceiling:
+            raise Forbidden(
+                f"{tenant}'s ceiling for {flavor} {what} is {ceiling} (set by a platform "
+                f"admin); {what} {value} is above it: ask a platform admin to raise the ceiling"
+            )
+
+
+def _check_guarantees_fit(draft: Draft, tenant: str, flavor: str, guaranteed: int) -> None:
+    """Guarantees are promises: their sum over the tenants may not pass the flavor's
+    capacity, or reclaiming one tenant's guarantee would have to break another's."""
+    others = sum(
+        q.guaranteed for (t, fl), q in draft.quotas.items() if fl == flavor and t != tenant
+    )
+    capacity = draft.capacity().get(flavor, 0)
+    if others + guaranteed > capacity:
+        raise InvalidRequest(
+            "guaranteed",
+            guaranteed,
+            f"at most {max(0, capacity - others)}: the guarantees of {flavor} would add up to "
+            f"{others + guaranteed} on a capacity of {capacity} (other tenants guarantee "
+            f"{others}); a platform admin may over-commit explicitly (overcommit: true)",
         )
 
 

@@ -31,6 +31,11 @@ FlavorName = Annotated[
 _404: Responses = {404: {"model": ErrorBody, "description": "no such tenant, flavor or quota"}}
 _EDIT: Responses = {
     **_404,
+    403: {
+        "model": ErrorBody,
+        "description": "not this tenant's admin, above the platform's ceiling, or a "
+        "ceiling or over-commit from someone other than a platform admin",
+    },
     412: {"model": ErrorBody, "description": "changed since the ETag was read"},
     428: {"model": ErrorBody, "description": "If-Match missing"},
 }
@@ -79,6 +84,12 @@ def get_quota(
     response_model=QuotaOut,
     responses=_EDIT,
     summary="Set a quota",
+    description=(
+        "Tenant admins set `guaranteed` and `limit` within the ceilings a platform admin "
+        "(`custom:gpuportal:admin`) set for the tenant and flavor; only platform admins set "
+        "the ceilings. Raising `guaranteed` so that the flavor's guarantees add up to more "
+        "than its capacity is 422 unless a platform admin sends `overcommit: true`."
+    ),
 )
 def put_quota(
     tenant: TenantName,
@@ -92,6 +103,8 @@ def put_quota(
 ) -> QuotaOut:
     caller.require(Scope.QUOTAS_WRITE, tenant)
     expected = expected_version(if_match, if_none_match)
+    # Guarantees are the platform's to give: anyone else edits within the ceilings.
+    platform = caller.can_everywhere(Scope.ADMIN)
     try:
         rec = alloc.set_quota(
             tenant,
@@ -99,6 +112,10 @@ def put_quota(
             guaranteed=body.guaranteed,
             limit=body.limit,
             budget_gpu_hours=body.budget_gpu_hours,
+            ceiling_guaranteed=body.ceiling_guaranteed,
+            ceiling_limit=body.ceiling_limit,
+            overcommit=body.overcommit,
+            within_ceiling=not platform,
             expected_version=expected,
         )
     except Conflict as exc:
