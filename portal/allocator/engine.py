@@ -203,11 +203,14 @@ class Allocator:
         ):
             if ceiling is not None and ceiling < value:
                 raise InvalidRequest(name, ceiling, f">= {value}, the value it bounds")
-        if ceiling_guaranteed is not None and ceiling_limit is not None:
-            if ceiling_guaranteed > ceiling_limit:
-                raise InvalidRequest(
-                    "ceiling_guaranteed", ceiling_guaranteed, f"<= ceiling_limit {ceiling_limit}"
-                )
+        if (
+            ceiling_guaranteed is not None
+            and ceiling_limit is not None
+            and ceiling_guaranteed > ceiling_limit
+        ):
+            raise InvalidRequest(
+                "ceiling_guaranteed", ceiling_guaranteed, f"<= ceiling_limit {ceiling_limit}"
+            )
 
         def decide(draft: Draft) -> QuotaRecord:
             draft.tenant(tenant)
@@ -224,6 +227,7 @@ class Allocator:
                     ceiling_guaranteed if ceiling_guaranteed is not None else max(had_g, guaranteed)
                 )
                 top_l = ceiling_limit if ceiling_limit is not None else max(had_l, limit, top_g)
+                top_g = min(top_g, top_l)  # a kept guaranteed ceiling above a new limit ceiling
             if guaranteed > (old.guaranteed if old else 0) and not overcommit:
                 _check_guarantees_fit(draft, tenant, fl, guaranteed)
             rec = QuotaRecord(

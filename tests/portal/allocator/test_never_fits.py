@@ -11,6 +11,9 @@ from policies.flavors import FlavorKind
 from policies.inventory import Node
 from policies.requests import DeviceRequest
 from portal.allocator import Allocator
+from portal.demo import demo_seed
+from portal.inventory.simulated import load_demo
+from portal.service import seed
 from portal.store.records import WorkloadState
 from tests.portal.allocator.conftest import gpus, hgx, t4, wl
 
@@ -73,3 +76,19 @@ def test_a_wait_only_a_release_can_end_has_no_estimate_and_says_why(make_allocat
     assert "4 gpus of H100-80GB stand free" in s.message
     assert "other tenants' guaranteed quota, which team-a may not borrow" in s.message
     assert s.message.endswith("it waits for a release")
+
+
+def test_in_the_demo_team_a_hears_why_the_free_3g40gb_is_not_its_to_borrow(
+    make_allocator: Make,
+) -> None:
+    nodes = load_demo()
+    a = make_allocator(nodes)
+    seed.apply(a, seed.parse(demo_seed(nodes), "demo seed"))
+    mig = DeviceRequest(FlavorKind.MIG, mig_profile="3g.40gb", models=frozenset({"A100-80GB"}))
+    # team-a's guaranteed one runs; team-b's guaranteed one stands idle.
+    assert a.request(wl("team-a", mig, name="first")).state is WorkloadState.RUNNING
+    s = a.request(wl("team-a", mig, name="second"))
+    assert s.state is WorkloadState.QUEUED and s.reason == "quota"
+    assert s.eta_s is None
+    assert "1 instances of A100-80GB/3g.40gb stand free, but they are other tenants'" in s.message
+    assert "team-a may not borrow" in s.message

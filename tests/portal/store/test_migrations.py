@@ -129,3 +129,33 @@ def test_0004_makes_utilization_optional_keeping_rows_keys_and_indexes(db_url: s
         assert migrate.current(engine) == "0003"
     finally:
         engine.dispose()
+
+
+def test_0005_gives_existing_quotas_their_values_as_ceilings(db_url: str) -> None:
+    migrate.upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (name, cohort, weight, pools, version) "
+                    "VALUES ('team-a', NULL, 1.0, '[]', 1)"
+                )
+            )
+            conn.execute(
+                text(
+                    'INSERT INTO quotas (tenant, flavor, guaranteed, "limit", budget_gpu_hours, '
+                    "version) VALUES ('team-a', 'H100-80GB', 3, 5, NULL, 2)"
+                )
+            )
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT guaranteed, ceiling_guaranteed, ceiling_limit, version FROM quotas")
+            ).one()
+        assert tuple(row) == (3, 3, 5, 2)
+        _downgrade(engine, "0004")
+        columns = {c["name"] for c in inspect(engine).get_columns("quotas")}
+        assert "ceiling_limit" not in columns
+    finally:
+        engine.dispose()

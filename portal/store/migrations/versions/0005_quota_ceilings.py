@@ -29,9 +29,7 @@ _CEILINGS = {"ceiling_guaranteed": "guaranteed", "ceiling_limit": "limit"}
 def upgrade() -> None:
     with op.batch_alter_table("quotas") as batch:
         for column in _CEILINGS:
-            batch.add_column(
-                sa.Column(column, sa.BigInteger(), nullable=False, server_default="0")
-            )
+            batch.add_column(sa.Column(column, sa.BigInteger(), nullable=False, server_default="0"))
     quotas = sa.table("quotas", *(sa.column(c) for c in (*_CEILINGS, *_CEILINGS.values())))
     op.execute(quotas.update().values({c: quotas.c[v] for c, v in _CEILINGS.items()}))
     with op.batch_alter_table("quotas") as batch:
