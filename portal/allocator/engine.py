@@ -27,16 +27,16 @@ from typing import TypeVar
 
 from policies import quota
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from policies.flavors import Flavor, FlavorKind
+from policies.flavors import Flavor
 from policies.inventory import Node
 from policies.placement.framework import Policy
 from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState
 from policies.preemption import PreemptionPolicy
-from policies.requests import DeviceRequest, WorkloadRequest
-from portal.allocator import codec, cycle, estimates, node_events
+from policies.requests import WorkloadRequest
+from portal.allocator import checks, codec, cycle, estimates, node_events
 from portal.allocator.draft import Decision, Draft
-from portal.allocator.memory import InventoryFacts, Live, ModelFacts
+from portal.allocator.memory import Live
 from portal.allocator.ops import Enqueue, PutQuota, PutTenant
 from portal.allocator.state import State, released_this_month, snapshot
 from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus, status_of
@@ -220,7 +220,7 @@ class Allocator:
             )
             had_g, had_l = (old.ceiling_guaranteed, old.ceiling_limit) if old else (0, 0)
             if within_ceiling:
-                _check_within_ceiling(tenant, fl, guaranteed, limit, had_g, had_l)
+                checks.within_ceiling(tenant, fl, guaranteed, limit, had_g, had_l)
                 top_g, top_l = had_g, had_l
             else:
                 top_g = (
@@ -229,7 +229,7 @@ class Allocator:
                 top_l = ceiling_limit if ceiling_limit is not None else max(had_l, limit, top_g)
                 top_g = min(top_g, top_l)  # a kept guaranteed ceiling above a new limit ceiling
             if guaranteed > (old.guaranteed if old else 0) and not overcommit:
-                _check_guarantees_fit(draft, tenant, fl, guaranteed)
+                checks.guarantees_fit(draft, tenant, fl, guaranteed)
             rec = QuotaRecord(
                 tenant,
                 fl,
@@ -288,7 +288,7 @@ class Allocator:
         with self._lock:
             state = self._state
             state.tenant(req.tenant)
-            _check_request(state, req)
+            checks.request_can_fit(state, req)
             if idempotency_key is not None:
                 prior = self._by_idempotency(req, idempotency_key)
                 if prior is not None:
@@ -517,111 +517,3 @@ def _check_version(kind: str, name: str, current: int | None, expected: int | No
             f"{kind} {name} changed meanwhile: you read version {expected}, "
             f"it is now version {current or 0}; re-read it and apply your change again"
         )
-
-
-def _check_within_ceiling(
-    tenant: str, flavor: str, guaranteed: int, limit: int, ceiling_g: int, ceiling_l: int
-) -> None:
-    """A tenant admin's edit stays within the platform admin's ceilings."""
-    for what, value, ceiling in (
-        ("guaranteed", guaranteed, ceiling_g),
-        ("limit", limit, ceiling_l),
-    ):
-        if value > ceiling:
-            raise Forbidden(
-                f"{tenant}'s ceiling for {flavor} {what} is {ceiling} (set by a platform "
-                f"admin); {what} {value} is above it: ask a platform admin to raise the ceiling"
-            )
-
-
-def _check_guarantees_fit(draft: Draft, tenant: str, flavor: str, guaranteed: int) -> None:
-    """Guarantees are promises: their sum over the tenants may not pass the flavor's
-    capacity, or reclaiming one tenant's guarantee would have to break another's."""
-    others = sum(
-        q.guaranteed for (t, fl), q in draft.quotas.items() if fl == flavor and t != tenant
-    )
-    capacity = draft.capacity().get(flavor, 0)
-    if others + guaranteed > capacity:
-        raise InvalidRequest(
-            "guaranteed",
-            guaranteed,
-            f"at most {max(0, capacity - others)}: the guarantees of {flavor} would add up to "
-            f"{others + guaranteed} on a capacity of {capacity} (other tenants guarantee "
-            f"{others}); a platform admin may over-commit explicitly (overcommit: true)",
-        )
-
-
-def _check_request(state: State, req: WorkloadRequest) -> None:
-    """Static checks against the inventory: models exist, the shape can ever fit, and some
-    quota of the tenant could ever admit it."""
-    dev = req.devices
-    facts = state.facts()
-    known = facts.models
-    unknown = sorted(set(dev.models) - known)
-    if dev.kind is not None and unknown:
-        raise InvalidRequest(
-            "GPU model", ", ".join(unknown), "one of " + (", ".join(sorted(known)) or "none")
-        )
-    _check_fits_some_node(facts, dev)
-    models = state.models_for(req) if dev.kind is not None else []
-    if dev.kind is not None and not models:
-        raise InvalidRequest(
-            "request",
-            f"{dev.kind.value} on {sorted(dev.models) or 'any model'}",
-            "a flavor the inventory offers: " + ", ".join(sorted(state.capacity())),
-        )
-    if models:
-        _check_quota_allows(state, req, models)
-
-
-def _check_fits_some_node(facts: InventoryFacts, dev: DeviceRequest) -> None:
-    """Refuse a shape no node of the requested models could ever hold (it would wait
-    forever), naming the field and the largest value that could fit."""
-    if dev.kind is None:
-        where = "the largest node"
-        most = ModelFacts(0, 0, facts.max_cpu_milli, facts.max_memory_mib)
-    else:
-        candidates = [facts.per_model[m] for m in sorted(dev.models or facts.models)]
-        if not candidates:
-            return  # no such model: the flavor check names what exists
-        names = sorted(dev.models) if dev.models else ["any model"]
-        where = "/".join(names)
-        most = ModelFacts(
-            max(c.gpus for c in candidates),
-            max(c.gpu_memory_mib for c in candidates),
-            max(c.cpu_milli for c in candidates),
-            max(c.memory_mib for c in candidates),
-        )
-    if dev.kind is FlavorKind.GPU and dev.count > most.gpus:
-        raise InvalidRequest(
-            "GPU count", dev.count, f"at most {most.gpus} (the most {where} GPUs on one node)"
-        )
-    if dev.kind is FlavorKind.SHARE and dev.gpu_memory_mib > most.gpu_memory_mib:
-        raise InvalidRequest(
-            "gpu_memory_mib",
-            dev.gpu_memory_mib,
-            f"at most {most.gpu_memory_mib} (the memory of one {where} GPU)",
-        )
-    scope = f"a node with {where} GPUs" if dev.kind is not None else where
-    if dev.cpu_milli > most.cpu_milli:
-        raise InvalidRequest("cpu_milli", dev.cpu_milli, f"at most {most.cpu_milli} ({scope})")
-    if dev.memory_mib > most.memory_mib:
-        raise InvalidRequest("memory_mib", dev.memory_mib, f"at most {most.memory_mib} ({scope})")
-
-
-def _check_quota_allows(state: State, req: WorkloadRequest, models: list[str]) -> None:
-    """Refuse what no quota of the tenant could ever admit (no quota for any candidate
-    flavor, or more than its limit) instead of queueing it forever; the spawner's offers call
-    the same cases "not allowed"."""
-    amount = req.devices.amount() * req.gang_size
-    why = []
-    for m in models:
-        fl = str(req.devices.flavor(m))
-        q = state.quotas.get((req.tenant, fl))
-        if q is not None and 0 < amount <= q.limit:
-            return
-        why.append(f"{fl}: " + (f"limit {q.limit}" if q is not None else "no quota"))
-    raise Forbidden(
-        f"{req.tenant} can never be given {amount} of what {req.name or 'this request'} "
-        f"asks for ({'; '.join(why)}); ask a tenant admin for quota"
-    )
