@@ -171,7 +171,7 @@ class Allocator:
         budget_gpu_hours: float | None = None,
         ceiling_guaranteed: int | None = None,
         ceiling_limit: int | None = None,
-        overcommit: bool = False,
+        refuse_overcommit: bool = False,
         within_ceiling: bool = False,
         expected_version: int | None = None,
     ) -> QuotaRecord:
@@ -185,14 +185,16 @@ class Allocator:
           (``Forbidden`` naming the ceiling);
         - otherwise (the platform admin's) the ceilings are set too: as given, else kept but
           raised to the new values;
-        - raising ``guaranteed`` so that the flavor's guarantees add up to more than its
-          capacity is refused (``InvalidRequest`` naming the sum and the capacity) unless
-          ``overcommit``.
+        - with ``refuse_overcommit`` (and always ``within_ceiling``), raising ``guaranteed``
+          so that the flavor's guarantees add up to more than its capacity is refused
+          (``InvalidRequest`` naming the sum and the capacity). The API and the seed file ask
+          for it unless the platform admin over-commits explicitly; in-process callers
+          (tests, benchmarks) are the platform and are not checked unless they ask.
         """
         fl = str(Flavor.parse(flavor))
         quota.FlavorQuota(guaranteed=guaranteed, limit=limit, budget_gpu_hours=budget_gpu_hours)
         if within_ceiling and (
-            overcommit or ceiling_guaranteed is not None or ceiling_limit is not None
+            not refuse_overcommit or ceiling_guaranteed is not None or ceiling_limit is not None
         ):
             raise Forbidden(
                 f"only a platform admin may set the ceilings of {tenant}/{fl} or over-commit it"
@@ -228,7 +230,7 @@ class Allocator:
                 )
                 top_l = ceiling_limit if ceiling_limit is not None else max(had_l, limit, top_g)
                 top_g = min(top_g, top_l)  # a kept guaranteed ceiling above a new limit ceiling
-            if guaranteed > (old.guaranteed if old else 0) and not overcommit:
+            if guaranteed > (old.guaranteed if old else 0) and refuse_overcommit:
                 checks.guarantees_fit(draft, tenant, fl, guaranteed)
             rec = QuotaRecord(
                 tenant,
@@ -252,7 +254,7 @@ class Allocator:
                     "limit": limit,
                     "ceiling_guaranteed": top_g,
                     "ceiling_limit": top_l,
-                    "overcommit": overcommit,
+                    "overcommit_allowed": not refuse_overcommit,
                 },
             )
             cycle.schedule(draft)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
-from policies.errors import Conflict, NotFound
+from policies.errors import Conflict, Forbidden, NotFound
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
@@ -105,6 +105,8 @@ def put_quota(
     expected = expected_version(if_match, if_none_match)
     # Guarantees are the platform's to give: anyone else edits within the ceilings.
     platform = caller.can_everywhere(Scope.ADMIN)
+    if body.overcommit and not platform:
+        raise Forbidden(f"only a platform admin ({Scope.ADMIN}) may over-commit {tenant}/{flavor}")
     try:
         rec = alloc.set_quota(
             tenant,
@@ -114,7 +116,7 @@ def put_quota(
             budget_gpu_hours=body.budget_gpu_hours,
             ceiling_guaranteed=body.ceiling_guaranteed,
             ceiling_limit=body.ceiling_limit,
-            overcommit=body.overcommit,
+            refuse_overcommit=not (platform and body.overcommit),
             within_ceiling=not platform,
             expected_version=expected,
         )
