@@ -141,8 +141,21 @@ class ClusterView(Viewer):
         )
 
     def free(self, *_: object) -> str:
-        rows = [(f.flavor, f.capacity, f.free) for f in self.store.free_by_flavor()]
-        return c.table_html(rows, ["flavor", "capacity", "free"], empty="no GPUs")
+        rows = [
+            (
+                f.flavor,
+                f.capacity,
+                f.free,
+                f.guaranteed,
+                f"over-committed: guarantees {f.guaranteed} of {f.capacity}"
+                if f.overcommitted
+                else "",
+            )
+            for f in self.store.free_by_flavor()
+        ]
+        return c.table_html(
+            rows, ["flavor", "capacity", "free", "guaranteed", "note"], empty="no GPUs"
+        )
 
     def layouts(self, *_: object) -> str:
         return c.table_html(self.store.mig_layout_counts(), ["model", "MIG layout", "GPUs"])
@@ -235,7 +248,7 @@ class ClusterView(Viewer):
             pn.Row(
                 pn.Column(
                     "### Free capacity by flavor",
-                    c.live(self.free, st.nodes, st.capacity),
+                    c.live(self.free, st.nodes, st.capacity, st.guaranteed),
                     sizing_mode="stretch_width",
                 ),
                 pn.Column(

@@ -434,6 +434,13 @@ def _decide(
                 f"{me.guaranteed}, but {'its cohort and ' if group.cohort else ''}the "
                 f"unguaranteed capacity can lend only {slack} now"
             )
+            if free >= amount:
+                # The idle-tenant case: devices stand free, and still it waits.
+                msg += (
+                    f"; {free} {unit} of {flavor} stand free, but they are other tenants' "
+                    f"guaranteed quota, which {tenant} may not borrow (tenants lend only "
+                    "within their cohort); it waits for a release"
+                )
         else:
             msg = f"{flavor}: {free}/{idx.capacity} {unit} free, {amount} requested"
         return Admission(False, borrowed, reason, msg, 0, shortfall), {}

@@ -46,7 +46,6 @@ class Unauthorized(PortalError):
     code = "unauthorized"
 
 
-
 class PreconditionFailed(Conflict):
     """``If-Match`` named a version that is no longer current: re-read and retry."""
 

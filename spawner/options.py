@@ -67,6 +67,16 @@ def duration(seconds: float | None) -> str:
     return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
+NO_ESTIMATE = "waits for a release; no estimate"
+"""What a wait without an estimate says: the portal gives none when only a release admits the
+request and no running work it waits for has an expected end."""
+
+
+def wait_words(eta_s: float | None) -> str:
+    """``estimated wait 12 min``, or ``NO_ESTIMATE`` when the portal has no estimate."""
+    return NO_ESTIMATE if eta_s is None else f"estimated wait {duration(eta_s)}"
+
+
 def badge(offer: OfferOut) -> str:
     """The short state shown next to an option."""
     if offer.state is OfferStateOut.AVAILABLE:
@@ -74,7 +84,7 @@ def badge(offer: OfferOut) -> str:
     if offer.state is OfferStateOut.QUEUED:
         return (
             f"will queue: position {offer.tenant_position} in the tenant "
-            f"({offer.position} overall), estimated wait {duration(offer.eta_s)}"
+            f"({offer.position} overall), {wait_words(offer.eta_s)}"
         )
     return "not allowed"
 
@@ -98,7 +108,7 @@ def queued_message(
     where = f"{ordinal(tenant_position)} in {tenant}" if tenant_position else f"in {tenant}"
     overall = f" ({ordinal(position)} overall)" if position and position != tenant_position else ""
     why = f": {message}" if message else ""
-    return f"Queued {where}{overall} for {label}{why}; estimated wait {duration(eta_s)}"
+    return f"Queued {where}{overall} for {label}{why}; {wait_words(eta_s)}"
 
 
 _BADGE = {

@@ -19,6 +19,11 @@ class FreeCapacity:
     flavor: str
     capacity: int
     free: int
+    guaranteed: int = 0  # the tenants' guarantees the viewer may read, summed
+
+    @property
+    def overcommitted(self) -> bool:
+        return self.guaranteed > self.capacity
 
 
 ALL_READ = "read"
@@ -43,6 +48,9 @@ class ClusterStore(Store):
 
     nodes = param.List(default=[], item_type=NodeInfo, doc="Every node, by name, no topology.")
     capacity = param.List(default=[], item_type=Capacity, doc="Units per flavor.")
+    guaranteed = param.Dict(
+        default={}, doc="Flavor -> the guarantees of the tenants the viewer reads, summed."
+    )
     selected = param.String(default="", doc="The node whose topology and MIG layout are shown.")
     detail = param.ClassSelector(
         class_=NodeInfo, default=None, allow_None=True, doc="The selected node with topology."
@@ -85,6 +93,7 @@ class ClusterStore(Store):
         if selected and (detail is None or detail.name != selected or selected in changed):
             detail = self.source.node(selected)
         capacity = self.source.capacity()
+        guaranteed = self._guarantees()
         health, note, known = self._health()
         # Read only while shown: one more request per refresh.
         utilization, unmeasured = (
@@ -93,6 +102,7 @@ class ClusterStore(Store):
         read = {
             "nodes": nodes,
             "capacity": capacity,
+            "guaranteed": guaranteed,
             "health": health,
             "health_note": note,
             "health_known": known,
@@ -162,6 +172,17 @@ class ClusterStore(Store):
                 cells[cell] = max(d.utilization, cells.get(cell, d.utilization))
         return cells, ""
 
+    def _guarantees(self) -> dict[str, int]:
+        # Over-commit is the platform's to see: its admins read every tenant's quotas.
+        try:
+            quotas = self.source.quotas()
+        except PortalError:
+            return {}
+        out: Counter[str] = Counter()
+        for q in quotas:
+            out[q.flavor] += q.guaranteed
+        return dict(out)
+
     def _health(self) -> tuple[list[AlertInfo], str, str]:
         """Health alerts, why they are not shown, and what an empty list means. Device alerts
         are the platform's: only unfiltered workloads:read holders see them, so a viewer
@@ -213,7 +234,10 @@ class ClusterStore(Store):
                 free[g.model] += int(g.free_milli == 1000)
                 if g.shareable:
                     free[str(Flavor(FlavorKind.SHARE, g.model))] += g.free_milli
-        return [FreeCapacity(c.flavor, c.capacity, free[c.flavor]) for c in self.capacity]
+        return [
+            FreeCapacity(c.flavor, c.capacity, free[c.flavor], self.guaranteed.get(c.flavor, 0))
+            for c in self.capacity
+        ]
 
     def fragmentation(self) -> float:
         """Share of free whole GPUs stranded on partly used nodes (0: every free GPU is on an

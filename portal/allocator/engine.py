@@ -35,7 +35,7 @@ from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState
 from policies.preemption import PreemptionPolicy
 from policies.requests import WorkloadRequest
-from portal.allocator import codec, cycle, estimates, node_events
+from portal.allocator import checks, codec, cycle, estimates, node_events
 from portal.allocator.draft import Decision, Draft
 from portal.allocator.memory import Live
 from portal.allocator.ops import Enqueue, PutQuota, PutTenant
@@ -219,12 +219,50 @@ class Allocator:
         guaranteed: int,
         limit: int,
         budget_gpu_hours: float | None = None,
+        ceiling_guaranteed: int | None = None,
+        ceiling_limit: int | None = None,
+        refuse_overcommit: bool = False,
+        within_ceiling: bool = False,
         expected_version: int | None = None,
     ) -> QuotaRecord:
         """Set a tenant's quota for a flavor. Lowering it below usage stops nothing: it blocks
-        new work and reclaims borrowed work by the normal preemption rules."""
+        new work and reclaims borrowed work by the normal preemption rules.
+
+        Guarantees are the platform's to give (``docs/quota.md``):
+
+        - ``within_ceiling`` (a tenant admin's edit): ``guaranteed`` and ``limit`` must stay
+          within the quota's ceilings, which it cannot change, and it cannot over-commit
+          (``Forbidden`` naming the ceiling);
+        - otherwise (the platform admin's) the ceilings are set too: as given, else kept but
+          raised to the new values;
+        - with ``refuse_overcommit`` (and always ``within_ceiling``), raising ``guaranteed``
+          so that the flavor's guarantees add up to more than its capacity is refused
+          (``InvalidRequest`` naming the sum and the capacity). The API and the seed file ask
+          for it unless the platform admin over-commits explicitly; in-process callers
+          (tests, benchmarks) are the platform and are not checked unless they ask.
+        """
         fl = str(Flavor.parse(flavor))
         quota.FlavorQuota(guaranteed=guaranteed, limit=limit, budget_gpu_hours=budget_gpu_hours)
+        if within_ceiling and (
+            not refuse_overcommit or ceiling_guaranteed is not None or ceiling_limit is not None
+        ):
+            raise Forbidden(
+                f"only a platform admin may set the ceilings of {tenant}/{fl} or over-commit it"
+            )
+        for name, ceiling, value in (
+            ("ceiling_guaranteed", ceiling_guaranteed, guaranteed),
+            ("ceiling_limit", ceiling_limit, limit),
+        ):
+            if ceiling is not None and ceiling < value:
+                raise InvalidRequest(name, ceiling, f">= {value}, the value it bounds")
+        if (
+            ceiling_guaranteed is not None
+            and ceiling_limit is not None
+            and ceiling_guaranteed > ceiling_limit
+        ):
+            raise InvalidRequest(
+                "ceiling_guaranteed", ceiling_guaranteed, f"<= ceiling_limit {ceiling_limit}"
+            )
 
         def decide(draft: Draft) -> QuotaRecord:
             draft.tenant(tenant)
@@ -232,16 +270,42 @@ class Allocator:
             _check_version(
                 "quota", f"{tenant}/{fl}", old.version if old else None, expected_version
             )
+            had_g, had_l = (old.ceiling_guaranteed, old.ceiling_limit) if old else (0, 0)
+            if within_ceiling:
+                checks.within_ceiling(tenant, fl, guaranteed, limit, had_g, had_l)
+                top_g, top_l = had_g, had_l
+            else:
+                top_g = (
+                    ceiling_guaranteed if ceiling_guaranteed is not None else max(had_g, guaranteed)
+                )
+                top_l = ceiling_limit if ceiling_limit is not None else max(had_l, limit, top_g)
+                top_g = min(top_g, top_l)  # a kept guaranteed ceiling above a new limit ceiling
+            if guaranteed > (old.guaranteed if old else 0) and refuse_overcommit:
+                checks.guarantees_fit(draft, tenant, fl, guaranteed)
             rec = QuotaRecord(
-                tenant, fl, guaranteed, limit, budget_gpu_hours, (old.version + 1) if old else 1
+                tenant,
+                fl,
+                guaranteed,
+                limit,
+                budget_gpu_hours,
+                (old.version + 1) if old else 1,
+                top_g,
+                top_l,
             )
             draft.do(PutQuota(rec))
             draft.event(
                 "quota.set",
                 tenant,
                 None,
-                f"quota {tenant} {fl}: {guaranteed}/{limit}",
-                {"flavor": fl, "guaranteed": guaranteed, "limit": limit},
+                f"quota {tenant} {fl}: {guaranteed}/{limit} (ceilings {top_g}/{top_l})",
+                {
+                    "flavor": fl,
+                    "guaranteed": guaranteed,
+                    "limit": limit,
+                    "ceiling_guaranteed": top_g,
+                    "ceiling_limit": top_l,
+                    "overcommit_allowed": not refuse_overcommit,
+                },
             )
             cycle.schedule(draft)
             return rec
@@ -276,7 +340,7 @@ class Allocator:
         with self._lock:
             state = self._state
             state.tenant(req.tenant)
-            _check_request(state, req)
+            checks.request_can_fit(state, req)
             if idempotency_key is not None:
                 prior = self._by_idempotency(req, idempotency_key)
                 if prior is not None:
@@ -505,53 +569,3 @@ def _check_version(kind: str, name: str, current: int | None, expected: int | No
             f"{kind} {name} changed meanwhile: you read version {expected}, "
             f"it is now version {current or 0}; re-read it and apply your change again"
         )
-
-
-def _check_request(state: State, req: WorkloadRequest) -> None:
-    """Static checks against the inventory: models exist, the shape can ever fit, and some
-    quota of the tenant could ever admit it."""
-    dev = req.devices
-    facts = state.facts()
-    known = facts.models
-    unknown = sorted(set(dev.models) - known)
-    if dev.kind is not None and unknown:
-        raise InvalidRequest(
-            "GPU model", ", ".join(unknown), "one of " + (", ".join(sorted(known)) or "none")
-        )
-    if dev.count > facts.max_gpus:
-        raise InvalidRequest(
-            "GPU count", dev.count, f"at most {facts.max_gpus} (the largest node's GPUs)"
-        )
-    if dev.cpu_milli > facts.max_cpu_milli or dev.memory_mib > facts.max_memory_mib:
-        raise InvalidRequest(
-            "cpu/memory",
-            f"{dev.cpu_milli}m/{dev.memory_mib}Mi",
-            f"at most {facts.max_cpu_milli}m/{facts.max_memory_mib}Mi (the largest node)",
-        )
-    models = state.models_for(req) if dev.kind is not None else []
-    if dev.kind is not None and not models:
-        raise InvalidRequest(
-            "request",
-            f"{dev.kind.value} on {sorted(dev.models) or 'any model'}",
-            "a flavor the inventory offers: " + ", ".join(sorted(state.capacity())),
-        )
-    if models:
-        _check_quota_allows(state, req, models)
-
-
-def _check_quota_allows(state: State, req: WorkloadRequest, models: list[str]) -> None:
-    """Refuse what no quota of the tenant could ever admit (no quota for any candidate
-    flavor, or more than its limit) instead of queueing it forever; the spawner's offers call
-    the same cases "not allowed"."""
-    amount = req.devices.amount() * req.gang_size
-    why = []
-    for m in models:
-        fl = str(req.devices.flavor(m))
-        q = state.quotas.get((req.tenant, fl))
-        if q is not None and 0 < amount <= q.limit:
-            return
-        why.append(f"{fl}: " + (f"limit {q.limit}" if q is not None else "no quota"))
-    raise Forbidden(
-        f"{req.tenant} can never be given {amount} of what {req.name or 'this request'} "
-        f"asks for ({'; '.join(why)}); ask a tenant admin for quota"
-    )

@@ -14,7 +14,8 @@ from portal.allocator.views import QueueEntry
 
 
 def eta(mem: Memory, lv: Live, ahead: list[Live], now: datetime) -> float | None:
-    """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor."""
+    """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor;
+    None: no estimate (only a release it cannot foresee admits it)."""
     walk = QueueEtas(mem, now)
     for other in ahead:
         walk.passed(other)
@@ -60,7 +61,17 @@ class QueueEtas:
         else:
             free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
         need = lv.req.devices.amount() * lv.req.gang_size
-        return self._curve(fl, tenant).wait(self._ahead.get((fl, tenant), 0), free, need, self._now)
+        wait = self._curve(fl, tenant).wait(self._ahead.get((fl, tenant), 0), free, need, self._now)
+        if wait == 0.0 and tenant is not None:
+            # Its limit has room, yet it waits: capacity (or what it may borrow) binds.
+            free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
+            wait = self._curve(fl, None).wait(self._ahead.get((fl, None), 0), free, need, self._now)
+        if wait == 0.0:
+            # It fits by the counts and still waits (it may not borrow what is free, or the
+            # free devices are in the wrong places): only a release can admit it, and when
+            # that comes is unknown. Zero would read "under a minute".
+            return None
+        return wait
 
     def _curve(self, fl: str, tenant: str | None) -> ReleaseCurve:
         key = (fl, tenant)

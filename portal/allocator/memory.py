@@ -59,6 +59,17 @@ class Live:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """The largest of each resource on the nodes that carry one GPU model: what a request for
+    that model can ever get on one node."""
+
+    gpus: int  # GPUs of the model on one node
+    gpu_memory_mib: int  # memory of one GPU of the model
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
 class InventoryFacts:
     """Aggregates of the inventory that every request check needs; rebuilt only when the
     inventory changes (scanning every node per decision is O(nodes))."""
@@ -67,17 +78,28 @@ class InventoryFacts:
     max_gpus: int
     max_cpu_milli: int
     max_memory_mib: int
+    per_model: Mapping[str, ModelFacts] = field(default_factory=dict)
 
     @staticmethod
     def of(nodes: Mapping[str, Node]) -> InventoryFacts:
         models: set[str] = set()
         max_gpus = max_cpu = max_mem = 0
+        per_model: dict[str, ModelFacts] = {}
         for n in nodes.values():
             models.update(g.model for g in n.gpus)
             max_gpus = max(max_gpus, len(n.gpus))
             max_cpu = max(max_cpu, n.cpu_milli)
             max_mem = max(max_mem, n.memory_mib)
-        return InventoryFacts(frozenset(models), max_gpus, max_cpu, max_mem)
+            for model in {g.model for g in n.gpus}:
+                mine = [g for g in n.gpus if g.model == model]
+                old = per_model.get(model, ModelFacts(0, 0, 0, 0))
+                per_model[model] = ModelFacts(
+                    max(old.gpus, len(mine)),
+                    max(old.gpu_memory_mib, max(g.memory_mib for g in mine)),
+                    max(old.cpu_milli, n.cpu_milli),
+                    max(old.memory_mib, n.memory_mib),
+                )
+        return InventoryFacts(frozenset(models), max_gpus, max_cpu, max_mem, per_model)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,8 @@ def quota_out(q: QuotaRecord) -> QuotaOut:
         limit=q.limit,
         budget_gpu_hours=q.budget_gpu_hours,
         version=q.version,
+        ceiling_guaranteed=q.ceiling_guaranteed,
+        ceiling_limit=q.ceiling_limit,
     )
 
 

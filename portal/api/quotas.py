@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
-from policies.errors import Conflict, InvalidRequest, NotFound
+from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from policies.flavors import Flavor
 from portal.allocator import Allocator
 from portal.api import convert
@@ -35,6 +35,11 @@ FlavorName = Annotated[
 _404: Responses = {404: {"model": ErrorBody, "description": "no such tenant, flavor or quota"}}
 _EDIT: Responses = {
     **_404,
+    403: {
+        "model": ErrorBody,
+        "description": "not this tenant's admin, above the platform's ceiling, or a "
+        "ceiling or over-commit from someone other than a platform admin",
+    },
     412: {"model": ErrorBody, "description": "changed since the ETag was read"},
     428: {"model": ErrorBody, "description": "If-Match missing"},
 }
@@ -98,6 +103,12 @@ def get_quota(
     response_model=QuotaOut,
     responses=_EDIT,
     summary="Set a quota",
+    description=(
+        "Tenant admins set `guaranteed` and `limit` within the ceilings a platform admin "
+        "(`custom:gpuportal:admin`) set for the tenant and flavor; only platform admins set "
+        "the ceilings. Raising `guaranteed` so that the flavor's guarantees add up to more "
+        "than its capacity is 422 unless a platform admin sends `overcommit: true`."
+    ),
 )
 def put_quota(
     tenant: TenantName,
@@ -112,6 +123,10 @@ def put_quota(
     caller.require(Scope.QUOTAS_WRITE, tenant)
     expected = expected_version(if_match, if_none_match)
     canonical = _offered_flavor(alloc, tenant, flavor)
+    # Guarantees are the platform's to give: anyone else edits within the ceilings.
+    platform = caller.can_everywhere(Scope.ADMIN)
+    if body.overcommit and not platform:
+        raise Forbidden(f"only a platform admin ({Scope.ADMIN}) may over-commit {tenant}/{flavor}")
     try:
         rec = alloc.set_quota(
             tenant,
@@ -119,6 +134,10 @@ def put_quota(
             guaranteed=body.guaranteed,
             limit=body.limit,
             budget_gpu_hours=body.budget_gpu_hours,
+            ceiling_guaranteed=body.ceiling_guaranteed,
+            ceiling_limit=body.ceiling_limit,
+            refuse_overcommit=not (platform and body.overcommit),
+            within_ceiling=not platform,
             expected_version=expected,
         )
     except Conflict as exc:

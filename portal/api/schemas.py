@@ -113,6 +113,12 @@ class QuotaOut(Model):
         description="GPU-hours per calendar month; null: no budget."
     )
     version: int = Field(ge=1, description="Bumped on every change; the ETag.")
+    ceiling_guaranteed: int = Field(
+        ge=0, description="The most the tenant's admins may set `guaranteed` to (platform's)."
+    )
+    ceiling_limit: int = Field(
+        ge=0, description="The most the tenant's admins may set `limit` to (platform's)."
+    )
 
 
 class QuotaIn(InModel):
@@ -124,6 +130,33 @@ class QuotaIn(InModel):
     )
     budget_gpu_hours: float | None = Field(
         default=None, ge=0, le=1e9, description="GPU-hours per calendar month; null: no budget."
+    )
+    ceiling_guaranteed: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description=(
+            "Platform admins only: the most the tenant's admins may set `guaranteed` to; "
+            ">= guaranteed. null: keep it (raised to `guaranteed` if lower; 0 for a new quota "
+            "raised likewise). A tenant admin sending it gets 403."
+        ),
+    )
+    ceiling_limit: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description=(
+            "Platform admins only: the most the tenant's admins may set `limit` to; >= limit "
+            "and >= ceiling_guaranteed. null: keep it (raised to `limit` if lower)."
+        ),
+    )
+    overcommit: bool = Field(
+        default=False,
+        description=(
+            "Platform admins only: allow raising `guaranteed` although the flavor's "
+            "guarantees then add up to more than its capacity (the Cluster view shows it). "
+            "false: such a change is 422 naming the sum and the capacity."
+        ),
     )
 
 

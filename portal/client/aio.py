@@ -136,6 +136,9 @@ class AsyncPortal:
         budget_gpu_hours: float | None = None,
         if_match: str | None = None,
         create: bool = False,
+        ceiling_guaranteed: int | None = None,
+        ceiling_limit: int | None = None,
+        overcommit: bool = False,
     ) -> WithETag[QuotaOut]:
         return await self._run(
             core.set_quota(
@@ -146,6 +149,9 @@ class AsyncPortal:
                 budget_gpu_hours=budget_gpu_hours,
                 if_match=if_match,
                 create=create,
+                ceiling_guaranteed=ceiling_guaranteed,
+                ceiling_limit=ceiling_limit,
+                overcommit=overcommit,
             )
         )
 

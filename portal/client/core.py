@@ -304,9 +304,23 @@ def set_quota(
     budget_gpu_hours: float | None,
     if_match: str | None,
     create: bool,
+    ceiling_guaranteed: int | None = None,
+    ceiling_limit: int | None = None,
+    overcommit: bool = False,
 ) -> Op[WithETag[QuotaOut]]:
     headers = _conditional(if_match, create)
-    body = {"guaranteed": guaranteed, "limit": limit, "budget_gpu_hours": budget_gpu_hours}
+    body: dict[str, object] = {
+        "guaranteed": guaranteed,
+        "limit": limit,
+        "budget_gpu_hours": budget_gpu_hours,
+    }
+    # Platform admins only; a tenant admin's request leaves them out.
+    if ceiling_guaranteed is not None:
+        body["ceiling_guaranteed"] = ceiling_guaranteed
+    if ceiling_limit is not None:
+        body["ceiling_limit"] = ceiling_limit
+    if overcommit:
+        body["overcommit"] = True
     call = Call("PUT", _quota_path(tenant, flavor), body=body, headers=headers)
     return (yield from tagged(call, QuotaOut))
 

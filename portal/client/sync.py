@@ -149,6 +149,9 @@ class Portal:
         budget_gpu_hours: float | None = None,
         if_match: str | None = None,
         create: bool = False,
+        ceiling_guaranteed: int | None = None,
+        ceiling_limit: int | None = None,
+        overcommit: bool = False,
     ) -> WithETag[QuotaOut]:
         """Set a quota. ``if_match``: the ETag read with ``quota()``; raises
         ``PreconditionFailed`` (a ``Conflict``) when it changed meanwhile. ``create=True``
@@ -162,6 +165,9 @@ class Portal:
                 budget_gpu_hours=budget_gpu_hours,
                 if_match=if_match,
                 create=create,
+                ceiling_guaranteed=ceiling_guaranteed,
+                ceiling_limit=ceiling_limit,
+                overcommit=overcommit,
             )
         )
 

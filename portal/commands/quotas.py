@@ -36,7 +36,8 @@ def register(commands: Any) -> None:
             "Set guaranteed and limit (and optionally a monthly GPU-hour budget). With "
             "--if-match the change applies only if the quota is still at that ETag (as read "
             "by `quotas --json`: its version in quotes); without it the current ETag is read "
-            "first, so the values given win. Needs scope quotas:write for the tenant."
+            "first, so the values given win. Needs scope quotas:write for the tenant; a tenant "
+            "admin stays within the platform admin's ceilings (docs/quota.md)."
         ),
     )
     set_cmd.add_argument("tenant", help="the tenant (JupyterHub group)")
@@ -45,6 +46,23 @@ def register(commands: Any) -> None:
     set_cmd.add_argument("--limit", type=int, required=True, help="units never exceeded")
     set_cmd.add_argument(
         "--budget-gpu-hours", type=float, default=None, help="GPU-hours per month (default none)"
+    )
+    set_cmd.add_argument(
+        "--ceiling-guaranteed",
+        type=int,
+        default=None,
+        help="platform admins: the most the tenant's admins may guarantee (default: kept)",
+    )
+    set_cmd.add_argument(
+        "--ceiling-limit",
+        type=int,
+        default=None,
+        help="platform admins: the most the tenant's admins may set as limit (default: kept)",
+    )
+    set_cmd.add_argument(
+        "--overcommit",
+        action="store_true",
+        help="platform admins: allow guarantees adding up to more than the flavor's capacity",
     )
     set_cmd.add_argument("--if-match", default=None, metavar="ETAG", help="e.g. '\"3\"'")
     add_connection_options(set_cmd, nested=True)
@@ -93,6 +111,9 @@ def set_quota(args: argparse.Namespace) -> int:
             budget_gpu_hours=args.budget_gpu_hours,
             if_match=if_match,
             create=create,
+            ceiling_guaranteed=args.ceiling_guaranteed,
+            ceiling_limit=args.ceiling_limit,
+            overcommit=args.overcommit,
         )
 
     result: WithETag[QuotaOut] = call(args, change)

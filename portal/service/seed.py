@@ -10,6 +10,12 @@
         quotas:
           H100-80GB: {guaranteed: 2, limit: 4}
           H100-80GB/3g.40gb: {guaranteed: 0, limit: 7, budget_gpu_hours: 100}
+          T4: {guaranteed: 1, limit: 2, ceiling_guaranteed: 2, ceiling_limit: 4}
+          A100-80GB: {guaranteed: 8, limit: 8, overcommit: true}
+
+The file is the platform admin's: ``ceiling_guaranteed``/``ceiling_limit`` (optional) bound what
+the tenant's own admins may set later, and ``overcommit: true`` allows guarantees that add up to
+more than the flavor's capacity (``docs/quota.md``).
 
 The whole file is checked before anything is applied. A seed creates what does not exist yet and
 never undoes an edit: the service applies it at every start, so "the file wins" would revert
@@ -39,7 +45,9 @@ from portal.store.writer import META, Store
 log = logging.getLogger(__name__)
 
 _TENANT_KEYS = frozenset({"cohort", "weight", "pools", "quotas"})
-_QUOTA_KEYS = frozenset({"guaranteed", "limit", "budget_gpu_hours"})
+_QUOTA_KEYS = frozenset(
+    {"guaranteed", "limit", "budget_gpu_hours", "ceiling_guaranteed", "ceiling_limit", "overcommit"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,9 @@ class SeedQuota:
     guaranteed: int
     limit: int
     budget_gpu_hours: float | None = None
+    ceiling_guaranteed: int | None = None
+    ceiling_limit: int | None = None
+    overcommit: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +125,24 @@ def _tenant(name: str, body: object, here: str) -> SeedTenant:
 
 def _quota(flavor: str, body: object, here: str) -> SeedQuota:
     if not isinstance(body, Mapping) or not {"guaranteed", "limit"} <= set(body) <= _QUOTA_KEYS:
-        raise InvalidRequest(here, _short(body), "{guaranteed: N, limit: M[, budget_gpu_hours: H]}")
+        raise InvalidRequest(
+            here,
+            _short(body),
+            "{guaranteed: N, limit: M[, budget_gpu_hours: H, ceiling_guaranteed: G, "
+            "ceiling_limit: L, overcommit: true]}",
+        )
     values: dict[str, Any] = {}
-    for key in ("guaranteed", "limit"):
-        v = body[key]
+    for key in ("guaranteed", "limit", "ceiling_guaranteed", "ceiling_limit"):
+        v = body.get(key)
+        if v is None and key.startswith("ceiling_"):
+            values[key] = None
+            continue
         if isinstance(v, bool) or not isinstance(v, int):
             raise InvalidRequest(f"{here}.{key}", repr(v), "an integer")
         values[key] = v
+    overcommit = body.get("overcommit", False)
+    if not isinstance(overcommit, bool):
+        raise InvalidRequest(f"{here}.overcommit", repr(overcommit), "true or false")
     budget = body.get("budget_gpu_hours")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)):
         raise InvalidRequest(f"{here}.budget_gpu_hours", repr(budget), "a number or null")
@@ -129,7 +151,13 @@ def _quota(flavor: str, body: object, here: str) -> SeedQuota:
     except PortalError as exc:
         raise InvalidRequest(here, repr(flavor), f"a flavor name ({exc.message})") from exc
     return SeedQuota(
-        name, values["guaranteed"], values["limit"], None if budget is None else float(budget)
+        name,
+        values["guaranteed"],
+        values["limit"],
+        None if budget is None else float(budget),
+        values["ceiling_guaranteed"],
+        values["ceiling_limit"],
+        overcommit,
     )
 
 
@@ -168,10 +196,25 @@ def apply(allocator: Allocator, tenants: list[SeedTenant]) -> int:
         quotas = {q.flavor: q for q in allocator.quotas(seed.name)}
         for q in seed.quotas:
             have = quotas.get(q.flavor)
-            want_q = (q.guaranteed, q.limit, q.budget_gpu_hours)
+            # Ceilings the file leaves out (None) are whatever the quota has.
+            want_q = (
+                q.guaranteed,
+                q.limit,
+                q.budget_gpu_hours,
+                q.ceiling_guaranteed,
+                q.ceiling_limit,
+            )
             key, digest = _key(seed.name, q.flavor), _digest(want_q)
             seen[key] = digest
-            now = None if have is None else (have.guaranteed, have.limit, have.budget_gpu_hours)
+            now = None
+            if have is not None:
+                now = (
+                    have.guaranteed,
+                    have.limit,
+                    have.budget_gpu_hours,
+                    None if q.ceiling_guaranteed is None else have.ceiling_guaranteed,
+                    None if q.ceiling_limit is None else have.ceiling_limit,
+                )
             if now == want_q:
                 continue
             if have is not None and not _file_changed(applied, key, digest):
@@ -184,6 +227,9 @@ def apply(allocator: Allocator, tenants: list[SeedTenant]) -> int:
                 guaranteed=q.guaranteed,
                 limit=q.limit,
                 budget_gpu_hours=q.budget_gpu_hours,
+                ceiling_guaranteed=q.ceiling_guaranteed,
+                ceiling_limit=q.ceiling_limit,
+                refuse_overcommit=not q.overcommit,
                 expected_version=have.version if have else None,
             )
             changed += 1

@@ -54,6 +54,8 @@ def quota_row(q: QuotaRecord) -> dict[str, Any]:
         "limit": q.limit,
         "budget_gpu_hours": q.budget_gpu_hours,
         "version": q.version,
+        "ceiling_guaranteed": q.ceiling_guaranteed,
+        "ceiling_limit": q.ceiling_limit,
     }
 
 
@@ -65,6 +67,8 @@ def quota_record(r: Row) -> QuotaRecord:
         limit=r["limit"],
         budget_gpu_hours=r["budget_gpu_hours"],
         version=r["version"],
+        ceiling_guaranteed=r["ceiling_guaranteed"],
+        ceiling_limit=r["ceiling_limit"],
     )
 
 

@@ -125,6 +125,9 @@ class Quota(Base):
     limit: Mapped[int] = mapped_column(BigInteger)
     budget_gpu_hours: Mapped[float | None] = mapped_column(Float)
     version: Mapped[int] = mapped_column(Integer)
+    # The platform admin's ceilings for the tenant's own admins (docs/quota.md).
+    ceiling_guaranteed: Mapped[int] = mapped_column(BigInteger)
+    ceiling_limit: Mapped[int] = mapped_column(BigInteger)
 
     tenant_row: Mapped[Tenant] = relationship(back_populates="quotas", lazy="raise")
 

@@ -38,7 +38,10 @@ class TenantRecord:
 
 @dataclass(frozen=True, slots=True)
 class QuotaRecord:
-    """Quota of one tenant for one flavor, in the flavor's unit (GPUs, instances, milli-GPU)."""
+    """Quota of one tenant for one flavor, in the flavor's unit (GPUs, instances, milli-GPU).
+
+    The ceilings are the platform admin's: the most the tenant's own admins may set
+    ``guaranteed`` and ``limit`` to (``docs/quota.md``)."""
 
     tenant: str
     flavor: str
@@ -46,6 +49,8 @@ class QuotaRecord:
     limit: int
     budget_gpu_hours: float | None = None
     version: int = 1
+    ceiling_guaranteed: int = 0
+    ceiling_limit: int = 0
 
 
 @dataclass(frozen=True, slots=True)

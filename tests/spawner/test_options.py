@@ -122,7 +122,7 @@ def test_the_queue_sentence_names_position_tenant_option_reason_and_wait() -> No
         == "Queued 3rd in team-a for 1 × H100-80GB: team quota 4/4 in use; estimated wait 12 min"
     )
     assert queued_message("team-a", "x", 1, 4, "", None) == (
-        "Queued 1st in team-a (4th overall) for x; estimated wait unknown"
+        "Queued 1st in team-a (4th overall) for x; waits for a release; no estimate"
     )
 
 

@@ -131,7 +131,7 @@ def test_a_retried_request_with_the_same_idempotency_key_allocates_once(
         (
             lambda: wl("team-a", DeviceRequest(FlavorKind.GPU, count=1, cpu_milli=10**9)),
             InvalidRequest,
-            ["cpu", "128000m"],
+            ["cpu_milli", "at most 128000"],
         ),
     ],
 )

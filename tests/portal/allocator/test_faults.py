@@ -25,7 +25,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from policies.errors import Forbidden
+from policies.errors import Forbidden, InvalidRequest
 from policies.inventory import Node
 from portal.allocator import Allocator, WorkloadStatus
 from portal.allocator.ops import SetHistory
@@ -152,16 +152,32 @@ class FaultyHistory(RuleBasedStateMachine):
             victim = data.draw(st.sampled_from([w.id for w in live]))
             self._run(self.alloc.release, victim)
 
-    @rule(tenant=st.sampled_from(TENANTS), guaranteed=st.integers(0, 4), extra=st.integers(0, 4))
-    def change_quota(self, tenant: str, guaranteed: int, extra: int) -> None:
-        self._run(
-            self.alloc.set_quota,
-            tenant,
-            H100,
-            guaranteed=guaranteed,
-            limit=guaranteed + extra,
-            budget_gpu_hours=40.0,
-        )
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        guaranteed=st.integers(0, 4),
+        extra=st.integers(0, 4),
+        who=st.sampled_from(["platform", "platform-overcommit", "tenant-admin"]),
+        ceiling=st.none() | st.integers(0, 10),
+    )
+    def change_quota(
+        self, tenant: str, guaranteed: int, extra: int, who: str, ceiling: int | None
+    ) -> None:
+        # A tenant admin's edit above the ceiling, or guarantees past the capacity without
+        # over-commit, are refused before anything is decided: nothing may change.
+        try:
+            self._run(
+                self.alloc.set_quota,
+                tenant,
+                H100,
+                guaranteed=guaranteed,
+                limit=guaranteed + extra,
+                budget_gpu_hours=40.0,
+                ceiling_limit=ceiling if who != "tenant-admin" else None,
+                refuse_overcommit=who != "platform-overcommit",
+                within_ceiling=who == "tenant-admin",
+            )
+        except (Forbidden, InvalidRequest):
+            return
 
     @rule(tenant=st.sampled_from(TENANTS), weight=st.sampled_from([0.5, 1.0, 3.0]))
     def change_tenant(self, tenant: str, weight: float) -> None:

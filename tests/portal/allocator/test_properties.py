@@ -26,7 +26,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from policies.errors import Forbidden
+from policies.errors import Forbidden, InvalidRequest
 from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
 from policies.mig import MigInstance
@@ -156,9 +156,22 @@ class AllocatorHistory(RuleBasedStateMachine):
         tenant=st.sampled_from(TENANTS),
         guaranteed=st.integers(0, 4),
         extra=st.integers(0, 4),
+        overcommit=st.booleans(),
     )
-    def change_quota(self, tenant: str, guaranteed: int, extra: int) -> None:
-        self.alloc.set_quota(tenant, H100, guaranteed=guaranteed, limit=guaranteed + extra)
+    def change_quota(self, tenant: str, guaranteed: int, extra: int, overcommit: bool) -> None:
+        before = self.alloc.quotas()
+        try:
+            self.alloc.set_quota(
+                tenant,
+                H100,
+                guaranteed=guaranteed,
+                limit=guaranteed + extra,
+                refuse_overcommit=not overcommit,
+            )
+        except InvalidRequest:
+            # Guarantees past the capacity without over-commit: refused, nothing changed.
+            assert not overcommit
+            assert self.alloc.quotas() == before
 
     @precondition(lambda self: "h2" in self.nodes)
     @rule()

@@ -64,7 +64,10 @@ def allocator(store_url: str) -> Iterator[Allocator]:
     alloc.start([hgx("n1")])
     alloc.set_tenant("team-a")
     alloc.set_tenant("team-b")
-    alloc.set_quota("team-a", "H100-80GB", guaranteed=2, limit=2)
+    # team-a's admins may raise it to 4 guaranteed, 6 limit; team-b's stays as given.
+    alloc.set_quota(
+        "team-a", "H100-80GB", guaranteed=2, limit=2, ceiling_guaranteed=4, ceiling_limit=6
+    )
     alloc.set_quota("team-b", "H100-80GB", guaranteed=2, limit=4)
     yield alloc
     store.close()

@@ -78,7 +78,8 @@ def test_hub_tokens_scopes_and_groups_decide_what_the_api_allows(
     alloc.start([hgx("n1")])
     for t in ("team-a", "team-b"):
         alloc.set_tenant(t)
-        alloc.set_quota(t, "H100-80GB", guaranteed=1, limit=2)
+        # The platform's ceiling lets the tenants' admins raise the limit to 4.
+        alloc.set_quota(t, "H100-80GB", guaranteed=1, limit=2, ceiling_limit=4)
     try:
         with TestClient(create_app(alloc, authenticator)) as client:
             admin = {"Authorization": f"token {ADMIN_SVC_TOKEN}", "If-Match": '"1"'}

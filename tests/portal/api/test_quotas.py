@@ -118,3 +118,51 @@ def test_tenants_are_created_and_changed_by_platform_admins_only(client: TestCli
     assert names == ["team-a"]
     bad = client.put("/api/v1/tenants/Team_C", json={}, headers=create)
     assert bad.status_code == 422 and bad.json()["code"] == "invalid"
+
+
+def test_a_tenant_admin_edits_within_the_platforms_ceiling_only(
+    client: TestClient, allocator: Allocator
+) -> None:
+    h = {**auth("anna"), "If-Match": '"1"'}
+    r = client.put(QUOTA, json={"guaranteed": 5, "limit": 6}, headers=h)
+    assert r.status_code == 403, r.text
+    assert "ceiling for H100-80GB guaranteed is 4" in r.json()["message"]
+    r = client.put(QUOTA, json={"guaranteed": 2, "limit": 7}, headers=h)
+    assert r.status_code == 403 and "limit is 6" in r.json()["message"]
+    for body in ({"ceiling_limit": 8}, {"overcommit": True}):
+        r = client.put(QUOTA, json={"guaranteed": 2, "limit": 2, **body}, headers=h)
+        assert r.status_code == 403 and "platform admin" in r.json()["message"]
+    # Nothing changed; within the ceiling the edit goes through.
+    assert [q.version for q in allocator.quotas("team-a")] == [1]
+    ok = client.put(QUOTA, json={"guaranteed": 4, "limit": 6}, headers=h)
+    assert ok.status_code == 200, ok.text
+    assert (ok.json()["ceiling_guaranteed"], ok.json()["ceiling_limit"]) == (4, 6)
+    # A flavor the platform gave team-a nothing of cannot be created by its admin.
+    t4 = client.put(
+        "/api/v1/tenants/team-a/quotas/T4",
+        json={"guaranteed": 0, "limit": 1},
+        headers={**auth("anna"), "If-None-Match": "*"},
+    )
+    assert t4.status_code == 403 and "ceiling for T4 limit is 0" in t4.json()["message"]
+
+
+def test_guarantees_beyond_capacity_need_the_platforms_explicit_overcommit(
+    client: TestClient, allocator: Allocator
+) -> None:
+    # n1 has 8 H100s; team-b guarantees 2, so team-a may guarantee at most 6.
+    h = {**auth("root"), "If-Match": '"1"'}
+    r = client.put(QUOTA, json={"guaranteed": 7, "limit": 8}, headers=h)
+    assert r.status_code == 422, r.text
+    err = r.json()
+    assert err["field"] == "guaranteed"
+    assert "add up to 9 on a capacity of 8" in err["message"] and "at most 6" in err["message"]
+    assert [q.version for q in allocator.quotas("team-a")] == [1]
+    r = client.put(QUOTA, json={"guaranteed": 7, "limit": 8, "overcommit": True}, headers=h)
+    assert r.status_code == 200, r.text
+    # The ceilings follow the platform's values when not given.
+    assert (r.json()["ceiling_guaranteed"], r.json()["ceiling_limit"]) == (7, 8)
+    # Lowering a guarantee of an over-committed flavor needs no flag.
+    lower = client.put(
+        QUOTA, json={"guaranteed": 6, "limit": 8}, headers={**auth("anna"), "If-Match": '"2"'}
+    )
+    assert lower.status_code == 200, lower.text

@@ -53,7 +53,8 @@ def allocator(tmp_path: Path) -> Iterator[Allocator]:
     alloc.start([hgx("n1"), hgx("n2"), t4("t1")])
     alloc.set_tenant("team-a")
     alloc.set_tenant("team-b")
-    alloc.set_quota("team-a", "H100-80GB", guaranteed=2, limit=2)
+    # team-a's admins may raise its limit up to 4 (the platform's ceiling).
+    alloc.set_quota("team-a", "H100-80GB", guaranteed=2, limit=2, ceiling_limit=4)
     alloc.set_quota("team-b", "H100-80GB", guaranteed=2, limit=4)
     yield alloc
     store.close()

@@ -80,7 +80,10 @@ def api(
     alloc.start([hgx("n1")])
     for t in ("team-a", "team-b"):
         alloc.set_tenant(t)
-        alloc.set_quota(t, "H100-80GB", guaranteed=1, limit=2)
+        # The platform lets each tenant's admins go up to 2 guaranteed and 4 limit.
+        alloc.set_quota(
+            t, "H100-80GB", guaranteed=1, limit=2, ceiling_guaranteed=2, ceiling_limit=4
+        )
     headers = {u: {"Authorization": f"token {t}"} for u, t in tokens.items()}
     try:
         with TestClient(create_app(alloc, HubAuthenticator(hub_api))) as client:
@@ -195,3 +198,42 @@ def test_the_platform_admin_may_create_tenants_and_change_any_quota(
         )
         assert r.status_code == 200, r.text
     assert client.get("/api/v1/cost", headers=h["pat"]).status_code == 200
+
+
+def test_a_tenant_admin_cannot_take_guarantees_beyond_the_platforms_ceiling(
+    api: tuple[TestClient, dict[str, dict[str, str]]],
+) -> None:
+    client, h = api
+    bobs = client.post("/api/v1/workloads", json={**GPU, "tenant": "team-b"}, headers=h["bob"])
+    assert bobs.status_code == 201, bobs.text
+
+    # anna (team-a-admins) tries to guarantee team-a the whole node: refused, naming the ceiling.
+    grab = {"guaranteed": 8, "limit": 8}
+    r = client.put(QUOTA.format("team-a"), json=grab, headers={**h["anna"], "If-Match": '"1"'})
+    assert r.status_code == 403, r.text
+    assert "team-a's ceiling for H100-80GB guaranteed is 2" in r.json()["message"]
+    r = client.put(
+        QUOTA.format("team-a"),
+        json={"guaranteed": 1, "limit": 2, "ceiling_guaranteed": 8, "ceiling_limit": 8},
+        headers={**h["anna"], "If-Match": '"1"'},
+    )
+    assert r.status_code == 403 and "platform admin" in r.json()["message"], r.text
+    mine = client.get(QUOTA.format("team-a"), headers=h["anna"]).json()
+    assert (mine["guaranteed"], mine["version"], mine["ceiling_guaranteed"]) == (1, 1, 2)
+    assert (
+        client.get(f"/api/v1/workloads/{bobs.json()['id']}", headers=h["bob"]).json()["state"]
+        == "running"
+    )
+
+    # pat (gpuportal-admins) may raise it, but not past the capacity without saying so.
+    r = client.put(QUOTA.format("team-a"), json=grab, headers={**h["pat"], "If-Match": '"1"'})
+    assert r.status_code == 422, r.text
+    assert "add up to 9 on a capacity of 8" in r.json()["message"]
+    over = {**grab, "overcommit": True}
+    r = client.put(QUOTA.format("team-a"), json=over, headers={**h["pat"], "If-Match": '"1"'})
+    assert r.status_code == 200, r.text
+    assert (r.json()["ceiling_guaranteed"], r.json()["ceiling_limit"]) == (8, 8)
+    # Now within the new ceiling, anna may lower and raise it again herself.
+    back = {"guaranteed": 6, "limit": 8}
+    r = client.put(QUOTA.format("team-a"), json=back, headers={**h["anna"], "If-Match": '"2"'})
+    assert r.status_code == 200, r.text

@@ -149,3 +149,25 @@ def test_a_missing_or_unparsable_file_is_one_clear_error(tmp_path: Path) -> None
     bad.write_text("tenants: [")
     with pytest.raises(InvalidRequest, match="valid YAML"):
         seed.load(bad)
+
+
+def test_the_seed_sets_ceilings_and_over_commits_only_when_it_says_so(
+    allocator: Allocator,
+) -> None:
+    # n1 has 8 H100s: 6 + 4 guaranteed is over-commit.
+    doc = {
+        "tenants": {
+            "team-a": {"quotas": {"H100-80GB": {"guaranteed": 6, "limit": 8}}},
+            "team-b": {"quotas": {"H100-80GB": {"guaranteed": 4, "limit": 8}}},
+        }
+    }
+    with pytest.raises(InvalidRequest, match="add up to 10 on a capacity of 8"):
+        seed.apply(allocator, seed.parse(doc, "seed"))
+    b = doc["tenants"]["team-b"]["quotas"]["H100-80GB"]
+    b.update({"overcommit": True, "ceiling_guaranteed": 5, "ceiling_limit": 8})
+    seed.apply(allocator, seed.parse(doc, "seed"))
+    q = {x.tenant: x for x in allocator.quotas()}
+    assert (q["team-b"].guaranteed, q["team-b"].ceiling_guaranteed) == (4, 5)
+    assert seed.apply(allocator, seed.parse(doc, "seed")) == 0
+    with pytest.raises(InvalidRequest, match="overcommit"):
+        seed.parse({"tenants": {"t": {"quotas": {"T4": {**b, "overcommit": "yes"}}}}}, "seed")

@@ -37,7 +37,7 @@ def test_upgrade_is_idempotent_and_reaches_head(db_url: str) -> None:
     migrate.upgrade(db_url)
     engine = make_engine(db_url)
     try:
-        assert migrate.current(engine) == migrate.head() == "0004"
+        assert migrate.current(engine) == migrate.head() == "0005"
     finally:
         engine.dispose()
 
@@ -66,7 +66,7 @@ def test_a_database_from_a_newer_portal_is_refused(db_url: str) -> None:
     try:
         with engine.begin() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
-        with pytest.raises(Conflict, match=r"schema revision '9999'.*knows up to '0004'"):
+        with pytest.raises(Conflict, match=r"schema revision '9999'.*knows up to '0005'"):
             migrate.upgrade(engine)
     finally:
         engine.dispose()
@@ -127,5 +127,35 @@ def test_0004_makes_utilization_optional_keeping_rows_keys_and_indexes(db_url: s
             kept_rollups = conn.execute(text("SELECT device FROM telemetry_rollups")).scalars()
             assert (kept, list(kept_rollups)) == (["GPU-0"], ["GPU-0"])
         assert migrate.current(engine) == "0003"
+    finally:
+        engine.dispose()
+
+
+def test_0005_gives_existing_quotas_their_values_as_ceilings(db_url: str) -> None:
+    migrate.upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (name, cohort, weight, pools, version) "
+                    "VALUES ('team-a', NULL, 1.0, '[]', 1)"
+                )
+            )
+            conn.execute(
+                text(
+                    'INSERT INTO quotas (tenant, flavor, guaranteed, "limit", budget_gpu_hours, '
+                    "version) VALUES ('team-a', 'H100-80GB', 3, 5, NULL, 2)"
+                )
+            )
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT guaranteed, ceiling_guaranteed, ceiling_limit, version FROM quotas")
+            ).one()
+        assert tuple(row) == (3, 3, 5, 2)
+        _downgrade(engine, "0004")
+        columns = {c["name"] for c in inspect(engine).get_columns("quotas")}
+        assert "ceiling_limit" not in columns
     finally:
         engine.dispose()
