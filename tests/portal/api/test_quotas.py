@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from portal.allocator import Allocator
+from tests.portal.allocator.conftest import t4 as t4_node
 from tests.portal.api.conftest import auth
 
 QUOTA = "/api/v1/tenants/team-a/quotas/H100-80GB"
@@ -138,6 +139,7 @@ def test_a_tenant_admin_edits_within_the_platforms_ceiling_only(
     assert ok.status_code == 200, ok.text
     assert (ok.json()["ceiling_guaranteed"], ok.json()["ceiling_limit"]) == (4, 6)
     # A flavor the platform gave team-a nothing of cannot be created by its admin.
+    allocator.node_added(t4_node("s1"))
     t4 = client.put(
         "/api/v1/tenants/team-a/quotas/T4",
         json={"guaranteed": 0, "limit": 1},
