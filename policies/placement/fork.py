@@ -64,8 +64,6 @@ class ClusterFork(ClusterState):
         # Deliberately not ClusterState.__init__: nothing is copied.
         self._root = root.root
         self._own: dict[str, NodeState] = {}
-        # Names whose node the fork replaced by a new description (add after remove, or new).
-        self._renewed: set[str] = set()
         self._gone: set[str] = set()
         self._view = _ForkNodes(self._root.nodes, self._own, self._gone)
         self._next_order = self._root.next_order
@@ -100,21 +98,23 @@ class ClusterFork(ClusterState):
         self.fork_log.append(name)
 
     def candidates(self, models: frozenset[str]) -> Iterable[NodeState]:
-        if not (self._own or self._gone):
+        own, gone = self._own, self._gone
+        if not (own or gone):
             return self._root.candidates(models)
-        return list(self._candidates(models))
-
-    def _candidates(self, models: frozenset[str]) -> Iterator[NodeState]:
-        own, gone, renewed = self._own, self._gone, self._renewed
-        for st in self._root.candidates(models):
-            name = st.node.name
-            if name in gone or name in renewed:
-                continue
-            yield own.get(name, st)
-        for name in renewed:
-            st = own[name]
-            if not models or st.node.models & models:
-                yield st
+        # The root's candidates but the ones this fork changed, then the fork's own versions
+        # of those (a list comprehension over the root's index: this runs over every node of a
+        # model for gangs and reservations).
+        masked = own.keys() | gone
+        root = self._root
+        if len(models) == 1:
+            (m,) = models
+            out = [st for name, st in root.by_model.get(m, {}).items() if name not in masked]
+        elif not models:
+            out = [st for name, st in root.nodes.items() if name not in masked]
+        else:
+            out = [st for st in root.candidates(models) if st.node.name not in masked]
+        out.extend(st for st in own.values() if not models or st.node.models & models)
+        return out
 
     def _writable(self, name: str) -> NodeState:
         got = self._own.get(name)
@@ -145,14 +145,12 @@ class ClusterFork(ClusterState):
             order = self._next_order
         self._next_order = max(self._next_order, order + 1)
         st = self._own[node.name] = NodeState(node, order)
-        self._renewed.add(node.name)
         self._changed(node.name)
         return st
 
     def remove_node(self, name: str) -> NodeState:
         st = self.node(name)
         self._own.pop(name, None)
-        self._renewed.discard(name)
         if name in self._root.nodes:
             self._gone.add(name)
         self._changed(name)

@@ -7,7 +7,15 @@ decide on a working copy and leave the live state alone until its decision is co
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping, MutableSet, Set
+from collections.abc import (
+    ItemsView,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    MutableSet,
+    Set,
+    ValuesView,
+)
 from typing import TypeVar
 
 K = TypeVar("K")
@@ -48,16 +56,30 @@ class OverlayDict(MutableMapping[K, V]):
         self._own[key] = _GONE
 
     def __iter__(self) -> Iterator[K]:
-        own = self._own
-        for key in self._base:
-            if own.get(key) is not _GONE:
-                yield key
-        for key, value in own.items():
-            if value is not _GONE and key not in self._base:
-                yield key
+        if not self._own:  # the common case: iterate the base at C speed
+            return iter(self._base)
+        return iter(self._keys())
+
+    def _keys(self) -> list[K]:
+        own, base = self._own, self._base
+        keys = [k for k in base if own.get(k) is not _GONE]
+        keys.extend(k for k, v in own.items() if v is not _GONE and k not in base)
+        return keys
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        if not self._own:
+            return len(self._base)
+        return len(self._keys())
+
+    def items(self) -> ItemsView[K, V]:
+        if not self._own:
+            return self._base.items()
+        return dict(zip(keys := self._keys(), (self[k] for k in keys), strict=True)).items()
+
+    def values(self) -> ValuesView[V]:
+        if not self._own:
+            return self._base.values()
+        return {k: self[k] for k in self._keys()}.values()
 
     def written(self) -> dict[K, V | None]:
         """What the overlay changed: key -> new value, or None for a deletion."""
