@@ -117,8 +117,9 @@ def test_cluster_view(page: tuple[Page, Console], served: Served) -> None:
     expect(p).to_have_title("gpuportal — Cluster")
     expect(p.get_by_text("allocated 7.6 GPUs (32%)").first).to_be_visible()
     expect(p.get_by_text("fragmentation 14%").first).to_be_visible()
-    assert row(p, "H100-80GB") == ["H100-80GB", "16", "9"]
-    assert row(p, "T4/share") == ["T4/share", "4,000", "3,750"]
+    # Guarantees: those the viewer may read (an operator without quotas:read sees none).
+    assert row(p, "H100-80GB") == ["H100-80GB", "16", "9", "0", ""]
+    assert row(p, "T4/share") == ["T4/share", "4,000", "3,750", "0", ""]
     # The selected node (a100-1, first by name): its MIG instances, GPU 0's first.
     assert row(p, "0") == ["0", "3g.40gb", "0", "free"]
     expect(p.locator("canvas").first).to_be_visible(timeout=WAIT_MS)  # the heatmap follows
