@@ -151,17 +151,26 @@ def demo_seed(nodes: Sequence[Node]) -> dict[str, object]:
 
     team-a may use every flavor: half of it guaranteed, all of it as its limit. team-b may use
     MIG instances and shares the same way, but at most one whole GPU of each model: its spawn
-    page shows multi-GPU options as not allowed, and a second whole GPU queues.
+    page shows multi-GPU options as not allowed, and a second whole GPU queues. The platform's
+    ceilings let each tenant's admins raise its limit up to the whole flavor, never its
+    guarantee (guarantees are the platform's to give).
     """
     capacity = flavor_capacity(nodes)
     tenants = list(DEMO_TENANTS)
     quotas: dict[str, dict[str, dict[str, int]]] = {t: {} for t in tenants}
     for flavor, amount in sorted(capacity.items()):
         whole = Flavor.parse(flavor).kind is FlavorKind.GPU
-        quotas[tenants[0]][flavor] = {"guaranteed": (amount + 1) // 2, "limit": amount}
-        quotas[tenants[1]][flavor] = (
-            {"guaranteed": 0, "limit": 1} if whole else {"guaranteed": amount // 2, "limit": amount}
-        )
+        given = {
+            tenants[0]: ((amount + 1) // 2, amount),
+            tenants[1]: (0, 1) if whole else (amount // 2, amount),
+        }
+        for tenant, (guaranteed, limit) in given.items():
+            quotas[tenant][flavor] = {
+                "guaranteed": guaranteed,
+                "limit": limit,
+                "ceiling_guaranteed": guaranteed,
+                "ceiling_limit": amount,
+            }
     return {"tenants": {t: {"quotas": quotas[t]} for t in tenants}}
 
 

@@ -245,9 +245,25 @@ def test_demo_seed_gives_team_a_every_flavor_and_team_b_one_whole_gpu_per_model(
     nodes = simulated.load_demo()
     seed = demo_seed(nodes)
     quotas = {t: v["quotas"] for t, v in seed["tenants"].items()}  # type: ignore[attr-defined]
-    assert quotas["team-a"]["H100-80GB"] == {"guaranteed": 8, "limit": 16}  # 2 HGX x 8
-    assert quotas["team-b"]["H100-80GB"] == {"guaranteed": 0, "limit": 1}
-    assert quotas["team-b"]["T4/share"] == {"guaranteed": 2000, "limit": 4000}  # 4 T4s
+    # 2 HGX x 8; its admins may raise the limit to the whole flavor, never the guarantee.
+    assert quotas["team-a"]["H100-80GB"] == {
+        "guaranteed": 8,
+        "limit": 16,
+        "ceiling_guaranteed": 8,
+        "ceiling_limit": 16,
+    }
+    assert quotas["team-b"]["H100-80GB"] == {
+        "guaranteed": 0,
+        "limit": 1,
+        "ceiling_guaranteed": 0,
+        "ceiling_limit": 16,
+    }
+    assert quotas["team-b"]["T4/share"] == {  # 4 T4s
+        "guaranteed": 2000,
+        "limit": 4000,
+        "ceiling_guaranteed": 2000,
+        "ceiling_limit": 4000,
+    }
     assert set(quotas["team-a"]) == set(quotas["team-b"])
     loaded = seed_module.parse(seed, "demo seed")
     assert [t.name for t in loaded] == ["team-a", "team-b"]
@@ -888,6 +904,7 @@ def test_the_demo_uses_the_gpus_nvml_finds_else_the_simulated_inventory(
         assert summary == "inventory (NVML): 1 nodes, 8 GPUs: 8x H100-80GB"
         # The seed covers the real flavors.
         seed = cast(dict[str, Any], demo_seed(found.nodes))
-        assert seed["tenants"]["team-a"]["quotas"]["H100-80GB"] == {"guaranteed": 4, "limit": 8}
+        h100 = seed["tenants"]["team-a"]["quotas"]["H100-80GB"]
+        assert (h100["guaranteed"], h100["limit"]) == (4, 8)
     else:
         assert found.spec == "demo" and summary.startswith("inventory (simulated): ")
