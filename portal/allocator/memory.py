@@ -46,16 +46,20 @@ class Live:
     def message(self) -> str:
         return self.note if self.note is not None else self.rec.message
 
-    @property
-    def end_at(self) -> float:
-        """When the devices are expected back (epoch seconds; inf: unknown), for ETAs: the
-        preemption deadline, else start plus expected duration."""
+    # When the devices are expected back (epoch seconds; inf: unknown), for ETAs: the
+    # preemption deadline, else start plus expected duration. Kept, not computed per read: a
+    # queue ETA reads it for every holder of a flavor.
+    end_at: float = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
         rec = self.rec
         if rec.state is WorkloadState.PREEMPTING and rec.preempt_deadline is not None:
-            return rec.preempt_deadline.timestamp()
-        if rec.expected_duration_s is not None and rec.started_at is not None:
-            return rec.started_at.timestamp() + rec.expected_duration_s
-        return float("inf")
+            end = rec.preempt_deadline.timestamp()
+        elif rec.expected_duration_s is not None and rec.started_at is not None:
+            end = rec.started_at.timestamp() + rec.expected_duration_s
+        else:
+            end = float("inf")
+        object.__setattr__(self, "end_at", end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ class OverlayDict(MutableMapping[K, V]):
         self._own: dict[K, object] = {}
 
     def __getitem__(self, key: K) -> V:
+        if not self._own:
+            return self._base[key]
         got = self._own.get(key, self)
         if got is self:
             return self._base[key]
