@@ -88,4 +88,5 @@ class Ledger:
         return self.holders[flavor]
 
     def used_of_flavor(self, flavor: str) -> int:
-        return sum(self.holders_of(flavor).values())
+        """Everyone's usage of ``flavor`` (a walk over tenants, not over its holders)."""
+        return sum(v for (_, fl), v in self.usage.items() if fl == flavor)
