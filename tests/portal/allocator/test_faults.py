@@ -33,7 +33,13 @@ from portal.allocator.state import State, released_this_month, snapshot
 from portal.store.records import ChangeSet, WorkloadState
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, gpus, wl
-from tests.portal.allocator.test_properties import H100, TENANTS, device_requests, inventory
+from tests.portal.allocator.test_properties import (
+    H100,
+    TENANTS,
+    device_requests,
+    inventory,
+    seed_tenants,
+)
 
 
 class StoreDown(Exception):
@@ -84,15 +90,7 @@ class FaultyHistory(RuleBasedStateMachine):
         self.nodes = {n.name: n for n in inventory()}
         self.stores: list[Store] = []
         self.alloc = self._open()
-        self.alloc.set_tenant("t0", cohort="c")
-        self.alloc.set_tenant("t1", cohort="c")
-        self.alloc.set_tenant("t2")
-        for t in TENANTS:
-            self.alloc.set_quota(t, H100, guaranteed=2, limit=6, budget_gpu_hours=40.0)
-            self.alloc.set_quota(t, "T4/share", guaranteed=500, limit=2000)
-            self.alloc.set_quota(t, "A100-80GB/3g.40gb", guaranteed=0, limit=2)
-            self.alloc.set_quota(t, "A100-80GB/2g.20gb", guaranteed=0, limit=1)
-            self.alloc.set_quota(t, "A100-80GB/1g.10gb", guaranteed=0, limit=2)
+        seed_tenants(self.alloc, h100_budget_gpu_hours=40.0)
         self.n = 0
         self.failures = Counter[str]()
 

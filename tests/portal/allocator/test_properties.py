@@ -72,6 +72,19 @@ device_requests = st.one_of(
 )
 
 
+def seed_tenants(alloc: Allocator, h100_budget_gpu_hours: float | None = None) -> None:
+    """t0 and t1 in one cohort, t2 alone; each with quotas on every flavor of ``inventory``."""
+    alloc.set_tenant("t0", cohort="c")
+    alloc.set_tenant("t1", cohort="c")
+    alloc.set_tenant("t2")
+    for t in TENANTS:
+        alloc.set_quota(t, H100, guaranteed=2, limit=6, budget_gpu_hours=h100_budget_gpu_hours)
+        alloc.set_quota(t, "T4/share", guaranteed=500, limit=2000)
+        alloc.set_quota(t, "A100-80GB/3g.40gb", guaranteed=0, limit=2)
+        alloc.set_quota(t, "A100-80GB/2g.20gb", guaranteed=0, limit=1)
+        alloc.set_quota(t, "A100-80GB/1g.10gb", guaranteed=0, limit=2)
+
+
 class AllocatorHistory(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
@@ -81,15 +94,7 @@ class AllocatorHistory(RuleBasedStateMachine):
         self.nodes = {n.name: n for n in inventory()}
         self.stores: list[Store] = []
         self.alloc = self._open()
-        self.alloc.set_tenant("t0", cohort="c")
-        self.alloc.set_tenant("t1", cohort="c")
-        self.alloc.set_tenant("t2")
-        for t in TENANTS:
-            self.alloc.set_quota(t, H100, guaranteed=2, limit=6)
-            self.alloc.set_quota(t, "T4/share", guaranteed=500, limit=2000)
-            self.alloc.set_quota(t, "A100-80GB/3g.40gb", guaranteed=0, limit=2)
-            self.alloc.set_quota(t, "A100-80GB/2g.20gb", guaranteed=0, limit=1)
-            self.alloc.set_quota(t, "A100-80GB/1g.10gb", guaranteed=0, limit=2)
+        seed_tenants(self.alloc)
         self.n = 0
 
     def _open(self) -> Allocator:
