@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 
-from policies.errors import Conflict, NotFound
+from policies.errors import NotFound
 from policies.inventory import Node
 from policies.placement.state import ClusterState, NodeState, Placement
 
@@ -139,12 +139,7 @@ class ClusterFork(ClusterState):
         self._changed(name)
 
     def add_node(self, node: Node, order: int | None = None) -> NodeState:
-        if node.name in self.nodes:
-            raise Conflict(f"node {node.name} is already in the inventory")
-        if order is None:
-            order = self._next_order
-        self._next_order = max(self._next_order, order + 1)
-        st = self._own[node.name] = NodeState(node, order)
+        st = self._own[node.name] = self._new_node_state(node, order)
         self._changed(node.name)
         return st
 

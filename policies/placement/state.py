@@ -293,17 +293,21 @@ class ClusterState:
             raise NotFound("node", name) from None
 
     def add_node(self, node: Node, order: int | None = None) -> NodeState:
-        if node.name in self.nodes:
-            raise Conflict(f"node {node.name} is already in the inventory")
-        if order is None:
-            order = self._next_order
-        self._next_order = max(self._next_order, order + 1)
-        st = NodeState(node, order)
+        st = self._new_node_state(node, order)
         self._nodes[node.name] = st
         for model in node.models or {""}:
             self.by_model.setdefault(model, {})[node.name] = st
         self._changed(node.name)
         return st
+
+    def _new_node_state(self, node: Node, order: int | None) -> NodeState:
+        """A new node's state at ``order`` (default: after every node so far)."""
+        if node.name in self.nodes:
+            raise Conflict(f"node {node.name} is already in the inventory")
+        if order is None:
+            order = self._next_order
+        self._next_order = max(self._next_order, order + 1)
+        return NodeState(node, order)
 
     def remove_node(self, name: str) -> NodeState:
         st = self.node(name)

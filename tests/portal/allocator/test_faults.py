@@ -10,7 +10,7 @@ state machine drives random histories with failures armed at random steps; a var
 from __future__ import annotations
 
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,6 +36,7 @@ from tests.portal.allocator.conftest import ManualClock, gpus, wl
 from tests.portal.allocator.test_properties import (
     H100,
     TENANTS,
+    assert_no_device_held_twice,
     device_requests,
     inventory,
     seed_tenants,
@@ -218,22 +219,7 @@ class FaultyHistory(RuleBasedStateMachine):
 
     @invariant()
     def no_device_is_held_twice(self) -> None:
-        whole: Counter[tuple[str, int]] = Counter()
-        shared: defaultdict[tuple[str, int], int] = defaultdict(int)
-        mig: Counter[tuple[str, int, int | None]] = Counter()
-        for a in self.alloc.allocations():
-            if a.mig_profile is not None:
-                mig[(a.node, a.gpus[0], a.mig_start)] += 1
-            elif a.milli == 1000:
-                for g in a.gpus:
-                    whole[(a.node, g)] += 1
-            else:
-                for g in a.gpus:
-                    shared[(a.node, g)] += a.milli
-        assert all(v == 1 for v in whole.values()), whole
-        assert all(v == 1 for v in mig.values()), mig
-        assert all(v <= 1000 for v in shared.values()), shared
-        assert not set(whole) & set(shared)
+        assert_no_device_held_twice(self.alloc.allocations())
 
 
 FAULT_SETTINGS = settings(

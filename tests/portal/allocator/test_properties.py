@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -33,7 +34,7 @@ from policies.mig import MigInstance
 from policies.requests import DeviceRequest, TopologyRequirement
 from policies.topology import LinkClass, Topology
 from portal.allocator import Allocator
-from portal.store.records import WorkloadState
+from portal.store.records import AllocationRecord, WorkloadState
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, gpus, hgx, t4, wl
 
@@ -70,6 +71,30 @@ device_requests = st.one_of(
         lambda p: DeviceRequest(FlavorKind.MIG, mig_profile=p, models=frozenset({"A100-80GB"}))
     ),
 )
+
+
+def assert_no_device_held_twice(
+    allocations: Iterable[AllocationRecord],
+) -> tuple[Counter[tuple[str, int]], dict[tuple[str, int], int]]:
+    """Whole GPUs and MIG instances held once, shares within 1000 milli, no GPU both whole and
+    shared. Returns holders of each whole GPU and the milli shared of each shared one."""
+    whole: Counter[tuple[str, int]] = Counter()
+    shared: defaultdict[tuple[str, int], int] = defaultdict(int)
+    mig: Counter[tuple[str, int, int | None]] = Counter()
+    for a in allocations:
+        if a.mig_profile is not None:
+            mig[(a.node, a.gpus[0], a.mig_start)] += 1
+        elif a.milli == 1000:
+            for g in a.gpus:
+                whole[(a.node, g)] += 1
+        else:
+            for g in a.gpus:
+                shared[(a.node, g)] += a.milli
+    assert all(v == 1 for v in whole.values()), whole
+    assert all(v == 1 for v in mig.values()), mig
+    assert all(v <= 1000 for v in shared.values()), shared
+    assert not set(whole) & set(shared)
+    return whole, shared
 
 
 def seed_tenants(alloc: Allocator, h100_budget_gpu_hours: float | None = None) -> None:
@@ -225,23 +250,7 @@ class AllocatorHistory(RuleBasedStateMachine):
 
     @invariant()
     def no_device_is_held_twice(self) -> None:
-        whole: Counter[tuple[str, int]] = Counter()
-        shared: defaultdict[tuple[str, int], int] = defaultdict(int)
-        mig: Counter[tuple[str, int, int]] = Counter()
-        for a in self.alloc.allocations():
-            if a.mig_profile is not None:
-                assert a.mig_start is not None
-                mig[(a.node, a.gpus[0], a.mig_start)] += 1
-            elif a.milli == 1000:
-                for g in a.gpus:
-                    whole[(a.node, g)] += 1
-            else:
-                for g in a.gpus:
-                    shared[(a.node, g)] += a.milli
-        assert all(v == 1 for v in whole.values()), whole
-        assert all(v == 1 for v in mig.values()), mig
-        assert all(v <= 1000 for v in shared.values()), shared
-        assert not set(whole) & set(shared)
+        whole, shared = assert_no_device_held_twice(self.alloc.allocations())
         for st_ in self.alloc.cluster:
             for g, free in enumerate(st_.free_milli):
                 if st_.node.gpus[g].mig_enabled:
