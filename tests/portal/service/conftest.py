@@ -53,6 +53,14 @@ def gpu(tenant: str, n: int, name: str, **devices: object) -> dict[str, object]:
     return {"tenant": tenant, "name": name, "devices": {"kind": "gpu", "count": n, **devices}}
 
 
+def database_url(db: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The serve's database for a ``db`` parameter: a SQLite file here, or the test
+    PostgreSQL (its fixture is only requested when used)."""
+    if db == "sqlite":
+        return f"sqlite:///{tmp_path / 'portal.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.portal.service.conftest import ALICE, ServiceFactory, gpu
+from tests.portal.service.conftest import ALICE, ServiceFactory, database_url, gpu
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +57,7 @@ def test_under_the_hub_it_listens_where_the_hub_says_and_answers_under_its_prefi
 def test_sigterm_finishes_requests_in_flight_and_a_restart_keeps_every_acknowledged_one(
     service_factory: ServiceFactory, request: pytest.FixtureRequest, tmp_path: Path, db: str
 ) -> None:
-    url = (
-        f"sqlite:///{tmp_path / 'portal.sqlite'}"
-        if db == "sqlite"
-        else str(request.getfixturevalue("postgres_url"))
-    )
+    url = database_url(db, request, tmp_path)
     svc = service_factory(database_url=url)
     svc.start()
     acknowledged: dict[str, dict[str, Any]] = {}

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from policies import mig
 from policies.flavors import Flavor, FlavorKind
-from tests.portal.service.conftest import Service, ServiceFactory
+from tests.portal.service.conftest import Service, ServiceFactory, database_url
 
 pytestmark = pytest.mark.slow
 
@@ -425,11 +425,7 @@ def check_devices_and_usage(c: httpx.Client, db: sa.Engine) -> None:
 def test_sigkill_during_a_burst_loses_nothing_acknowledged_and_doubles_nothing_retried(
     service_factory: ServiceFactory, request: pytest.FixtureRequest, tmp_path: Path, db: str
 ) -> None:
-    url = (
-        f"sqlite:///{tmp_path / 'portal.sqlite'}"
-        if db == "sqlite"
-        else str(request.getfixturevalue("postgres_url"))
-    )
+    url = database_url(db, request, tmp_path)
     (tmp_path / "inventory.yaml").write_text(INVENTORY)
     svc = service_factory(database_url=url, inventory=f"file:{tmp_path / 'inventory.yaml'}")
     rng = random.Random(f"{SEED}-{db}")
