@@ -10,8 +10,9 @@ import holoviews.plotting.bokeh  # registers the Bokeh backend that .opts() need
 import panel as pn
 import param
 
-from dashboards.sources import AlertInfo, Workload
 from dashboards.stores import Store
+from portal.api.alerts import AlertOut
+from portal.api.schemas import WorkloadOut
 
 hv.Store.set_current_backend("bokeh")
 # Canvas, not WebGL: these plots are small (one raster, a few hundred bars), where a WebGL
@@ -84,18 +85,18 @@ def percent(value: float | None) -> str:
     return f"{value:.1f}%" if 0 < value < 10 else f"{value:.0f}%"
 
 
-def devices(w: Workload) -> str:
+def devices(w: WorkloadOut) -> str:
     """``hgx-1: GPU 4,5 (H100-80GB ×2)``, one part per allocation; '—' when none."""
-    if not w.devices:
+    if not w.allocations:
         return "—"
     return "; ".join(
         f"{d.node}: GPU {','.join(map(str, d.gpus))} ({d.flavor} ×{d.amount})"
         + (" borrowed" if d.borrowed else "")
-        for d in w.devices
+        for d in w.allocations
     )
 
 
-def alert_table(alerts: Sequence[AlertInfo], *, empty: str, owners: bool = False) -> str:
+def alert_table(alerts: Sequence[AlertOut], *, empty: str, owners: bool = False) -> str:
     """Alerts as rows of rule (in words), state, the member it is about (with ``owners``) and
     the portal's summary."""
     columns = ["alert", "state", *(["member"] if owners else []), "about"]
