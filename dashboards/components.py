@@ -62,17 +62,6 @@ def number(label: str, value: str) -> str:
     return f"{label} **{value}**"
 
 
-def eta(seconds: float | None) -> str:
-    """A wait for people: '40 s', '12 min', '3.5 h'; 'unknown' when the portal cannot say."""
-    if seconds is None:
-        return "unknown"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def summary(*figures: str) -> str:
     return " · ".join(figures)
 

@@ -15,13 +15,15 @@ from dashboards import components as c
 from dashboards.stores import MyWorkStore
 from portal.api.schemas import WorkloadOut
 from portal.api.telemetry import PointOut
+from portal.waits import queue_line
 
 
 def waiting(w: WorkloadOut) -> str:
-    """Queue position, reason and ETA of a queued workload; '' otherwise."""
+    """Queue position, reason and wait of a queued workload, in the words the spawn page and
+    the CLI use (``portal.waits``); '' otherwise."""
     if w.state != "queued":
         return ""
-    return f"#{w.position} · {w.reason} · ETA {c.eta(w.eta_s)} — {w.message}"
+    return queue_line(w.position, w.reason, w.message, w.eta_s)
 
 
 def _or_nan(value: float | None) -> float:
