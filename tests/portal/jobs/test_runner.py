@@ -5,6 +5,7 @@ left running (``assert_no_leftovers``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,9 +282,8 @@ def test_launch_is_all_or_nothing(runner: LocalRunner, tmp_path: Path) -> None:
 def _bad_launches(tmp_path: Path) -> dict[str, list[MemberLaunch]]:
     ok = member(tmp_path, 0, SLEEPER)
 
-    def variant(**kw: object) -> MemberLaunch:
-        fields = {f: getattr(ok, f) for f in MemberLaunch.__dataclass_fields__}
-        return MemberLaunch(**{**fields, **kw})  # type: ignore[arg-type]
+    def variant(**kw: Any) -> MemberLaunch:
+        return dataclasses.replace(ok, **kw)
 
     return {
         "no members": [],
@@ -328,10 +329,7 @@ def test_members_outlive_the_portal_and_the_next_one_adopts_them(tmp_path: Path)
     state = tmp_path / "state"
     go = tmp_path / "go"
     members = [member(tmp_path, 0, WAITER, str(go)), member(tmp_path, 1, SLEEPER)]
-    as_json = json.dumps(
-        [{f: getattr(m, f) for f in MemberLaunch.__dataclass_fields__} for m in members],
-        default=dict,
-    )
+    as_json = json.dumps([dataclasses.asdict(m) for m in members])
     try:
         subprocess.run([sys.executable, "-c", PORTAL, str(state), as_json], check=True, timeout=60)
         after = LocalRunner(state)
