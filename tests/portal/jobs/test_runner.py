@@ -314,14 +314,16 @@ def test_an_attempt_is_launched_once(runner: LocalRunner, tmp_path: Path) -> Non
     assert poll_until(runner, 1) == [MemberExit(JOB, 1, 0, 0, None)]
 
 
-# The portal, in a process of its own that launches and then exits without stopping anything.
+# The portal, in a process of its own: it launches, says so, and waits to be killed.
 PORTAL = """
-import json, sys
+import json, sys, time
 from pathlib import Path
 from portal.jobs.runner import LocalRunner, MemberLaunch
 members = [MemberLaunch(**{**m, 'devices': tuple(m['devices']), 'command': tuple(m['command'])})
            for m in json.loads(sys.argv[2])]
 LocalRunner(Path(sys.argv[1])).launch(members)
+print('launched', flush=True)
+time.sleep(60)
 """
 
 
@@ -331,7 +333,16 @@ def test_members_outlive_the_portal_and_the_next_one_adopts_them(tmp_path: Path)
     members = [member(tmp_path, 0, WAITER, str(go)), member(tmp_path, 1, SLEEPER)]
     as_json = json.dumps([dataclasses.asdict(m) for m in members])
     try:
-        subprocess.run([sys.executable, "-c", PORTAL, str(state), as_json], check=True, timeout=60)
+        portal = subprocess.Popen(
+            [sys.executable, "-c", PORTAL, str(state), as_json],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert portal.stdout is not None and portal.stdout.readline() == b"launched\n"
+        # The portal dies as a whole: SIGKILL to its process group, as a terminal's or a
+        # service manager's stop would (without its grace).
+        os.killpg(portal.pid, signal.SIGKILL)
+        portal.wait()
         after = LocalRunner(state)
         pids = [ready_pid(after, rank) for rank in (0, 1)]
         assert all(process_start(pid) is not None for pid in pids), "members outlived it"
