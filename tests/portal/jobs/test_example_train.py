@@ -46,151 +46,151 @@ def runner(tmp_path: Path) -> Iterator[LocalRunner]:
     assert_no_leftovers(tmp_path, timeout_s=15)
 
 
-def launch(r: LocalRunner, tmp_path: Path, attempt: int, resume: Path | None) -> None:
-    """What the controller does for one attempt: both members on this node, a fresh port."""
-    layout = [(0, "localhost"), (1, "localhost")]
-    envs = rendezvous_env(
-        JOB,
-        attempt,
-        layout,
-        "127.0.0.1",
-        free_port(),
-        str(tmp_path / "ckpt"),
-        str(resume) if resume else None,
-    )
-    command = (
-        sys.executable,
-        str(EXAMPLE),
-        f"--steps={STEPS}",
-        f"--checkpoint-every={EVERY}",
-        "--step-seconds=0.05",
-    )
-    r.launch(
-        [
-            MemberLaunch(
-                JOB,
-                attempt,
-                rank,
-                node,
-                (),
-                command,
-                str(tmp_path),
-                {**env, "JAX_PLATFORMS": "cpu", "GPUPORTAL_TEST_RUN": str(tmp_path)},
-            )
-            for (rank, node), env in zip(layout, envs, strict=True)
-        ]
-    )
+class Controller:
+    """The part of the job controller these tests need: launch an attempt with the rendezvous
+    environment, watch exits, read the members' logs."""
+
+    def __init__(self, runner: LocalRunner, tmp_path: Path) -> None:
+        self.runner = runner
+        self.tmp_path = tmp_path
+        self.checkpoints = tmp_path / "ckpt"
+        self.exits: list[MemberExit] = []
+
+    def launch(self, attempt: int, resume: Path | None) -> None:
+        """Both members on this node, on a fresh port."""
+        layout = [(0, "localhost"), (1, "localhost")]
+        envs = rendezvous_env(
+            JOB,
+            attempt,
+            layout,
+            "127.0.0.1",
+            free_port(),
+            str(self.checkpoints),
+            str(resume) if resume else None,
+        )
+        command = (
+            sys.executable,
+            str(EXAMPLE),
+            f"--steps={STEPS}",
+            f"--checkpoint-every={EVERY}",
+            "--step-seconds=0.05",
+        )
+        extra = {"JAX_PLATFORMS": "cpu", "GPUPORTAL_TEST_RUN": str(self.tmp_path)}
+        self.runner.launch(
+            [
+                MemberLaunch(JOB, attempt, rank, node, (), command, str(self.tmp_path), env | extra)
+                for (rank, node), env in zip(layout, envs, strict=True)
+            ]
+        )
+
+    def log(self, attempt: int, rank: int) -> str:
+        path = self.runner.log_path(JOB, attempt, rank)
+        return path.read_text() if path.exists() else ""
+
+    def exits_of(self, attempt: int) -> list[MemberExit]:
+        return sorted((e for e in self.exits if e.attempt == attempt), key=lambda e: e.rank)
+
+    def wait(
+        self, what: str, check: Callable[[], object], timeout_s: float, running: int | None = None
+    ) -> None:
+        """Poll until ``check()``; fail at once when a member of attempt ``running`` exits
+        first (a member that crashed would otherwise keep the test waiting for nothing)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.exits += self.runner.poll()
+            if check():
+                return
+            if running is not None and self.exits_of(running):
+                logs = "\n".join(self.log(running, rank)[-3000:] for rank in (0, 1))
+                raise AssertionError(f"{self.exits_of(running)} before {what}:\n{logs}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def wait_exits(self, attempt: int, timeout_s: float) -> list[MemberExit]:
+        self.wait(f"attempt {attempt} to end", lambda: len(self.exits_of(attempt)) == 2, timeout_s)
+        return self.exits_of(attempt)
+
+    def checkpoints_logged(self, attempt: int) -> list[int]:
+        return [int(s) for s in re.findall(r"checkpoint step (\d+)", self.log(attempt, 0))]
+
+    def steps_logged(self, attempt: int, pattern: str) -> list[int]:
+        found = [re.search(pattern, self.log(attempt, rank)) for rank in (0, 1)]
+        return [int(m.group(1)) for m in found if m]
+
+    def pid_of(self, attempt: int, rank: int) -> int:
+        match = re.search(r"pid (\d+)", self.log(attempt, rank))
+        assert match, self.log(attempt, rank)
+        return int(match.group(1))
 
 
-def log_of(r: LocalRunner, attempt: int, rank: int) -> str:
-    path = r.log_path(JOB, attempt, rank)
-    return path.read_text() if path.exists() else ""
+RESUMED = r"resumed from step (\d+)"
+STOPPED = r"stopped by SIGTERM after step (\d+)"
 
 
-def wait_for(what: str, check: Callable[[], object], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def checkpoints_logged(r: LocalRunner, attempt: int) -> list[int]:
-    return [int(s) for s in re.findall(r"checkpoint step (\d+)", log_of(r, attempt, 0))]
-
-
-def resumed_steps(r: LocalRunner, attempt: int) -> list[int]:
-    found = [re.search(r"resumed from step (\d+)", log_of(r, attempt, rank)) for rank in (0, 1)]
-    return [int(m.group(1)) for m in found if m]
-
-
-def pid_of(r: LocalRunner, attempt: int, rank: int) -> int:
-    match = re.search(r"pid (\d+)", log_of(r, attempt, rank))
-    assert match, log_of(r, attempt, rank)
-    return int(match.group(1))
-
-
-def poll_until(r: LocalRunner, count: int, timeout_s: float) -> list[MemberExit]:
-    exits: list[MemberExit] = []
-
-    def enough() -> bool:
-        exits.extend(r.poll())
-        return len(exits) >= count
-
-    wait_for(f"{count} exits", enough, timeout_s)
-    return sorted(exits, key=lambda e: (e.attempt, e.rank))
+@pytest.fixture
+def controller(runner: LocalRunner, tmp_path: Path) -> Controller:
+    return Controller(runner, tmp_path)
 
 
 def test_a_killed_member_restarts_the_gang_from_the_last_complete_checkpoint(
-    runner: LocalRunner, tmp_path: Path
+    controller: Controller, tmp_path: Path
 ) -> None:
-    launch(runner, tmp_path, attempt=1, resume=None)
-    wait_for("two checkpoints", lambda: len(checkpoints_logged(runner, 1)) >= 2, START_S)
+    c = controller
+    c.launch(attempt=1, resume=None)
+    c.wait("two checkpoints", lambda: len(c.checkpoints_logged(1)) >= 2, START_S, running=1)
 
-    os.kill(pid_of(runner, 1, 1), signal.SIGKILL)
+    os.kill(c.pid_of(1, 1), signal.SIGKILL)
     killed = time.monotonic()
-    # The controller: on the killed member's exit it stops the rest of the gang (the
-    # survivor's all-reduce fails and it exits by itself, or SIGKILL after the grace period).
-    exits: list[MemberExit] = []
-
-    def killed_seen() -> bool:
-        exits.extend(runner.poll())
-        return any(e.rank == 1 for e in exits)
-
-    wait_for("the killed member's exit", killed_seen, 10)
-    runner.stop(JOB, 1, grace_s=2)
-    exits = sorted(exits + poll_until(runner, 2 - len(exits), timeout_s=10), key=lambda e: e.rank)
-    assert exits[1] == MemberExit(JOB, 1, 1, exit_code=None, signal=signal.SIGKILL)
-    assert exits[0].rank == 0 and exits[0].exit_code != 0
-    last_written = max(checkpoints_logged(runner, 1))
+    # On the killed member's exit the controller stops the rest of the gang (the survivor's
+    # all-reduce fails and it exits by itself, or SIGKILL after the grace period ends it).
+    c.wait("the killed member's exit", lambda: any(e.rank == 1 for e in c.exits), 10)
+    c.runner.stop(JOB, 1, grace_s=2)
+    survivor, killed_member = c.wait_exits(1, 10)
+    assert killed_member == MemberExit(JOB, 1, 1, exit_code=None, signal=signal.SIGKILL)
+    assert survivor.exit_code != 0
+    last_written = max(c.checkpoints_logged(1))
     # An attempt that died while writing leaves a folder without its marker: never resumed.
-    torn = tmp_path / "ckpt" / f"step-{last_written + 1000}"
+    torn = c.checkpoints / f"step-{last_written + 1000}"
     torn.mkdir()
     (torn / "params.npz").write_bytes(b"half a file")
-    newest = newest_complete_checkpoint(tmp_path / "ckpt")
+    newest = newest_complete_checkpoint(c.checkpoints)
     assert newest is not None
-    launch(runner, tmp_path, attempt=2, resume=newest[0])
+    c.launch(attempt=2, resume=newest[0])
     relaunched_s = time.monotonic() - killed
-    wait_for("both members resumed", lambda: len(resumed_steps(runner, 2)) == 2, START_S)
+    c.wait("both members resumed", lambda: len(c.steps_logged(2, RESUMED)) == 2, START_S, 2)
     resumed_s = time.monotonic() - killed
     print(f"relaunched {relaunched_s:.1f} s, both training again {resumed_s:.1f} s after the kill")
 
     assert relaunched_s < 10, "both members restarted within 10 s of the kill"
-    assert resumed_steps(runner, 2) == [newest[1], newest[1]]
+    assert c.steps_logged(2, RESUMED) == [newest[1], newest[1]]
     assert newest[1] >= last_written > 0
-    assert poll_until(runner, 2, timeout_s=120) == [
+    assert c.wait_exits(2, 120) == [
         MemberExit(JOB, 2, 0, exit_code=0, signal=None),
         MemberExit(JOB, 2, 1, exit_code=0, signal=None),
     ]
-    assert checkpoints_logged(runner, 2)[-1] == STEPS
-    final = newest_complete_checkpoint(tmp_path / "ckpt")
-    assert final is not None and final[1] == STEPS  # the torn step-N+1000 still skipped
+    assert c.checkpoints_logged(2)[-1] == STEPS
+    assert newest_complete_checkpoint(c.checkpoints) == (c.checkpoints / f"step-{STEPS}", STEPS)
 
 
 def test_sigterm_makes_the_gang_checkpoint_the_same_step_and_resume_there(
-    runner: LocalRunner, tmp_path: Path
+    controller: Controller,
 ) -> None:
-    launch(runner, tmp_path, attempt=1, resume=None)
-    wait_for("a checkpoint", lambda: checkpoints_logged(runner, 1), START_S)
-    runner.stop(JOB, 1, grace_s=60)  # a preemption: SIGTERM, and time to checkpoint
-    assert poll_until(runner, 2, timeout_s=10) == [
+    c = controller
+    c.launch(attempt=1, resume=None)
+    c.wait("a checkpoint", lambda: c.checkpoints_logged(1), START_S, running=1)
+    c.runner.stop(JOB, 1, grace_s=60)  # a preemption: SIGTERM, and time to checkpoint
+    assert c.wait_exits(1, 10) == [
         MemberExit(JOB, 1, 0, exit_code=143, signal=None),  # checkpointed, then "terminated"
         MemberExit(JOB, 1, 1, exit_code=143, signal=None),
     ]
-    stopped = [
-        int(m.group(1))
-        for rank in (0, 1)
-        if (m := re.search(r"stopped by SIGTERM after step (\d+)", log_of(runner, 1, rank)))
-    ]
-    assert len(stopped) == 2, [log_of(runner, 1, rank) for rank in (0, 1)]
-    assert stopped[0] == stopped[1], "both members stopped after the same step"
-    newest = newest_complete_checkpoint(tmp_path / "ckpt")
-    assert newest is not None and newest[1] == stopped[0] == checkpoints_logged(runner, 1)[-1]
+    stopped = c.steps_logged(1, STOPPED)
+    assert len(stopped) == 2 and stopped[0] == stopped[1], "both stopped after the same step"
+    newest = newest_complete_checkpoint(c.checkpoints)
+    assert newest is not None and newest[1] == stopped[0] == c.checkpoints_logged(1)[-1]
 
-    launch(runner, tmp_path, attempt=2, resume=newest[0])
-    assert poll_until(runner, 2, timeout_s=START_S) == [
+    c.launch(attempt=2, resume=newest[0])
+    assert c.wait_exits(2, START_S) == [
         MemberExit(JOB, 2, 0, exit_code=0, signal=None),
         MemberExit(JOB, 2, 1, exit_code=0, signal=None),
     ]
-    assert resumed_steps(runner, 2) == [stopped[0], stopped[0]]
+    assert c.steps_logged(2, RESUMED) == [stopped[0], stopped[0]]
