@@ -6,17 +6,15 @@ pid and start time, waits for it and writes its exit code or signal to a file. A
 ``LocalRunner`` on the same state directory (a restarted portal) therefore finds every member
 again (``adopt``), and learns how each one ended even though it is not their parent (``poll``).
 
-On disk, one folder per member, ``<state_dir>/<job_id>/attempt-<n>/rank-<r>/``:
+On disk, one folder per member, ``<state_dir>/<job_id>/attempt-<n>/rank-<r>/``, holds:
 
-==================  ==========================================================================
-``spec.json``       what to run: command, working directory, environment (written first)
-``wrapper.json``    the wrapper's pid, start time and boot id
-``member.json``     the member's pid, start time and boot id: its process group is the pid
-``output.log``      the member's stdout and stderr
-``wrapper.log``     the wrapper's own errors (empty unless something is badly wrong)
-``exit.json``       how the member ended: ``exit_code`` or ``signal``, or ``error`` (never ran)
-``reported``        ``poll`` returned the exit already: never again, even after a restart
-==================  ==========================================================================
+- ``spec.json``: what to run (command, working directory, environment), written first;
+- ``wrapper.json``: the wrapper's pid, start time and boot id;
+- ``member.json``: the member's pid, start time and boot id (its process group is its pid);
+- ``output.log``: the member's stdout and stderr;
+- ``wrapper.log``: the wrapper's own errors (empty unless something is badly wrong);
+- ``exit.json``: how the member ended: ``exit_code`` or ``signal``, or ``error`` (never ran);
+- ``reported``: ``poll`` returned that exit already, so no runner returns it again.
 
 A pid is only trusted together with the start time and boot id it was recorded with, so a pid
 the kernel reused for an unrelated process is never signalled.

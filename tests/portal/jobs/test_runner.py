@@ -307,6 +307,14 @@ def test_bad_launches_are_refused_and_start_nothing(
     assert list((tmp_path / "state").glob("**/rank-*")) == []
 
 
+@pytest.mark.parametrize("job_id", ["../escape", "/abs", "a/b", "", ".hidden"])
+def test_paths_never_leave_the_state_directory(runner: LocalRunner, job_id: str) -> None:
+    with pytest.raises(RunnerError, match="invalid job id"):
+        runner.log_path(job_id, 1, 0)
+    with pytest.raises(RunnerError, match="invalid job id"):
+        runner.stop(job_id, 1, grace_s=0)
+
+
 def test_an_attempt_is_launched_once(runner: LocalRunner, tmp_path: Path) -> None:
     runner.launch([member(tmp_path, 0, "pass")])
     with pytest.raises(RunnerError, match="launched already"):
