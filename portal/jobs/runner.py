@@ -71,7 +71,8 @@ _TICK_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class MemberLaunch:
-    """One member (rank) of an attempt, as the controller placed it."""
+    """One member (rank) of an attempt, as the controller placed it. ``node`` is recorded,
+    not checked: the local backend runs every member on this host."""
 
     job_id: str
     attempt: int
@@ -181,7 +182,7 @@ class LocalRunner:
                 self._await_started(started)
             except BaseException as e:
                 self._abort(started, attempt_dir)
-                if isinstance(e, RunnerError):
+                if isinstance(e, RunnerError) or not isinstance(e, Exception):
                     raise
                 raise RunnerError(
                     f"cannot launch job {ordered[0].job_id!r} attempt {ordered[0].attempt}: {e}"
