@@ -235,7 +235,8 @@ class LocalRunner:
             "node": m.node,
             "devices": list(m.devices),
             "command": list(m.command),
-            "cwd": m.cwd,
+            # The wrapper runs in the record's folder: a relative path means the portal's.
+            "cwd": str(Path(m.cwd).resolve()),
             "env": member_env(m),
         }
         write_json(path / wrapper.SPEC, spec)

@@ -193,6 +193,17 @@ def test_members_run_pinned_in_their_own_process_group_and_session(
     assert (seen[1]["cuda"], seen[1]["nvidia"]) == ("", "void")  # no devices: sees no GPU
 
 
+def test_a_relative_working_directory_is_the_portals(
+    runner: LocalRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path)
+    launch = member(tmp_path, 0, "import os; print(os.getcwd())")
+    runner.launch([dataclasses.replace(launch, cwd="work")])
+    assert poll_until(runner, 1) == [MemberExit(JOB, 1, 0, 0, None)]
+    assert runner.log_path(JOB, 1, 0).read_text().strip() == str(tmp_path / "work")
+
+
 def test_poll_reports_exit_codes_and_signals_once(runner: LocalRunner, tmp_path: Path) -> None:
     runner.launch(
         [
