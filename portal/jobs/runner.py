@@ -13,6 +13,7 @@ On disk, one folder per member, ``<state_dir>/<job_id>/attempt-<n>/rank-<r>/``, 
 - ``member.json``: the member's pid, start time and boot id (its process group is its pid);
 - ``output.log``: the member's stdout and stderr;
 - ``wrapper.log``: the wrapper's own errors (empty unless something is badly wrong);
+- ``kill_at.json``: when a stop's grace period ends (the SIGKILL is due then);
 - ``exit.json``: how the member ended: ``exit_code`` or ``signal``, or ``error`` (never ran);
 - ``reported``: ``poll`` returned that exit already, so no runner returns it again.
 
@@ -66,6 +67,7 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 _WRAPPER = "wrapper.json"
 _WRAPPER_LOG = "wrapper.log"
 _REPORTED = "reported"
+_KILL_AT = "kill_at.json"
 _TICK_S = 0.05
 
 
@@ -126,7 +128,8 @@ def member_env(m: MemberLaunch) -> dict[str, str]:
 class LocalRunner:
     """Runs, signals and watches job members on this host; all state lives in ``state_dir``.
 
-    Thread-safe. ``stop`` blocks for up to its grace period (call it off the event loop).
+    Thread-safe. ``stop`` blocks for up to its grace period (call it off the event loop), or
+    returns at once with ``wait=False``, leaving the SIGKILL to ``poll``.
     """
 
     def __init__(self, state_dir: Path, *, start_timeout_s: float = 30.0) -> None:
@@ -295,10 +298,14 @@ class LocalRunner:
 
     # -- stop ------------------------------------------------------------------------------
 
-    def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
+    def stop(self, job_id: str, attempt: int, grace_s: float, *, wait: bool = True) -> None:
         """SIGTERM to every member's process group, then SIGKILL to those still running after
         ``grace_s`` seconds; returns once all have ended (their exits are left for ``poll``).
-        Stopping an attempt that has ended already does nothing."""
+
+        With ``wait=False`` it returns right after the SIGTERM, and ``poll`` sends the SIGKILL
+        once the grace period is over. The deadline is kept on disk, so the next runner keeps
+        it after a restart, and a second stop can only bring it closer. Stopping an attempt
+        that has ended already does nothing."""
         if not grace_s >= 0:
             raise RunnerError(f"invalid grace period {grace_s!r} s: expected 0 or more seconds")
         attempt_dir = self._attempt_dir(job_id, attempt)
@@ -306,8 +313,16 @@ class LocalRunner:
         if not records:
             raise RunnerError(f"no members of job {job_id!r} attempt {attempt} on this host")
         running = [r for r in records if not self._ended(r)]
+        kill_at = time.time() + grace_s
         for r in running:
+            # Recorded before the SIGTERM: a portal that dies in between still kills in time.
+            earlier = _kill_deadline(r)
+            write_json(
+                r.path / _KILL_AT, {"at": kill_at if earlier is None else min(earlier, kill_at)}
+            )
             _signal_member(r, signal.SIGTERM)
+        if not wait:
+            return
         running = self._wait_ended(running, grace_s)
         for r in running:
             _signal_member(r, signal.SIGKILL)
@@ -335,8 +350,14 @@ class LocalRunner:
             self._reap()
             exits: list[MemberExit] = []
             for path, rec in list(self._watched.items()):
+                if (path / _REPORTED).exists():  # by another runner on this folder
+                    del self._watched[path]
+                    continue
                 ended = self._exit_of(rec)
                 if ended is None:
+                    deadline = _kill_deadline(rec)
+                    if deadline is not None and time.time() >= deadline:
+                        _signal_member(rec, signal.SIGKILL)  # a stop(wait=False) ran out
                     continue
                 write_json(path / _REPORTED, {"at": time.time()})
                 del self._watched[path]
@@ -406,6 +427,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return data
+
+
+def _kill_deadline(rec: _Record) -> float | None:
+    """When a stop's grace period ends for ``rec`` (seconds since the epoch: it must mean the
+    same to the next portal), or ``None`` when nobody stopped it."""
+    recorded = _read_json(rec.path / _KILL_AT)
+    return None if recorded is None else float(recorded["at"])
 
 
 def _running(identity_path: Path) -> bool:

@@ -266,6 +266,43 @@ def test_stop_sigkills_the_whole_group_after_the_grace_period(
     assert process_start(worker) is None, "the member's worker died with it"
 
 
+def test_stop_without_waiting_leaves_the_sigkill_to_poll(
+    runner: LocalRunner, tmp_path: Path
+) -> None:
+    runner.launch([member(tmp_path, 0, STUBBORN), member(tmp_path, 1, CHECKPOINTER)])
+    wait_for_log(runner, 0, "worker")
+    ready_pid(runner, 1)
+    started = time.monotonic()
+    runner.stop(JOB, 1, grace_s=1.0, wait=False)
+    assert time.monotonic() - started < 0.5, "returned right after the SIGTERM"
+    exits = poll_until(runner, 2)
+    assert time.monotonic() - started >= 1.0, "the SIGKILL waited for the grace period"
+    assert exits == [
+        MemberExit(JOB, 1, 0, exit_code=None, signal=signal.SIGKILL),
+        MemberExit(JOB, 1, 1, exit_code=0, signal=None),  # it checkpointed on the SIGTERM
+    ]
+
+
+def test_the_next_runner_keeps_a_stops_deadline(runner: LocalRunner, tmp_path: Path) -> None:
+    runner.launch([member(tmp_path, 0, STUBBORN)])
+    wait_for_log(runner, 0, "worker")
+    runner.stop(JOB, 1, grace_s=0.5, wait=False)
+    after = LocalRunner(tmp_path / "state")  # the portal restarted during the grace period
+    assert after.adopt() == [(JOB, 1)]
+    assert poll_until(after, 1) == [MemberExit(JOB, 1, 0, exit_code=None, signal=signal.SIGKILL)]
+    assert runner.poll() == [], "reported once, even by two runners on one folder"
+
+
+def test_a_second_stop_only_brings_the_deadline_closer(runner: LocalRunner, tmp_path: Path) -> None:
+    runner.launch([member(tmp_path, 0, STUBBORN)])
+    wait_for_log(runner, 0, "worker")
+    runner.stop(JOB, 1, grace_s=0.3, wait=False)  # a cancel
+    runner.stop(JOB, 1, grace_s=300, wait=False)  # then a preemption's long grace
+    started = time.monotonic()
+    assert poll_until(runner, 1) == [MemberExit(JOB, 1, 0, exit_code=None, signal=signal.SIGKILL)]
+    assert time.monotonic() - started < 5
+
+
 def test_what_a_member_leaves_in_its_group_ends_with_it(
     runner: LocalRunner, tmp_path: Path
 ) -> None:
