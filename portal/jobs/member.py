@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -98,15 +99,16 @@ def run(record: Path) -> int:
     # Wait without reaping: while the ended leader is a zombie its pid stays its group's id,
     # so the kill below cannot reach a process that got the number later.
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    ended_at = time.time()  # which member of a gang died first is why the gang ended
     with contextlib.suppress(ProcessLookupError):
         # Anything the member left in its group (a launcher's workers) would hold the devices
         # of an attempt that has ended.
         os.killpg(child.pid, signal.SIGKILL)
     returncode = child.wait()
     if returncode < 0:
-        ended = {"exit_code": None, "signal": -returncode}
+        ended = {"exit_code": None, "signal": -returncode, "at": ended_at}
     else:
-        ended = {"exit_code": returncode, "signal": None}
+        ended = {"exit_code": returncode, "signal": None, "at": ended_at}
     write_json(record / EXIT, ended)
     return 0
 

@@ -344,11 +344,12 @@ class LocalRunner:
     # -- poll and adopt --------------------------------------------------------------------
 
     def poll(self) -> list[MemberExit]:
-        """Exits observed since the last call, each reported once (across restarts too)."""
+        """Exits observed since the last call, each reported once (across restarts too), in
+        the order the members ended: the first exit of a gang is the one that ended it."""
         with self._lock:
             self._scan()
             self._reap()
-            exits: list[MemberExit] = []
+            exits: list[tuple[float, MemberExit]] = []
             for path, rec in list(self._watched.items()):
                 if (path / _REPORTED).exists():  # by another runner on this folder
                     del self._watched[path]
@@ -362,7 +363,8 @@ class LocalRunner:
                 write_json(path / _REPORTED, {"at": time.time()})
                 del self._watched[path]
                 exits.append(ended)
-            return sorted(exits, key=lambda e: (e.job_id, e.attempt, e.rank))
+            exits.sort(key=lambda e: (e[0], e[1].job_id, e[1].attempt, e[1].rank))
+            return [e for _, e in exits]
 
     def adopt(self) -> list[tuple[str, int]]:
         """After a restart: find every member in the state directory, watch the ones whose
@@ -389,14 +391,16 @@ class LocalRunner:
             if proc.poll() is not None:
                 del self._children[path]
 
-    def _exit_of(self, rec: _Record) -> MemberExit | None:
+    def _exit_of(self, rec: _Record) -> tuple[float, MemberExit] | None:
+        """When and how the member ended, or ``None`` while it runs."""
         ended = _read_json(rec.path / wrapper.EXIT)
         if ended is None:
             if self._alive(rec):
                 return None
             # The wrapper may have written it just before it ended; if not, nobody knows.
             ended = _read_json(rec.path / wrapper.EXIT) or {}
-        return MemberExit(
+        at = float(ended.get("at", time.time()))
+        return at, MemberExit(
             rec.job_id, rec.attempt, rec.rank, ended.get("exit_code"), ended.get("signal")
         )
 

@@ -146,6 +146,7 @@ def test_a_killed_member_restarts_the_gang_from_the_last_complete_checkpoint(
     c.wait("the killed member's exit", lambda: any(e.rank == 1 for e in c.exits), 10)
     c.runner.stop(JOB, 1, grace_s=2)
     survivor, killed_member = c.wait_exits(1, 10)
+    assert c.exits[0] == killed_member, "the first exit the controller sees is the cause"
     assert killed_member == MemberExit(JOB, 1, 1, exit_code=None, signal=signal.SIGKILL)
     assert survivor.exit_code != 0
     last_written = max(c.checkpoints_logged(1))

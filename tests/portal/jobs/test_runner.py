@@ -222,6 +222,30 @@ def test_poll_reports_exit_codes_and_signals_once(runner: LocalRunner, tmp_path:
     assert runner.poll() == []
 
 
+def test_exits_come_in_the_order_the_members_ended(runner: LocalRunner, tmp_path: Path) -> None:
+    # Rank 1 dies first; rank 0, as a survivor would, exits a little later. Polled only after
+    # both ended, the first exit is still the one that ended the gang.
+    runner.launch(
+        [
+            member(tmp_path, 0, "import sys, time; time.sleep(0.5); sys.exit(1)"),
+            member(tmp_path, 1, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+        ]
+    )
+    for rank in (0, 1):
+        wait_for_exit_record(tmp_path, rank)
+    assert runner.poll() == [
+        MemberExit(JOB, 1, 1, exit_code=None, signal=signal.SIGKILL),
+        MemberExit(JOB, 1, 0, exit_code=1, signal=None),
+    ]
+
+
+def wait_for_exit_record(tmp_path: Path, rank: int) -> None:
+    record = tmp_path / "state" / JOB / "attempt-1" / f"rank-{rank}" / "exit.json"
+    deadline = time.monotonic() + 20
+    while not record.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_logs_hold_stdout_and_stderr_under_the_state_directory(
     runner: LocalRunner, tmp_path: Path
 ) -> None:
