@@ -297,10 +297,10 @@ def test_stop_without_waiting_leaves_the_sigkill_to_poll(
     wait_for_log(runner, 0, "worker")
     ready_pid(runner, 1)
     started = time.monotonic()
-    runner.stop(JOB, 1, grace_s=1.0, wait=False)
-    assert time.monotonic() - started < 0.5, "returned right after the SIGTERM"
+    runner.stop(JOB, 1, grace_s=2.0, wait=False)
+    assert time.monotonic() - started < 1.0, "returned right after the SIGTERM"
     exits = poll_until(runner, 2)
-    assert time.monotonic() - started >= 1.0, "the SIGKILL waited for the grace period"
+    assert time.monotonic() - started >= 2.0, "the SIGKILL waited for the grace period"
     assert exits == [
         MemberExit(JOB, 1, 0, exit_code=None, signal=signal.SIGKILL),
         MemberExit(JOB, 1, 1, exit_code=0, signal=None),  # it checkpointed on the SIGTERM
