@@ -311,15 +311,14 @@ class Memory:
     def order(self, now: datetime) -> list[Live]:
         """Queued workloads in scheduling order: priority, the tenant's weighted dominant
         share, then arrival."""
-        pending = [self.live[w] for w in self.queued]
+        live = self.live
+        pending = [live[w] for w in self.queued]
         shares = {t: self.share(t, now) for t in {lv.rec.tenant for lv in pending}}
         items = [
-            _Queued(
-                lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv.rec.id
-            )
+            _Queued(lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv)
             for lv in pending
         ]
-        return [self.live[item.workload_id] for item in fairness.queue_order(items, shares)]
+        return [item.live for item in fairness.queue_order(items, shares)]
 
     def grace_for(self, kind: str) -> timedelta:
         """How long a preempted workload of ``kind`` may keep its devices."""
@@ -340,7 +339,7 @@ class _Queued:
     tenant: str
     enqueued_at: float
     seq: int
-    workload_id: str
+    live: Live
 
 
 def month_start(at: datetime) -> datetime:
