@@ -61,17 +61,20 @@ class ReleaseCurve:
 
     def wait(self, ahead: int, free_now: int, need: int, now: float) -> float | None:
         """Seconds until ``free_now`` plus what has ended covers ``ahead + need``."""
-        if need < 0 or free_now < 0 or ahead < 0:
-            raise InvalidRequest(
-                "amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0"
-            )
-        short = ahead + need - free_now
+        short = _shortfall(ahead, free_now, need)
         if short <= 0:
             return 0.0
         i = bisect.bisect_left(self._released, short)
         if i == len(self._released):
             return None
         return max(0.0, self._times[i] - now)
+
+
+def _shortfall(ahead: int, free_now: int, need: int) -> int:
+    """How much must be released before ``need`` fits after ``ahead``."""
+    if need < 0 or free_now < 0 or ahead < 0:
+        raise InvalidRequest("amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0")
+    return ahead + need - free_now
 
 
 class ReleaseTimeline:
@@ -110,11 +113,7 @@ class ReleaseTimeline:
 
     def wait(self, ahead: int, free_now: int, need: int, now: float) -> float | None:
         """Seconds until ``free_now`` plus what has ended covers ``ahead + need``."""
-        if need < 0 or free_now < 0 or ahead < 0:
-            raise InvalidRequest(
-                "amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0"
-            )
-        short = ahead + need - free_now
+        short = _shortfall(ahead, free_now, need)
         if short <= 0:
             return 0.0
         released = 0
