@@ -145,7 +145,7 @@ class JobSpec:
             raise InvalidRequest(
                 "command",
                 "missing",
-                "the program and its arguments, e.g. [\"python\", \"train.py\"]: the local "
+                'the program and its arguments, e.g. ["python", "train.py"]: the local '
                 "backend runs members as processes",
             )
         if backend is Backend.KUBERNETES and not self.image:

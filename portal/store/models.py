@@ -304,9 +304,7 @@ class JobAttempt(Base):
 
     __tablename__ = "job_attempts"
 
-    job_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("jobs.id"), primary_key=True
-    )
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("jobs.id"), primary_key=True)
     number: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     queued_at: Mapped[datetime]

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
+from portal.store import jobs as job_rows
 from portal.store.convert import Claim
 from portal.store.db import (
     WRITE_OPTION,
@@ -47,7 +48,6 @@ from portal.store.db import (
     make_engine,
     raw_write,
 )
-from portal.store import jobs as job_rows
 from portal.store.guard import AdvisoryLockGuard, Guard, NoGuard, make_guard
 from portal.store.migrate import upgrade
 from portal.store.models import metadata
