@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from policies.errors import NotFound, PortalError
+from policies.errors import InvalidRequest, NotFound, PortalError
 from policies.jobs import (
     BACKOFF_LIMIT,
     CANCELLED,
@@ -54,9 +54,11 @@ from policies.jobs import (
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.allocator.draft import Decision
+from portal.allocator.state import State
 from portal.jobs import launch
 from portal.jobs.backend import Backend
-from portal.jobs.spec import JobSpec
+from portal.jobs.spec import Backend as BackendKind
+from portal.jobs.spec import ClusterFacts, JobSpec, api_field, fits_cluster
 from portal.store import jobs as stored
 from portal.store.records import AttemptRecord, ChangeSet, EventRecord, JobRecord, WorkloadState
 
@@ -65,6 +67,16 @@ log = logging.getLogger(__name__)
 NODE_LOST_REASON = "node-lost"  # the allocator's reason for a workload whose node went away
 LOST_AT_RESTART = "members gone while the portal restarted"
 DEFAULT_STOP_GRACE_S = 10.0
+
+
+def cluster_facts(state: State) -> ClusterFacts:
+    """What the inventory can ever hold, read under the allocator's lock."""
+    facts = state.facts()
+    return ClusterFacts(
+        capacity=dict(state.capacity()),
+        max_gpus_per_node={m: f.gpus for m, f in facts.per_model.items()},
+        models=facts.models,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +90,22 @@ class JobView:
 
 class JobController:
     """Jobs over one allocator. Thread-safe. Without a ``backend`` it takes, lists and
-    cancels jobs but runs nothing (``step`` is then a no-op): the API on its own."""
+    cancels jobs but runs nothing (``step`` is then a no-op): the API on its own, checking
+    jobs for what a backend of ``kind`` needs."""
 
     def __init__(
         self,
         alloc: Allocator,
         *,
         backend: Backend | None = None,
+        kind: BackendKind = BackendKind.LOCAL,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._alloc = alloc
         self.backend = backend
+        # What jobs must carry to run (a command, or an image): the backend's, when given.
+        self.kind = backend.kind if backend is not None else kind
         self._stop_grace_s = stop_grace_s
         self._clock = clock
         self._lock = threading.RLock()
@@ -98,6 +114,7 @@ class JobController:
         # Preempted workload -> the tenant reclaiming (from the allocator's events).
         self._claimants: dict[str, str] = {}
         self._started = False
+        self._last_created: datetime | None = None
 
     @property
     def now(self) -> datetime:
@@ -133,10 +150,15 @@ class JobController:
     def submit(self, spec: JobSpec) -> JobView:
         """Take a job and request its first attempt. Bad input raises before anything is
         created (the allocator's own checks included)."""
-        if self.backend is not None:
-            spec.check_backend(self.backend.kind)
+        spec.check_backend(self.kind)
+        fits_cluster(spec, self._alloc.read(cluster_facts))
         with self._lock:
             now = self.now
+            # Lists show jobs in submission order: keep creation times strictly increasing
+            # when the clock repeats itself.
+            if self._last_created is not None and now <= self._last_created:
+                now = self._last_created + timedelta(microseconds=1)
+            self._last_created = now
             job = JobRecord(
                 id=uuid.uuid4().hex,
                 tenant=spec.tenant,
@@ -148,7 +170,10 @@ class JobController:
                 updated_at=now,
                 version=0,  # not stored yet: its first write is version 1
             )
-            job = self._request(job, spec, first=True)
+            try:
+                job = self._request(job, spec, first=True)
+            except InvalidRequest as exc:
+                raise api_field(exc) from None
             return self.view(job.id)
 
     def get(self, job_id: str) -> JobRecord:

@@ -59,6 +59,7 @@ _DEVICE_FIELDS = {
     "GPU memory share": "devices.gpu_memory_mib",
     "GPU share request": "devices",
     "GPU model": "devices.models",
+    "MIG-capable model": "devices.models",
     "topology": "topology.level",
     "devices.topology": "topology.level",
     "cpu/memory": "devices.cpu_milli",
