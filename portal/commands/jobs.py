@@ -38,7 +38,8 @@ def register(commands: Any) -> None:
         "submit",
         help="submit a job: MEMBERS ranks started all-or-nothing, restarted on failure",
         description=(
-            "Submit a job charged to TENANT running COMMAND (after --) as --members ranks, "
+            "Submit a job charged to TENANT running the program after -- (gpuportal jobs "
+            "submit team-a H100-80GB --members 2 -- python train.py) as --members ranks, "
             "each with --count GPUs of FLAVOR (or one MIG instance, or a --milli share). "
             "Prints the job: queued with its reason, position and ETA, or placed. With "
             "--follow, prints rank 0's log until the job ends and exits 0 only if it succeeded."
@@ -46,7 +47,6 @@ def register(commands: Any) -> None:
     )
     sub.add_argument("tenant", help="the tenant charged (you must be a member)")
     sub.add_argument("flavor", help="H100-80GB, H100-80GB/3g.40gb, T4/share, ...")
-    sub.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
     sub.add_argument("--members", type=int, default=1, help="ranks (default 1)")
     sub.add_argument("--count", type=int, default=1, help="whole GPUs per member (default 1)")
     sub.add_argument("--milli", type=int, default=0, help="share of one GPU, 1..999 (share)")
@@ -81,7 +81,8 @@ def register(commands: Any) -> None:
     sub.add_argument("--priority", type=int, default=0, help="higher goes first in the tenant")
     sub.add_argument("--follow", action="store_true", help="print rank 0's log until it ends")
     add_connection_options(sub, nested=True)
-    sub.set_defaults(handler=submit_job)
+    # The program comes after ``--`` (split off by ``portal.cli.run``).
+    sub.set_defaults(handler=submit_job, program=[])
 
     for name, handler, text in (
         ("show", show_job, "one job, ended ones included"),
@@ -179,9 +180,7 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 
 def submit_job(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = list(args.program)
 
     def go(portal: Portal) -> tuple[JobOut, int]:
         job = portal.jobs.submit(

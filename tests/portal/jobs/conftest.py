@@ -10,6 +10,7 @@ branch is merged, tests that only need processes to run and exit can switch to
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,8 @@ class FakeRunner:
     pending: list[FakeExit] = field(default_factory=list)
     adoptable: list[tuple[str, int]] = field(default_factory=list)
     fail_next_launch: bool = False
+    # Tests make members exit from their own thread while the service's loop polls.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def launch(self, members: Sequence[FakeLaunch]) -> None:
         if self.fail_next_launch:
@@ -82,16 +85,19 @@ class FakeRunner:
             self.running.setdefault((m.job_id, m.attempt), set()).add(m.rank)
 
     def exit(self, job_id: str, attempt: int, rank: int, code: int) -> None:
-        self.running.get((job_id, attempt), set()).discard(rank)
-        self.pending.append(FakeExit(job_id, attempt, rank, code, None))
+        with self.lock:
+            self.running.get((job_id, attempt), set()).discard(rank)
+            self.pending.append(FakeExit(job_id, attempt, rank, code, None))
 
     def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
-        self.stops.append((job_id, attempt, grace_s))
-        for rank in sorted(self.running.pop((job_id, attempt), set())):
-            self.pending.append(FakeExit(job_id, attempt, rank, None, 15))
+        with self.lock:
+            self.stops.append((job_id, attempt, grace_s))
+            for rank in sorted(self.running.pop((job_id, attempt), set())):
+                self.pending.append(FakeExit(job_id, attempt, rank, None, 15))
 
     def poll(self) -> list[FakeExit]:
-        out, self.pending = self.pending, []
+        with self.lock:
+            out, self.pending = self.pending, []
         return out
 
     def adopt(self) -> list[tuple[str, int]]:
