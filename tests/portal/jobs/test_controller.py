@@ -13,7 +13,7 @@ import pytest
 from policies.jobs import JobState, RestartPolicy, TopologyMode
 from policies.requests import TopologyRequirement, WorkloadKind
 from portal.jobs.controller import JobController
-from portal.store.records import WorkloadState
+from portal.store.records import AllocationRecord, WorkloadState
 from tests.portal.allocator.conftest import gpus, hgx, wl
 from tests.portal.jobs.conftest import H100, Rig, job, make_backend
 
@@ -35,7 +35,7 @@ def test_a_gang_that_does_not_fit_binds_nothing_holds_no_quota_and_says_why(rig:
         assert view.workload.reason == "capacity"
         assert used(rig, "team-a") == 0
         assert rig.runner.launched == []
-    assert view.workload.kind == WorkloadKind.JOB.value
+    assert view.workload is not None and view.workload.kind == WorkloadKind.JOB.value
     assert rig.alloc.allocations() == []
     rig.alloc.node_updated(hgx("n4", "r2"))
     rig.step()
@@ -68,10 +68,10 @@ def test_ranks_are_contiguous_per_node_and_pinned_to_their_devices(rig: Rig) -> 
     assert attempt.queue_wait_s == 0
 
 
-def view_allocations(rig: Rig, job_id: str) -> tuple[object, ...]:
+def view_allocations(rig: Rig, job_id: str) -> tuple[AllocationRecord, ...]:
     w = rig.jobs.view(job_id).workload
     assert w is not None
-    return w.allocations  # type: ignore[return-value]
+    return w.allocations
 
 
 def test_failures_restart_after_backoff_from_the_checkpoint_until_the_backoff_limit(
@@ -192,9 +192,10 @@ def test_a_lost_node_stops_the_gang_and_requeues(rig: Rig) -> None:
     assert j.state is JobState.BACKOFF and j.restarts == 1
     first = rig.jobs.attempts(jid)[0]
     assert (first.exit_reason, first.counted) == ("node lost", True)
-    assert rig.runner.stops[-1] == (jid, 1, 0)
+    assert rig.runner.stops[-1] == (jid, 1, 0.0)
     rig.advance(5)
-    assert rig.jobs.get(jid).state is JobState.RUNNING
+    again = rig.jobs.get(jid)
+    assert again.state is JobState.RUNNING
     assert node not in rig.jobs.attempts(jid)[1].nodes
 
 
