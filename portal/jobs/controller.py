@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from policies.errors import InvalidRequest, NotFound, PortalError
+from policies.errors import InvalidRequest, NotFound, PortalError, Unavailable
 from policies.jobs import (
     BACKOFF_LIMIT,
     CANCELLED,
@@ -101,12 +101,15 @@ class JobController:
         kind: BackendKind = BackendKind.LOCAL,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         clock: Callable[[], datetime] | None = None,
+        refuse: str | None = None,
     ) -> None:
         self._alloc = alloc
         self.backend = backend
         # What jobs must carry to run (a command, or an image): the backend's, when given.
         self.kind = backend.kind if backend is not None else kind
         self._stop_grace_s = stop_grace_s
+        # Why this controller takes no new jobs (no backend could run them), or None.
+        self._refuse = refuse
         self._clock = clock
         self._lock = threading.RLock()
         # (job id, attempt) -> rank -> exit code, of attempts that run.
@@ -151,6 +154,8 @@ class JobController:
         """Take a job and request its first attempt. Bad input raises before anything is
         created (the allocator's own checks included)."""
         spec.check_backend(self.kind)
+        if self._refuse is not None:
+            raise Unavailable(self._refuse)
         fits_cluster(spec, self._alloc.read(cluster_facts))
         with self._lock:
             now = self.now
