@@ -181,6 +181,9 @@ class JobOut(Model):
     updated_at: datetime
     next_start_at: datetime | None = Field(description="In backoff: when it is requeued.")
     ended_at: datetime | None = Field(description="null until it ends.")
+    gpu_hours: float = Field(
+        ge=0, description="GPU-equivalent hours its attempts held, running ones up to now."
+    )
     spec: dict[str, Any] = Field(description="The job as submitted (defaults filled in).")
     workload: WorkloadOut | None = Field(
         description=(
@@ -200,7 +203,7 @@ class LogOut(Model):
     done: bool = Field(description="The attempt ended and everything was read: stop following.")
 
 
-def job_out(v: JobView) -> JobOut:
+def job_out(v: JobView, gpu_hours: float) -> JobOut:
     j = v.job
     return JobOut(
         id=j.id,
@@ -219,6 +222,7 @@ def job_out(v: JobView) -> JobOut:
         updated_at=j.updated_at,
         next_start_at=j.next_start_at,
         ended_at=j.ended_at,
+        gpu_hours=gpu_hours,
         spec=j.spec,
         workload=convert.workload_out(v.workload) if v.workload is not None else None,
     )
@@ -289,7 +293,8 @@ def submit_job(
     """Created with its first attempt requested: see `workload` for its queue reason,
     position and ETA, or its allocations when it was placed at once."""
     charge(caller, body.tenant)
-    return job_out(controller.submit(spec_of(body, caller.name)))
+    view = controller.submit(spec_of(body, caller.name))
+    return job_out(view, controller.gpu_hours(view.job.id))
 
 
 @router.get(
@@ -309,7 +314,7 @@ def list_jobs(
     """Every job the caller may see, in submission order, ended ones included."""
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     views = [v for v in controller.jobs(shown) if state is None or v.job.state is state]
-    return page.page_of(views, job_out)
+    return page.page_of(views, lambda v: job_out(v, controller.gpu_hours(v.job.id)))
 
 
 def _readable(caller: Caller, controller: JobController, job_id: str) -> JobView:
@@ -324,7 +329,7 @@ def get_job(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     controller: Annotated[JobController, Depends(jobs)],
 ) -> JobOut:
-    return job_out(_readable(caller, controller, job_id))
+    return job_out(_readable(caller, controller, job_id), controller.gpu_hours(job_id))
 
 
 @router.delete(
@@ -339,7 +344,7 @@ def cancel_job(
     controller: Annotated[JobController, Depends(jobs)],
 ) -> JobOut:
     charge(caller, controller.get(job_id).tenant)
-    return job_out(controller.cancel(job_id))
+    return job_out(controller.cancel(job_id), controller.gpu_hours(job_id))
 
 
 @router.get(

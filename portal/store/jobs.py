@@ -5,6 +5,7 @@ same transaction discipline, writer guard and version checks as workloads."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import RowMapping, Table, select
@@ -128,6 +129,23 @@ def jobs(
 
 def active_jobs(store: Store) -> list[JobRecord]:
     return jobs(store, states=[s for s in JobState if not s.terminal])
+
+
+def gpu_hours(store: Store, job_id: str, now: datetime) -> float:
+    """GPU-equivalent hours the job's attempts held (running ones up to ``now``): the job's
+    share of the tenant's usage, priced like any workload's."""
+    allocations = metadata.tables["allocations"]
+    query = (
+        select(allocations.c.gpu_equivalent, allocations.c.created_at, allocations.c.released_at)
+        .join(ATTEMPTS, ATTEMPTS.c.workload_id == allocations.c.workload_id)
+        .where(ATTEMPTS.c.job_id == job_id)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    seconds: float = sum(
+        geq * max(0.0, ((end or now) - start).total_seconds()) for geq, start, end in rows
+    )
+    return seconds / 3600
 
 
 def attempts(store: Store, job_id: str) -> list[AttemptRecord]:

@@ -269,3 +269,19 @@ def test_nodes_added_later_are_used(rig: Rig, members: int) -> None:
     jid = rig.jobs.submit(job(members=members, gpus=8)).job.id
     rig.step()
     assert rig.jobs.get(jid).state is JobState.RUNNING
+
+
+def test_gpu_hours_add_up_the_attempts(rig: Rig) -> None:
+    jid = rig.jobs.submit(job(members=2, gpus=8)).job.id
+    rig.step()
+    rig.clock.advance(seconds=1800)  # 16 GPUs for half an hour: 8 GPU-hours
+    assert rig.jobs.gpu_hours(jid) == pytest.approx(8)
+    rig.runner.exit(jid, 1, 0, 1)
+    rig.step()
+    rig.advance(5)  # backoff, then attempt 2 runs another quarter hour
+    rig.clock.advance(seconds=900)
+    rig.runner.exit(jid, 2, 0, 0)
+    rig.runner.exit(jid, 2, 1, 0)
+    rig.step()
+    rig.clock.advance(seconds=3600)  # ended: no more hours
+    assert rig.jobs.gpu_hours(jid) == pytest.approx(8 + 4)
