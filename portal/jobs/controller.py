@@ -79,6 +79,13 @@ def cluster_facts(state: State) -> ClusterFacts:
     )
 
 
+def _preempting(st: WorkloadStatus) -> bool:
+    """The allocator told the workload to stop for a reclaim (or already ended it so)."""
+    return st.state is WorkloadState.PREEMPTING or (
+        st.state is WorkloadState.RELEASED and st.reason == "preempted"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class JobView:
     """A job as its owner sees it: the record, and its current attempt's workload (queue
@@ -228,10 +235,14 @@ class JobController:
         with self._lock:
             if not self._started:
                 self.start()
+            active = stored.active_jobs(self._alloc.store)
+            running = {(j.id, j.attempt) for j in active if j.state is JobState.RUNNING}
             for e in self.backend.runner.poll():
-                code = exit_code_of(e.exit_code, e.signal)
-                self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
-            for job in stored.active_jobs(self._alloc.store):
+                # Exits of attempts already ended (the members our own stop killed) are old news.
+                if (e.job_id, e.attempt) in running:
+                    code = exit_code_of(e.exit_code, e.signal)
+                    self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
+            for job in active:
                 try:
                     self._advance(job)
                 except PortalError as exc:
@@ -254,13 +265,13 @@ class JobController:
                 self._launch(job, spec, st)
             elif st.state is WorkloadState.QUEUED:
                 self._maybe_relax(job, spec, st)
+            elif _preempting(st):
+                self._preempted(job, st)  # placed and preempted before its launch
             elif st.state.terminal:
                 self._workload_ended(job, st)
             return
         # RUNNING: the allocator's verdicts first (our own stop makes members exit non-zero).
-        if st.state is WorkloadState.PREEMPTING or (
-            st.state is WorkloadState.RELEASED and st.reason == "preempted"
-        ):
+        if _preempting(st):
             self._preempted(job, st)
             return
         if st.state.terminal:
