@@ -79,6 +79,23 @@ def cluster_facts(state: State) -> ClusterFacts:
     )
 
 
+STOP_MARGIN_S = 15.0
+"""After the grace, how long members killed with SIGKILL get to be reported ended before the
+devices are released anyway (a runner that lost them must not hold GPUs forever)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Drain:
+    """An ended attempt whose members were told to stop: its workload keeps the devices until
+    every member has ended or ``until`` passes, so nothing else starts on GPUs a member still
+    uses while it checkpoints."""
+
+    job_id: str
+    attempt: int
+    members: int
+    until: datetime
+
+
 def _preempting(st: WorkloadStatus) -> bool:
     """The allocator told the workload to stop for a reclaim (or already ended it so)."""
     return st.state is WorkloadState.PREEMPTING or (
@@ -121,6 +138,8 @@ class JobController:
         self._lock = threading.RLock()
         # (job id, attempt) -> rank -> exit code, of attempts that run.
         self._exits: dict[tuple[str, int], dict[int, int]] = {}
+        # Workload id -> its ended attempt, still stopping (see ``_Drain``).
+        self._draining: dict[str, _Drain] = {}
         # Preempted workload -> the tenant reclaiming (from the allocator's events).
         self._claimants: dict[str, str] = {}
         self._started = False
@@ -146,6 +165,26 @@ class JobController:
             for job in stored.active_jobs(self._alloc.store):
                 if job.state is JobState.RUNNING and (job.id, job.attempt) not in adopted:
                     self._end(job, Verdict(restart=True, counted=False), LOST_AT_RESTART, None)
+            self._release_leftovers(adopted)
+
+    def _release_leftovers(self, adopted: set[tuple[str, int]]) -> None:
+        """Workloads of ended attempts that were still stopping when the portal went down:
+        drained again if their members still run, else released."""
+        store = self._alloc.store
+        current = {j.workload_id for j in stored.active_jobs(store) if j.workload_id}
+        for w in self._alloc.workloads():
+            if w.kind != WorkloadKind.JOB.value or w.id in current or w.id in self._draining:
+                continue
+            attempt = stored.attempt_of_workload(store, w.id)
+            if attempt is None:
+                continue  # a workload of kind job requested directly, not by a job
+            job = stored.job(store, attempt.job_id)
+            if (attempt.job_id, attempt.number) in adopted and job is not None:
+                members = int(job.spec["members"])  # type: ignore[call-overload]
+                until = self.now + timedelta(seconds=self._stop_grace_s + STOP_MARGIN_S)
+                self._draining[w.id] = _Drain(attempt.job_id, attempt.number, members, until)
+            else:
+                self._alloc.release(w.id, reason="job attempt ended")
 
     def _observe(self, decision: Decision) -> None:
         # Under the allocator's lock: only remember, never call back.
@@ -224,6 +263,8 @@ class JobController:
             job = self.get(job_id)
             if not job.state.terminal:
                 self._end(job, None, CANCELLED, None)
+                if self.backend is not None:
+                    self._collect(stored.active_jobs(self._alloc.store))
             return self.view(job_id)
 
     # ---------------------------------------------------------------- the loop's side
@@ -236,18 +277,33 @@ class JobController:
             if not self._started:
                 self.start()
             active = stored.active_jobs(self._alloc.store)
-            running = {(j.id, j.attempt) for j in active if j.state is JobState.RUNNING}
-            for e in self.backend.runner.poll():
-                # Exits of attempts already ended (the members our own stop killed) are old news.
-                if (e.job_id, e.attempt) in running:
-                    code = exit_code_of(e.exit_code, e.signal)
-                    self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
+            self._collect(active)
             for job in active:
                 try:
                     self._advance(job)
                 except PortalError as exc:
                     # One job's trouble (a refused request on restart) must not stop others.
                     log.warning("job %s: %s", job.id, exc.message)
+            # Members stopped in this round may have ended already: free their devices now.
+            self._collect(stored.active_jobs(self._alloc.store))
+
+    def _collect(self, active: Collection[JobRecord]) -> None:
+        """Record the exits of running and stopping attempts, then release the devices of
+        stopping attempts whose members all ended (or whose time is up)."""
+        assert self.backend is not None
+        watched = {(j.id, j.attempt) for j in active if j.state is JobState.RUNNING}
+        watched |= {(d.job_id, d.attempt) for d in self._draining.values()}
+        for e in self.backend.runner.poll():
+            if (e.job_id, e.attempt) in watched:  # others are old news
+                code = exit_code_of(e.exit_code, e.signal)
+                self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
+        now = self.now
+        for wid, d in list(self._draining.items()):
+            ended = self._exits.get((d.job_id, d.attempt), {})
+            if len(ended) >= d.members or now >= d.until:
+                del self._draining[wid]
+                self._exits.pop((d.job_id, d.attempt), None)
+                self._alloc.release(wid, reason="job attempt ended")
 
     def _advance(self, job: JobRecord) -> None:
         spec = self._spec(job)
@@ -471,12 +527,25 @@ class JobController:
     # ---------------------------------------------------------------- helpers
 
     def _stop_members(self, job: JobRecord, grace_s: float) -> None:
-        """Stop the attempt's members (if it ran) and give its devices back."""
-        if job.state is JobState.RUNNING and self.backend is not None:
-            self.backend.runner.stop(job.id, job.attempt, grace_s)
+        """Stop the attempt's members, if it ran (SIGTERM now, SIGKILL after ``grace_s``,
+        without waiting), and give its devices back once they have ended (``_Drain``); an
+        attempt that never launched gives them back at once."""
+        wid = job.workload_id
+        if job.state is JobState.RUNNING and self.backend is not None and wid is not None:
+            ended = len(self._exits.get((job.id, job.attempt), {}))
+            members = int(job.spec["members"])  # type: ignore[call-overload]
+            if ended < members:
+                try:
+                    self.backend.runner.stop(job.id, job.attempt, grace_s, wait=False)
+                except self.backend.launch_error as exc:  # e.g. no member left on this host
+                    log.warning("job %s attempt %d: %s", job.id, job.attempt, exc)
+                else:
+                    until = self.now + timedelta(seconds=grace_s + STOP_MARGIN_S)
+                    self._draining[wid] = _Drain(job.id, job.attempt, members, until)
+                    return
         self._exits.pop((job.id, job.attempt), None)
-        if job.workload_id is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
-            self._alloc.release(job.workload_id, reason=f"job {job.state.value} ended")
+        if wid is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
+            self._alloc.release(wid, reason=f"job {job.state.value} ended")
 
     def _claimant(self, st: WorkloadStatus) -> str:
         """The tenant whose reclaim preempted ``st``."""

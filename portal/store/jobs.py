@@ -148,6 +148,14 @@ def gpu_hours(store: Store, job_id: str, now: datetime) -> float:
     return seconds / 3600
 
 
+def attempt_of_workload(store: Store, workload_id: str) -> AttemptRecord | None:
+    """The attempt that ``workload_id`` was requested for, or None (not a job's)."""
+    query = select(ATTEMPTS).where(ATTEMPTS.c.workload_id == workload_id)
+    with store.engine.connect() as conn:
+        row = conn.execute(query).mappings().first()
+    return None if row is None else attempt_record(row)
+
+
 def attempts(store: Store, job_id: str) -> list[AttemptRecord]:
     query = select(ATTEMPTS).where(ATTEMPTS.c.job_id == job_id).order_by(ATTEMPTS.c.number)
     with store.engine.connect() as conn:

@@ -73,6 +73,8 @@ class FakeRunner:
     pending: list[FakeExit] = field(default_factory=list)
     adoptable: list[tuple[str, int]] = field(default_factory=list)
     fail_next_launch: bool = False
+    # False: members ignore SIGTERM until a test makes them exit (a script checkpointing).
+    stop_ends_members: bool = True
     # Tests make members exit from their own thread while the service's loop polls.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -89,9 +91,11 @@ class FakeRunner:
             self.running.get((job_id, attempt), set()).discard(rank)
             self.pending.append(FakeExit(job_id, attempt, rank, code, None))
 
-    def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
+    def stop(self, job_id: str, attempt: int, grace_s: float, *, wait: bool = True) -> None:
         with self.lock:
             self.stops.append((job_id, attempt, grace_s))
+            if not self.stop_ends_members:
+                return
             for rank in sorted(self.running.pop((job_id, attempt), set())):
                 self.pending.append(FakeExit(job_id, attempt, rank, None, 15))
 

@@ -285,3 +285,53 @@ def test_gpu_hours_add_up_the_attempts(rig: Rig) -> None:
     rig.step()
     rig.clock.advance(seconds=3600)  # ended: no more hours
     assert rig.jobs.gpu_hours(jid) == pytest.approx(8 + 4)
+
+
+def test_a_stopped_attempt_keeps_its_devices_until_its_members_have_ended(rig: Rig) -> None:
+    rig.runner.stop_ends_members = False  # the script checkpoints before it exits
+    jid = rig.jobs.submit(job(members=4, gpus=8)).job.id
+    rig.step()
+    claimant = rig.alloc.request(wl("team-b", gpus(8), gang=2))
+    rig.step()
+    assert rig.runner.stops[-1][:2] == (jid, 1)
+    assert rig.jobs.attempts(jid)[0].exit_reason == "preempted by team-b reclaim"
+    # Still checkpointing: nothing else may start on its GPUs.
+    for _ in range(3):
+        rig.advance(1)
+        assert used(rig, "team-a") == 32
+        assert rig.alloc.status(claimant.id).state is WorkloadState.QUEUED
+    for rank in range(4):
+        rig.runner.exit(jid, 1, rank, 143)
+    rig.step()
+    assert rig.alloc.status(claimant.id).state is WorkloadState.RUNNING
+    j = rig.jobs.get(jid)
+    assert (j.restarts, j.preemptions) == (0, 1)  # the SIGTERM exits are not failures
+
+
+def test_members_that_never_end_give_their_devices_back_after_the_grace(rig: Rig) -> None:
+    rig.runner.stop_ends_members = False
+    jid = rig.jobs.submit(job(members=2, gpus=8)).job.id
+    rig.step()
+    view = rig.jobs.cancel(jid)
+    assert view.job.state is JobState.CANCELLED  # at once, and never restarted
+    rig.advance(10)  # the stop grace
+    assert used(rig, "team-a") == 16
+    rig.advance(16)  # and the margin for the SIGKILL to be reported
+    assert used(rig, "team-a") == 0
+
+
+def test_a_restart_while_members_stop_drains_or_releases(rig: Rig) -> None:
+    rig.runner.stop_ends_members = False
+    still = rig.jobs.submit(job(members=1, gpus=8)).job.id
+    gone = rig.jobs.submit(job(members=1, gpus=8)).job.id
+    rig.step()
+    rig.jobs.cancel(still)
+    rig.jobs.cancel(gone)
+    assert used(rig, "team-a") == 16
+    rig.runner.adoptable = [(still, 1)]  # gone's member died with the portal
+    again = JobController(rig.alloc, backend=make_backend(rig.runner, rig.checkpoints))
+    again.start()
+    assert used(rig, "team-a") == 8
+    rig.runner.exit(still, 1, 0, 143)
+    again.step()
+    assert used(rig, "team-a") == 0
