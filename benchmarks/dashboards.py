@@ -347,7 +347,12 @@ class LiveChange:
             # team-00 is held at its current use, so the new workload waits in the queue:
             # it appears in the Tenant view's queue and in My work.
             used = sum(u.used for u in self.alloc.usage("team-00") if u.flavor == "H100-80GB")
-            self.alloc.set_quota("team-00", "H100-80GB", guaranteed=used, limit=used)
+            # Only the limit holds it; its guarantee stays (raising it past the others'
+            # would over-commit the flavor, which the allocator refuses).
+            held = next(q for q in self.alloc.quotas("team-00") if q.flavor == "H100-80GB")
+            self.alloc.set_quota(
+                "team-00", "H100-80GB", guaranteed=min(held.guaranteed, used), limit=used
+            )
             name = f"live-{view}-{self.made}"
             t = time.time()
             self._request("team-00", "user-00", name, 1)

@@ -4,7 +4,7 @@
 realistic mixed cluster from the presets (HGX H100 8-GPU NVSwitch nodes, 4-GPU A100 PCIe nodes
 with NVLink bridges in pairs, 8-GPU two-socket PCIe nodes; 8 nodes a rack) and drives a
 seeded stream of 1/2/4/8-GPU requests with releases, plus multi-node gangs that ask for
-``same-rack``, through ``policies.placement.pipeline.place``/``place_gang`` for each policy.
+``same-rack``, through ``policies.placement.pipeline.place``/``gangs.place_gang`` for each policy.
 
 At every multi-GPU decision the best link class free on *any* feasible node is found by brute
 force (every k-subset of every node's free GPUs), and so is whether any node had k free GPUs on
@@ -31,7 +31,8 @@ from typing import TypeVar
 from policies.flavors import FlavorKind
 from policies.inventory import Node
 from policies.placement.framework import Policy
-from policies.placement.pipeline import ANYWHERE, NoFit, place, place_gang, unfit
+from policies.placement.gangs import place_gang
+from policies.placement.pipeline import ANYWHERE, NoFit, place, unfit
 from policies.placement.scorers import policy as named_policy
 from policies.placement.scorers.binpack import BinPack
 from policies.placement.state import ClusterState, NodeState, Placement

@@ -72,9 +72,9 @@ class ClusterView(Viewer):
             used = self.store.utilization
             return [
                 (
-                    g.node,
+                    n.name,
                     g.index,
-                    used[(g.node, g.index)] / 100 if (g.node, g.index) in used else float("nan"),
+                    used[(n.name, g.index)] / 100 if (n.name, g.index) in used else float("nan"),
                 )
                 for n in self.store.nodes
                 for g in n.gpus

@@ -10,8 +10,9 @@ import holoviews.plotting.bokeh  # registers the Bokeh backend that .opts() need
 import panel as pn
 import param
 
-from dashboards.sources import AlertInfo, Workload
 from dashboards.stores import Store
+from portal.api.alerts import AlertOut
+from portal.api.schemas import WorkloadOut
 
 hv.Store.set_current_backend("bokeh")
 # Canvas, not WebGL: these plots are small (one raster, a few hundred bars), where a WebGL
@@ -61,17 +62,6 @@ def number(label: str, value: str) -> str:
     return f"{label} **{value}**"
 
 
-def eta(seconds: float | None) -> str:
-    """A wait for people: '40 s', '12 min', '3.5 h'; 'unknown' when the portal cannot say."""
-    if seconds is None:
-        return "unknown"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def summary(*figures: str) -> str:
     return " · ".join(figures)
 
@@ -84,18 +74,18 @@ def percent(value: float | None) -> str:
     return f"{value:.1f}%" if 0 < value < 10 else f"{value:.0f}%"
 
 
-def devices(w: Workload) -> str:
+def devices(w: WorkloadOut) -> str:
     """``hgx-1: GPU 4,5 (H100-80GB ×2)``, one part per allocation; '—' when none."""
-    if not w.devices:
+    if not w.allocations:
         return "—"
     return "; ".join(
         f"{d.node}: GPU {','.join(map(str, d.gpus))} ({d.flavor} ×{d.amount})"
         + (" borrowed" if d.borrowed else "")
-        for d in w.devices
+        for d in w.allocations
     )
 
 
-def alert_table(alerts: Sequence[AlertInfo], *, empty: str, owners: bool = False) -> str:
+def alert_table(alerts: Sequence[AlertOut], *, empty: str, owners: bool = False) -> str:
     """Alerts as rows of rule (in words), state, the member it is about (with ``owners``) and
     the portal's summary."""
     columns = ["alert", "state", *(["member"] if owners else []), "about"]

@@ -12,12 +12,12 @@ import param
 from panel.viewable import Viewer
 
 from dashboards import components as c
-from dashboards.sources import CostGroup
 from dashboards.stores import CostStore
-from dashboards.stores.cost import efficiency, measured
+from dashboards.stores.cost import cost, efficiency, idle_cost, measured
+from portal.api.cost import CostGroupOut
 
 
-def _pct(g: CostGroup) -> str:
+def _pct(g: CostGroupOut) -> str:
     """Efficiency for people; "not measured" (as My work and Tenant say) for a group none of
     whose time was measured, which the portal reports as 0 % used."""
     x = efficiency(g)
@@ -38,10 +38,10 @@ class CostView(Viewer):
         if r is None:
             return ""
         t = r.total
-        idle = "not measured" if not measured(t) else f"{t.idle_cost} {r.currency}"
+        idle = "not measured" if not measured(t) else f"{idle_cost(t)} {r.currency}"
         return c.summary(
             f"{r.start:%Y-%m-%d} – {r.end:%Y-%m-%d %H:%M} UTC",
-            c.number("cost", f"{t.cost:,} {r.currency}"),
+            c.number("cost", f"{cost(t):,} {r.currency}"),
             c.number("GPU-hours", f"{t.allocated_gpu_hours:,.1f}"),
             c.number("efficiency", _pct(t)),
             c.number("idle spend", idle),
@@ -82,7 +82,7 @@ class CostView(Viewer):
 
     def flavors(self, *_: object) -> str:
         rows = [
-            (g.flavor, f"{g.cost:,}", g.allocated_gpu_hours, _pct(g)) for g in self.store.flavors
+            (g.flavor, f"{cost(g):,}", g.allocated_gpu_hours, _pct(g)) for g in self.store.flavors
         ]
         return c.table_html(rows, ["flavor", "cost", "GPU-hours", "efficiency"], empty="no cost")
 
@@ -106,7 +106,7 @@ class CostView(Viewer):
         )
 
     def idle(self, *_: object) -> str:
-        rows = [(g.tenant, g.owner, f"{g.idle_cost:,}") for g in self.store.top_idle()]
+        rows = [(g.tenant, g.owner, f"{idle_cost(g):,}") for g in self.store.top_idle()]
         return c.table_html(rows, ["tenant", "owner", "idle spend"], empty="no idle spend measured")
 
     def no_report(self, *_: object) -> bool:

@@ -12,33 +12,36 @@ import panel as pn
 from panel.viewable import Viewer
 
 from dashboards import components as c
-from dashboards.sources import UsagePoint, Workload
 from dashboards.stores import MyWorkStore
+from portal.api.schemas import WorkloadOut
+from portal.api.telemetry import PointOut
+from portal.waits import queue_line
 
 
-def waiting(w: Workload) -> str:
-    """Queue position, reason and ETA of a queued workload; '' otherwise."""
+def waiting(w: WorkloadOut) -> str:
+    """Queue position, reason and wait of a queued workload, in the words the spawn page and
+    the CLI use (``portal.waits``); '' otherwise."""
     if w.state != "queued":
         return ""
-    return f"#{w.position} · {w.reason} · ETA {c.eta(w.eta_s)} — {w.message}"
+    return queue_line(w.position, w.reason, w.message, w.eta_s)
 
 
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def usage_row(name: str, points: list[UsagePoint]) -> tuple[str, str, str, str, str]:
+def usage_row(name: str, points: list[PointOut]) -> tuple[str, str, str, str, str]:
     """Workload, utilization now and averaged over the hour (of its allocation), memory now
     and at most (MiB); the hour's average weighs every measured minute alike."""
-    measured = [p.utilization for p in points if p.utilization is not None]
+    measured = [p.utilization_avg for p in points if p.utilization_avg is not None]
     last = points[-1]
     average = sum(measured) / len(measured) if measured else None
-    peak = max(p.memory_mib for p in points)
+    peak = max(p.memory_used_avg for p in points)
     return (
         name,
-        c.percent(last.utilization),
+        c.percent(last.utilization_avg),
         c.percent(average),
-        f"{last.memory_mib:,.0f}",
+        f"{last.memory_used_avg:,.0f}",
         f"{peak:,.0f}",
     )
 
@@ -58,7 +61,7 @@ class MyWorkView(Viewer):
         running = sum(1 for w in ws if w.state == "running")
         queued = sum(1 for w in ws if w.state == "queued")
         gpus = sum(
-            d.amount for w in ws for d in w.devices if "/" not in d.flavor
+            d.amount for w in ws for d in w.allocations if "/" not in d.flavor
         )  # whole GPUs only: shares and MIG slices are not GPUs
         return c.summary(
             c.number("running", str(running)),
@@ -91,7 +94,10 @@ class MyWorkView(Viewer):
     def usage_plot(self, *_: object) -> hv.Overlay | hv.Text:
         names = {w.id: w.name for w in self.store.workloads}
         curves = []
-        for metric, label in (("utilization", "GPU utilization %"), ("memory_mib", "memory MiB")):
+        for metric, label in (
+            ("utilization_avg", "GPU utilization %"),
+            ("memory_used_avg", "memory MiB"),
+        ):
             # An unmeasured minute (None) is a gap in the line (NaN), neither 0 % nor a
             # straight line drawn across it.
             per_workload = [

@@ -12,6 +12,7 @@ from panel.viewable import Viewer
 from dashboards import components as c
 from dashboards.stores import QuotaDraft, TenantStore
 from portal.api.auth import Caller, Scope
+from portal.waits import eta_words
 
 MEASURES = ["guaranteed", "limit", "in use", "borrowed", "lent"]
 _MEASURE_COLOURS = {  # Category10, as the charts elsewhere
@@ -162,7 +163,15 @@ class TenantView(Viewer):
 
     def queue(self, *_: object) -> str:
         rows = [
-            (e.tenant_position, e.position, e.name, e.owner, e.reason, e.message, c.eta(e.eta_s))
+            (
+                e.tenant_position,
+                e.position,
+                e.name,
+                e.owner,
+                e.reason,
+                e.message,
+                eta_words(e.eta_s),
+            )
             for e in self.store.queue
         ]
         return c.table_html(

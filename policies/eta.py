@@ -52,6 +52,13 @@ class ReleaseCurve:
         self._times = [end for end, _ in ends]
         self._released = list(itertools.accumulate(amount for _, amount in ends))
 
+    @classmethod
+    def _of_sorted(cls, times: list[float], amounts: list[int]) -> ReleaseCurve:
+        curve = cls.__new__(cls)
+        curve._times = times
+        curve._released = list(itertools.accumulate(amounts))
+        return curve
+
     def wait(self, ahead: int, free_now: int, need: int, now: float) -> float | None:
         """Seconds until ``free_now`` plus what has ended covers ``ahead + need``."""
         if need < 0 or free_now < 0 or ahead < 0:
@@ -65,3 +72,57 @@ class ReleaseCurve:
         if i == len(self._released):
             return None
         return max(0.0, self._times[i] - now)
+
+
+class ReleaseTimeline:
+    """``ReleaseCurve``'s incremental twin: the holders' finite expected ends kept sorted as
+    holders come and go, so a live state keeps one per flavor and answers one queued
+    workload's wait by walking only the first ends it needs — O(ends walked) — instead of
+    collecting and sorting every holder per question. ``wait`` answers what a
+    ``ReleaseCurve`` of the same ends answers; ``curve()`` is that curve, for a walk down a
+    whole queue."""
+
+    __slots__ = ("_ends",)
+
+    def __init__(self) -> None:
+        self._ends: list[tuple[float, str, int]] = []
+
+    def add(self, end: float, holder: str, amount: int) -> None:
+        if amount < 0:
+            raise InvalidRequest("running amount", amount, ">= 0")
+        if amount and math.isfinite(end):
+            bisect.insort(self._ends, (end, holder, amount))
+
+    def remove(self, end: float, holder: str, amount: int) -> None:
+        if not amount or not math.isfinite(end):
+            return
+        entry = (end, holder, amount)
+        i = bisect.bisect_left(self._ends, entry)
+        if i == len(self._ends) or self._ends[i] != entry:
+            raise KeyError(entry)
+        del self._ends[i]
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def entries(self) -> list[tuple[float, str, int]]:
+        return list(self._ends)
+
+    def wait(self, ahead: int, free_now: int, need: int, now: float) -> float | None:
+        """Seconds until ``free_now`` plus what has ended covers ``ahead + need``."""
+        if need < 0 or free_now < 0 or ahead < 0:
+            raise InvalidRequest(
+                "amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0"
+            )
+        short = ahead + need - free_now
+        if short <= 0:
+            return 0.0
+        released = 0
+        for end, _, amount in self._ends:
+            released += amount
+            if released >= short:
+                return max(0.0, end - now)
+        return None
+
+    def curve(self) -> ReleaseCurve:
+        return ReleaseCurve._of_sorted([e[0] for e in self._ends], [e[2] for e in self._ends])

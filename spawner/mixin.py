@@ -54,6 +54,7 @@ from policies.errors import Forbidden, InvalidRequest, NotFound, PortalError
 from portal.api.schemas import WorkloadOut
 from portal.errors import PortalUnreachable
 from portal.store.records import WorkloadState
+from portal.waits import duration
 from spawner import options as forms
 from spawner.portal_api import SpawnerPortal
 
@@ -512,7 +513,7 @@ def _http_error(exc: PortalError) -> web.HTTPError:
 
 
 def _seconds(limit: float) -> str:
-    return f"{limit:g} s" if limit < 60 else forms.duration(limit)
+    return f"{limit:g} s" if limit < 60 else duration(limit)
 
 
 def _where(a: GPUAllocation) -> str:

@@ -9,13 +9,13 @@ came from the form or straight from the hub's REST API, so the form cannot be by
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
 from policies.errors import Forbidden, InvalidRequest
 from portal.api.offers import OfferOut, OfferStateOut
+from portal.waits import wait_words, why_and_when
 
 USER_OPTION_KEYS = ("tenant", "option")
 CPU_OPTION = "cpu"  # the offer key of a server without GPUs
@@ -54,29 +54,6 @@ def ordinal(n: int) -> str:
     return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
 
 
-def duration(seconds: float | None) -> str:
-    """A wait in words: ``under a minute``, ``12 min``, ``2 h 5 min``; ``unknown`` for None."""
-    if seconds is None or math.isinf(seconds):
-        return "unknown"
-    minutes = math.ceil(seconds / 60)
-    if seconds < 60:
-        return "under a minute"
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, rest = divmod(minutes, 60)
-    return f"{hours} h {rest} min" if rest else f"{hours} h"
-
-
-NO_ESTIMATE = "waits for a release; no estimate"
-"""What a wait without an estimate says: the portal gives none when only a release admits the
-request and no running work it waits for has an expected end."""
-
-
-def wait_words(eta_s: float | None) -> str:
-    """``estimated wait 12 min``, or ``NO_ESTIMATE`` when the portal has no estimate."""
-    return NO_ESTIMATE if eta_s is None else f"estimated wait {duration(eta_s)}"
-
-
 def badge(offer: OfferOut) -> str:
     """The short state shown next to an option."""
     if offer.state is OfferStateOut.AVAILABLE:
@@ -107,8 +84,9 @@ def queued_message(
     wait 12 min``."""
     where = f"{ordinal(tenant_position)} in {tenant}" if tenant_position else f"in {tenant}"
     overall = f" ({ordinal(position)} overall)" if position and position != tenant_position else ""
-    why = f": {message}" if message else ""
-    return f"Queued {where}{overall} for {label}{why}; {wait_words(eta_s)}"
+    # The dashboards and the CLI tell the same wait in the same words (portal.waits).
+    why = f": {why_and_when(message, eta_s)}" if message else f"; {wait_words(eta_s)}"
+    return f"Queued {where}{overall} for {label}{why}"
 
 
 _BADGE = {

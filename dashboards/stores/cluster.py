@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 import param
 
-from dashboards.sources import AlertInfo, Capacity, NodeChanges, NodeInfo, Source
+from dashboards.sources import NodeChanges, Source
 from dashboards.stores.base import HEALTH_RULES, UTILIZATION_WINDOW_S, Store, in_words, not_shown
 from policies.errors import Forbidden, PortalError
 from policies.flavors import Flavor, FlavorKind
+from portal.api.alerts import AlertOut
+from portal.api.schemas import CapacityOut, GpuOut, MigInstanceOut, NodeOut
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,15 +28,23 @@ class FreeCapacity:
         return self.guaranteed > self.capacity
 
 
+def allocated_milli(g: GpuOut) -> int:
+    """Share of ``g`` held by workloads: a MIG GPU counts its used slots' memory slices."""
+    if g.mig_enabled and g.mig_layout:
+        used = sum(1 for s in g.mig_layout if not s.free)
+        return round(1000 * used / len(g.mig_layout))
+    return 1000 - g.free_milli
+
+
 ALL_READ = "read"
 NOT_SHOWN = "not shown"
 UNKNOWN = "unknown"
 
-_LATEST: dict[str, tuple[str, list[NodeInfo]]] = {}
+_LATEST: dict[str, tuple[str, list[NodeOut]]] = {}
 """Per portal origin: the latest inventory version read by any Cluster page and its nodes."""
 
 
-def _merged(held: list[NodeInfo], changes: NodeChanges) -> list[NodeInfo]:
+def _merged(held: list[NodeOut], changes: NodeChanges) -> list[NodeOut]:
     by_name = {n.name: n for n in held}
     for n in changes.nodes:
         by_name[n.name] = n
@@ -46,17 +56,17 @@ def _merged(held: list[NodeInfo], changes: NodeChanges) -> list[NodeInfo]:
 class ClusterStore(Store):
     """Nodes, GPUs, MIG layouts and topology (``inventory:read``)."""
 
-    nodes = param.List(default=[], item_type=NodeInfo, doc="Every node, by name, no topology.")
-    capacity = param.List(default=[], item_type=Capacity, doc="Units per flavor.")
+    nodes = param.List(default=[], item_type=NodeOut, doc="Every node, by name, no topology.")
+    capacity = param.List(default=[], item_type=CapacityOut, doc="Units per flavor.")
     guaranteed = param.Dict(
         default={}, doc="Flavor -> the guarantees of the tenants the viewer reads, summed."
     )
     selected = param.String(default="", doc="The node whose topology and MIG layout are shown.")
     detail = param.ClassSelector(
-        class_=NodeInfo, default=None, allow_None=True, doc="The selected node with topology."
+        class_=NodeOut, default=None, allow_None=True, doc="The selected node with topology."
     )
 
-    health = param.List(default=[], item_type=AlertInfo, doc="XID, throttling, ECC alerts.")
+    health = param.List(default=[], item_type=AlertOut, doc="XID, throttling, ECC alerts.")
     health_note = param.String(default="", doc="Why node health is not shown.")
     health_known: param.Selector[str] = param.Selector(
         default=UNKNOWN,
@@ -114,7 +124,7 @@ class ClusterStore(Store):
         self._set_changed(read)  # unchanged nodes are the same objects: compared at once
         self._inventory_version = version
 
-    def _nodes_now(self) -> tuple[list[NodeInfo], set[str], str]:
+    def _nodes_now(self) -> tuple[list[NodeOut], set[str], str]:
         """Every node by name, the names of those that changed since the last read, and the
         inventory version they were read at.
 
@@ -153,7 +163,7 @@ class ClusterStore(Store):
         # The heatmap switched: read what it now shows at once, not at the next live update.
         self.refresh()
 
-    def _utilization(self, nodes: list[NodeInfo]) -> tuple[dict[tuple[str, int], float], str]:
+    def _utilization(self, nodes: list[NodeOut]) -> tuple[dict[tuple[str, int], float], str]:
         """Each GPU's latest 1-minute utilization from the portal's per-device read, and why
         none is shown ('' when read). A MIG GPU shows its busiest instance (the max: one
         saturated instance makes the GPU a busy one, and an idle GPU is idle in all of them);
@@ -164,12 +174,13 @@ class ClusterStore(Store):
             usage = self.source.device_usage(start=now - UTILIZATION_WINDOW_S, end=now)
         except PortalError as exc:
             return {}, not_shown("utilization", exc)
-        where = {g.uuid: (g.node, g.index) for n in nodes for g in n.gpus if g.uuid}
+        where = {g.uuid: (n.name, g.index) for n in nodes for g in n.gpus if g.uuid}
         cells: dict[tuple[str, int], float] = {}
         for d in usage:
             cell = where.get(d.gpu_uuid)
-            if cell is not None and d.utilization is not None:
-                cells[cell] = max(d.utilization, cells.get(cell, d.utilization))
+            busy = d.utilization_avg
+            if cell is not None and busy is not None:
+                cells[cell] = max(busy, cells.get(cell, busy))
         return cells, ""
 
     def _guarantees(self) -> dict[str, int]:
@@ -183,7 +194,7 @@ class ClusterStore(Store):
             out[q.flavor] += q.guaranteed
         return dict(out)
 
-    def _health(self) -> tuple[list[AlertInfo], str, str]:
+    def _health(self) -> tuple[list[AlertOut], str, str]:
         """Health alerts, why they are not shown, and what an empty list means. Device alerts
         are the platform's: only unfiltered workloads:read holders see them, so a viewer
         without is told so instead of seeing "no health alerts" (and costs no read)."""
@@ -212,7 +223,7 @@ class ClusterStore(Store):
 
     def allocation(self) -> list[tuple[str, int, float]]:
         """(node, GPU index, allocated fraction 0..1) for every GPU: the heatmap's cells."""
-        return [(g.node, g.index, g.allocated_milli / 1000) for n in self.nodes for g in n.gpus]
+        return [(n.name, g.index, allocated_milli(g) / 1000) for n in self.nodes for g in n.gpus]
 
     def totals(self) -> tuple[int, float]:
         """(GPUs, GPUs' worth allocated)."""
@@ -252,7 +263,7 @@ class ClusterStore(Store):
                 stranded += free
         return stranded / free_total if free_total else 0.0
 
-    def node(self) -> NodeInfo | None:
+    def node(self) -> NodeOut | None:
         """The selected node, with its topology once read."""
         if self.detail is not None and self.detail.name == self.selected:
             return self.detail
@@ -283,6 +294,5 @@ class ClusterStore(Store):
         return [(m, lay, k) for (m, lay), k in sorted(counts.items())]
 
 
-def _start(s: object) -> int:
-    start: int = getattr(s, "start", 0)
-    return start
+def _start(s: MigInstanceOut) -> int:
+    return s.start

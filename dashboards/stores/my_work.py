@@ -6,27 +6,29 @@ import time
 
 import param
 
-from dashboards.sources import AlertInfo, UsagePoint, Workload
 from dashboards.stores.base import USAGE_WINDOW_S, Store, in_words, not_shown
 from policies.errors import PortalError
+from portal.api.alerts import AlertOut
+from portal.api.schemas import WorkloadOut
+from portal.api.telemetry import PointOut
 
 
 class MyWorkStore(Store):
     """The viewer's own workloads with their devices, queue positions and reasons."""
 
     owner = param.String(default="", doc="The viewer: workloads they own are shown.")
-    workloads = param.List(default=[], item_type=Workload, doc="Live workloads of the owner.")
+    workloads = param.List(default=[], item_type=WorkloadOut, doc="Live workloads of the owner.")
     message = param.String(default="", doc="Result of the last stop or cancel.")
     usage = param.Dict(default={}, doc="Workload id -> 1-minute points of the last hour.")
-    alerts = param.List(default=[], item_type=AlertInfo, doc="Alerts about the owner's work.")
+    alerts = param.List(default=[], item_type=AlertOut, doc="Alerts about the owner's work.")
     telemetry_note = param.String(default="", doc="Why usage or alerts are not shown.")
     clock = param.Callable(default=time.time, doc="Epoch seconds: the end of the usage window.")
 
     def _read(self) -> None:
         mine = [w for w in self.source.workloads() if w.owner == self.owner]
         ids = {w.id for w in mine}
-        usage: dict[str, list[UsagePoint]] = {}
-        alerts: list[AlertInfo] = []
+        usage: dict[str, list[PointOut]] = {}
+        alerts: list[AlertOut] = []
         notes = []
         if any(w.state == "running" for w in mine):
             now = float(self.clock())

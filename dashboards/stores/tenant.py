@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 import param
 
-from dashboards.sources import AlertInfo, CostGroup, QueueEntry, Quota, Usage, Workload
 from dashboards.stores.base import MAX_UNITS, UTILIZATION_WINDOW_S, Store, in_words, not_shown
 from dashboards.stores.cost import measured
 from policies.errors import PortalError
 from policies.flavors import Flavor, FlavorKind
+from portal.api.alerts import AlertOut
+from portal.api.cost import CostGroupOut
+from portal.api.schemas import QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +45,14 @@ class TenantStore(Store):
     the quota editor's validation and save."""
 
     tenant = param.String(default="", doc="The tenant shown.")
-    usage = param.List(default=[], item_type=Usage, doc="Per flavor: guaranteed .. lent.")
-    quotas = param.List(default=[], item_type=Quota, doc="Per flavor, with versions (ETags).")
-    queue = param.List(default=[], item_type=QueueEntry, doc="The tenant's pending workloads.")
+    usage = param.List(default=[], item_type=UsageOut, doc="Per flavor: guaranteed .. lent.")
+    quotas = param.List(default=[], item_type=QuotaOut, doc="Per flavor, with versions (ETags).")
+    queue = param.List(default=[], item_type=QueueEntryOut, doc="The tenant's pending workloads.")
     message = param.String(default="", doc="Result of the last save: what changed or why not.")
-    workloads = param.List(default=[], item_type=Workload, doc="Running and queued workloads.")
-    spend = param.List(default=None, allow_None=True, item_type=CostGroup, doc="Per owner.")
+    workloads = param.List(default=[], item_type=WorkloadOut, doc="Running and queued workloads.")
+    spend = param.List(default=None, allow_None=True, item_type=CostGroupOut, doc="Per owner.")
     latest = param.Dict(default={}, doc="Running workload id -> latest utilization % or None.")
-    alerts = param.List(default=[], item_type=AlertInfo, doc="The tenant's alerts.")
+    alerts = param.List(default=[], item_type=AlertOut, doc="The tenant's alerts.")
     note = param.String(default="", doc="What is not shown, and why.")
     clock = param.Callable(default=time.time, doc="Epoch seconds: the end of usage windows.")
 
@@ -63,13 +65,13 @@ class TenantStore(Store):
         workloads = self.source.workloads(self.tenant)
         # Members' figures and alerts need scopes a member may lack: the rest still shows.
         notes: list[str] = []
-        spend: list[CostGroup] | None = None
+        spend: list[CostGroupOut] | None = None
         try:
             spend = list(self.source.cost(["owner"], tenant=self.tenant).groups)
         except PortalError as exc:
             notes.append(not_shown("GPU-hours and efficiency", exc))
         latest = self._latest(workloads, notes)
-        alerts: list[AlertInfo] = []
+        alerts: list[AlertOut] = []
         try:
             alerts = self.source.alerts(self.tenant)
         except PortalError as exc:
@@ -86,7 +88,7 @@ class TenantStore(Store):
         }
         self._set_changed(read)
 
-    def _latest(self, workloads: list[Workload], notes: list[str]) -> dict[str, float | None]:
+    def _latest(self, workloads: list[WorkloadOut], notes: list[str]) -> dict[str, float | None]:
         """The last measured minute of each running workload within the last five; one
         series read for every workload the viewer may see (no read when none runs)."""
         running = [w.id for w in workloads if w.state == "running"]
@@ -103,7 +105,7 @@ class TenantStore(Store):
         out: dict[str, float | None] = {}
         for wid in running:
             if wid in series:
-                measured = [p.utilization for p in series[wid] if p.utilization is not None]
+                measured = [p.utilization_avg for p in series[wid] if p.utilization_avg is not None]
                 out[wid] = measured[-1] if measured else None
         if len(out) < len(running):
             notes.append(
@@ -114,7 +116,7 @@ class TenantStore(Store):
 
     def members(self) -> list[Member]:
         """Everyone with live workloads or GPU-hours this month, most GPU-hours first."""
-        live: dict[str, list[Workload]] = {}
+        live: dict[str, list[WorkloadOut]] = {}
         for w in self.workloads:
             live.setdefault(w.owner, []).append(w)
         spent = {g.owner: g for g in self.spend or () if g.owner is not None}
@@ -131,7 +133,7 @@ class TenantStore(Store):
                     whole_gpus=sum(
                         d.amount
                         for w in mine
-                        for d in w.devices
+                        for d in w.allocations
                         if Flavor.parse(d.flavor).kind is FlavorKind.GPU
                     ),
                     gpu_hours=hours,
@@ -155,7 +157,7 @@ class TenantStore(Store):
                 out.append((u.flavor, measure, value))
         return out
 
-    def quota(self, flavor: str) -> Quota | None:
+    def quota(self, flavor: str) -> QuotaOut | None:
         return next((q for q in self.quotas if q.flavor == flavor), None)
 
     def check(self, draft: QuotaDraft) -> str:

@@ -1,7 +1,7 @@
 """place(): filter the candidate nodes, list device options, score, pick the best.
 
-place_gang(): all members or none — tries one topology domain (rack or NVLink clique, or the
-whole cluster) at a time on the live state and undoes partial work before trying the next.
+Score indexes per request shape follow the cluster's change log (``Follower``,
+``changes_for``, ``synced``); ``gangs`` places all-or-nothing groups on top of ``place``.
 """
 
 from __future__ import annotations
@@ -140,28 +140,36 @@ def _candidates(
 MAX_INDEXES = 512
 
 
-class _Index:
-    """Best-first heap of (−score, order, version, node, option) for one request shape.
+class Follower:
+    """An index that follows a root ``ClusterState``'s change log (``seq``). When it was last
+    used on a working copy (``fork.ClusterFork``), ``dirty`` holds the nodes it read from the
+    copy, and ``fork``/``fork_seq`` how far it followed that copy: those nodes are read again
+    before the index answers for anything else. ``changes_for`` says what to re-read,
+    ``synced`` records that it was."""
 
-    ``live`` maps a node to the version its heap entry was scored at (None: it does not fit);
-    entries whose version is no longer live are dropped lazily when they reach the top.
-
-    An index belongs to a root ``ClusterState`` and is brought up to date from its change log
-    (``seq``). When it was last used on a working copy (``fork.ClusterFork``), ``dirty`` holds
-    the nodes it scored from the copy's nodes, and ``fork``/``fork_seq`` how far it followed
-    that copy: those nodes are scored again before the index answers for anything else.
-    """
-
-    __slots__ = ("cluster", "counts", "dirty", "fork", "fork_seq", "heap", "live", "seq", "why")
+    __slots__ = ("cluster", "dirty", "fork", "fork_seq", "seq")
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
-        self.heap: list[tuple[float, int, int, str, Placement]] = []
-        self.live: dict[str, int | None] = {}
         self.seq = cluster.seq
         self.dirty: frozenset[str] = frozenset()
         self.fork = 0
         self.fork_seq = 0
+
+
+class _Index(Follower):
+    """Best-first heap of (−score, order, version, node, option) for one request shape.
+
+    ``live`` maps a node to the version its heap entry was scored at (None: it does not fit);
+    entries whose version is no longer live are dropped lazily when they reach the top.
+    """
+
+    __slots__ = ("counts", "heap", "live", "why")
+
+    def __init__(self, cluster: ClusterState) -> None:
+        super().__init__(cluster)
+        self.heap: list[tuple[float, int, int, str, Placement]] = []
+        self.live: dict[str, int | None] = {}
         # Why each node that does not fit does not, and the totals: "nothing fits" answers
         # come from here instead of a scan of every node.
         self.why: dict[str, Unfit] = {}
@@ -178,7 +186,7 @@ class _Index:
             self.counts[reason] += 1
 
 
-def _changes_for(idx: _Index, cluster: ClusterState, root: ClusterState) -> set[str] | None:
+def changes_for(idx: Follower, cluster: ClusterState, root: ClusterState) -> set[str] | None:
     """Nodes to re-score before ``idx`` answers for ``cluster`` (None: rebuild it)."""
     if idx.cluster is not root:
         return None
@@ -194,7 +202,7 @@ def _changes_for(idx: _Index, cluster: ClusterState, root: ClusterState) -> set[
     return names | idx.dirty | cluster.touched
 
 
-def _synced(idx: _Index, cluster: ClusterState, root: ClusterState) -> None:
+def synced(idx: Follower, cluster: ClusterState, root: ClusterState) -> None:
     idx.seq = root.seq
     if cluster is root:
         idx.dirty, idx.fork, idx.fork_seq = frozenset(), 0, 0
@@ -217,7 +225,7 @@ def _indexed(
     root = cluster.root
     key = (id(root), req, ctx.pools, ctx.tolerations)
     idx: _Index | None = policy.indexes.get(key)
-    changed = None if idx is None else _changes_for(idx, cluster, root)
+    changed = None if idx is None else changes_for(idx, cluster, root)
     if idx is None or changed is None:
         idx = _Index(root)
         for st in cluster.candidates(req.models):
@@ -237,7 +245,7 @@ def _indexed(
                     idx.set_why(name, None)
                 else:
                     _rescore(idx, req, now, cluster, policy, ctx)
-    _synced(idx, cluster, root)
+    synced(idx, cluster, root)
     heap, live = idx.heap, idx.live
     if len(heap) > 2 * len(live) + 64:
         heap[:] = [e for e in heap if live.get(e[3]) == e[2]]
@@ -285,72 +293,3 @@ def _rescore(
     idx.set_why(name, None)
     idx.live[name] = st.version
     heapq.heappush(idx.heap, (-got[0], st.order, st.version, name, got[1]))
-
-
-def _domains(
-    cluster: ClusterState,
-    req: DeviceRequest,
-    topo: TopologyRequirement,
-    members: int,
-    ctx: PlacementContext,
-) -> list[frozenset[str] | None]:
-    if topo is TopologyRequirement.SAME_RACK:
-        groups: dict[str, set[str]] = {}
-        room: Counter[str] = Counter()
-        for st in cluster.candidates(req.models):
-            key = st.node.clique or st.node.rack
-            if key:
-                groups.setdefault(key, set()).add(st.node.name)
-                if unfit(req, st, ctx) is None:
-                    # Whole GPUs: how many members the node's free GPUs could take at most;
-                    # other shapes: at least one.
-                    whole = req.kind is FlavorKind.GPU and req.count > 0
-                    room[key] += st.full_free // req.count if whole else members
-        # Racks that cannot hold every member are skipped without trying to place.
-        groups = {k: g for k, g in groups.items() if room[k] >= members}
-        # Smallest sufficient domain first keeps the big ones for big gangs (best fit).
-        return [frozenset(g) for g in sorted(groups.values(), key=lambda g: (len(g), min(g)))]
-    if topo is TopologyRequirement.SAME_NODE:
-        return [
-            frozenset({st.node.name})
-            for st in sorted(cluster.candidates(req.models), key=lambda s: s.order)
-        ]
-    return [None]
-
-
-def place_gang(
-    req: DeviceRequest,
-    members: int,
-    cluster: ClusterState,
-    policy: Policy,
-    ctx: PlacementContext = ANYWHERE,
-    topology: TopologyRequirement = TopologyRequirement.ANY,
-) -> list[Placement] | NoFit:
-    """Place ``members`` copies of ``req`` all-or-nothing. The state is unchanged on return.
-
-    ``same-node`` puts every member on one node; ``same-rack`` in one rack/clique.
-    """
-    last: NoFit = NoFit(0, {})
-    for domain in _domains(cluster, req, topology, members, ctx):
-        # Keep the caller's restriction: a domain narrows it, it never widens it.
-        only = ctx.only if domain is None else domain if ctx.only is None else domain & ctx.only
-        sub = PlacementContext(ctx.pools, ctx.tolerations, only, ctx.avoid)
-        placed: list[Placement] = []
-        try:
-            for _ in range(members):
-                got = place(req, cluster, policy, sub)
-                if isinstance(got, NoFit):
-                    last = got
-                    break
-                placed.append(got)
-                cluster.apply(got)
-        finally:
-            for p in reversed(placed):
-                cluster.unapply(p)
-        if len(placed) == members:
-            return placed
-    if topology in (TopologyRequirement.SAME_RACK, TopologyRequirement.SAME_NODE) and members > 1:
-        reasons = dict(last.reasons)
-        reasons[Unfit.RACK] = reasons.get(Unfit.RACK, 0) + 1
-        return NoFit(last.nodes_considered, reasons)
-    return last

@@ -13,7 +13,8 @@ from datetime import datetime
 from policies import quota
 from policies.inventory import Node
 from policies.placement.framework import PlacementContext
-from policies.placement.pipeline import NoFit, place_gang
+from policies.placement.gangs import place_gang
+from policies.placement.pipeline import NoFit
 from policies.placement.state import Placement
 from policies.requests import DeviceRequest, TopologyRequirement
 from portal.allocator import reclaim

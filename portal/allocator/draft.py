@@ -70,6 +70,7 @@ class Draft(Memory):
             OverlayDict(base.ledger.borrowed),
             OverlayNested(base.ledger.holders),
         )
+        self.releases = None  # a decision reads no ETAs
         self.history = OverlayDict(base.history)
         self.period = OverlayDict(base.period)
         self.scalars = base.scalars

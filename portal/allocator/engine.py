@@ -221,7 +221,7 @@ class Allocator:
         budget_gpu_hours: float | None = None,
         ceiling_guaranteed: int | None = None,
         ceiling_limit: int | None = None,
-        refuse_overcommit: bool = False,
+        overcommit: bool = False,
         within_ceiling: bool = False,
         expected_version: int | None = None,
     ) -> QuotaRecord:
@@ -235,16 +235,16 @@ class Allocator:
           (``Forbidden`` naming the ceiling);
         - otherwise (the platform admin's) the ceilings are set too: as given, else kept but
           raised to the new values;
-        - with ``refuse_overcommit`` (and always ``within_ceiling``), raising ``guaranteed``
-          so that the flavor's guarantees add up to more than its capacity is refused
-          (``InvalidRequest`` naming the sum and the capacity). The API and the seed file ask
-          for it unless the platform admin over-commits explicitly; in-process callers
-          (tests, benchmarks) are the platform and are not checked unless they ask.
+        - raising ``guaranteed`` so that the flavor's guarantees add up to more than its
+          capacity is refused (``InvalidRequest`` naming the sum, the capacity and the most
+          that fits) unless ``overcommit`` (the platform admin's explicit choice; never with
+          ``within_ceiling``). Every caller gets this check, in-process ones too: a promise
+          that cannot be kept is not the platform's default.
         """
         fl = str(Flavor.parse(flavor))
         quota.FlavorQuota(guaranteed=guaranteed, limit=limit, budget_gpu_hours=budget_gpu_hours)
         if within_ceiling and (
-            not refuse_overcommit or ceiling_guaranteed is not None or ceiling_limit is not None
+            overcommit or ceiling_guaranteed is not None or ceiling_limit is not None
         ):
             raise Forbidden(
                 f"only a platform admin may set the ceilings of {tenant}/{fl} or over-commit it"
@@ -280,7 +280,7 @@ class Allocator:
                 )
                 top_l = ceiling_limit if ceiling_limit is not None else max(had_l, limit, top_g)
                 top_g = min(top_g, top_l)  # a kept guaranteed ceiling above a new limit ceiling
-            if guaranteed > (old.guaranteed if old else 0) and refuse_overcommit:
+            if guaranteed > (old.guaranteed if old else 0) and not overcommit:
                 checks.guarantees_fit(draft, tenant, fl, guaranteed)
             rec = QuotaRecord(
                 tenant,
@@ -304,7 +304,7 @@ class Allocator:
                     "limit": limit,
                     "ceiling_guaranteed": top_g,
                     "ceiling_limit": top_l,
-                    "overcommit_allowed": not refuse_overcommit,
+                    "overcommit_allowed": overcommit,
                 },
             )
             cycle.schedule(draft)

@@ -10,13 +10,14 @@ from datetime import datetime
 from policies import quota
 from policies.eta import ReleaseCurve
 from portal.allocator.memory import Live, Memory
+from portal.allocator.releases import ReleaseIndex
 from portal.allocator.views import QueueEntry
 
 
 def eta(mem: Memory, lv: Live, ahead: list[Live], now: datetime) -> float | None:
     """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor;
     None: no estimate (only a release it cannot foresee admits it)."""
-    walk = QueueEtas(mem, now)
+    walk = QueueEtas(mem, now, bulk=False)
     for other in ahead:
         walk.passed(other)
     return walk.eta(lv)
@@ -28,12 +29,14 @@ class QueueEtas:
     A queued workload waits for everything ahead of it that asks for its flavor — only its own
     tenant's work when it waits for quota, everyone's when it waits for capacity — so the walk
     keeps those amounts as running sums, and builds each flavor's release curve (the running
-    holders' expected ends) once. A whole queue costs O(queued + running · log running)
-    instead of O(queued · (queued + running)).
+    holders' expected ends, kept sorted by the state's release timelines) once: a whole queue
+    costs O(queued + running). ``bulk`` False, for one question, walks a timeline only as far
+    as its answer instead of building the curve.
     """
 
-    def __init__(self, mem: Memory, now: datetime) -> None:
+    def __init__(self, mem: Memory, now: datetime, *, bulk: bool = True) -> None:
         self._mem = mem
+        self._bulk = bulk
         self._now = now.timestamp()
         self._ahead: dict[tuple[str, str | None], int] = {}
         self._curves: dict[tuple[str, str | None], ReleaseCurve] = {}
@@ -61,11 +64,11 @@ class QueueEtas:
         else:
             free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
         need = lv.req.devices.amount() * lv.req.gang_size
-        wait = self._curve(fl, tenant).wait(self._ahead.get((fl, tenant), 0), free, need, self._now)
+        wait = self._wait(fl, tenant, free, need)
         if wait == 0.0 and tenant is not None:
             # Its limit has room, yet it waits: capacity (or what it may borrow) binds.
             free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
-            wait = self._curve(fl, None).wait(self._ahead.get((fl, None), 0), free, need, self._now)
+            wait = self._wait(fl, None, free, need)
         if wait == 0.0:
             # It fits by the counts and still waits (it may not borrow what is free, or the
             # free devices are in the wrong places): only a release can admit it, and when
@@ -73,18 +76,21 @@ class QueueEtas:
             return None
         return wait
 
-    def _curve(self, fl: str, tenant: str | None) -> ReleaseCurve:
+    def _wait(self, fl: str, tenant: str | None, free: int, need: int) -> float | None:
+        ahead = self._ahead.get((fl, tenant), 0)
+        if not self._bulk:
+            return _releases(self._mem).timeline(fl, tenant).wait(ahead, free, need, self._now)
         key = (fl, tenant)
         curve = self._curves.get(key)
         if curve is None:
-            ends: list[tuple[float, int]] = []
-            live = self._mem.live
-            for wid, held in self._mem.ledger.holders_of(fl).items():
-                o = live.get(wid)
-                if o is not None and held and (tenant is None or o.rec.tenant == tenant):
-                    ends.append((o.end_at, held))
-            curve = self._curves[key] = ReleaseCurve(ends)
-        return curve
+            curve = self._curves[key] = _releases(self._mem).timeline(fl, tenant).curve()
+        return curve.wait(ahead, free, need, self._now)
+
+
+def _releases(mem: Memory) -> ReleaseIndex:
+    if mem.releases is None:
+        raise RuntimeError("ETAs are read on the applied state, not on a decision's draft")
+    return mem.releases
 
 
 def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping, MutableSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
@@ -29,6 +30,9 @@ from portal.store.records import (
     WorkloadRecord,
     WorkloadState,
 )
+
+if TYPE_CHECKING:
+    from portal.allocator.releases import ReleaseIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +159,8 @@ class Memory:
     preempting: MutableSet[str]
     preempting_amount: MutableMapping[tuple[str, str], int]
     ledger: Ledger
+    # When held devices come back, for ETAs; only the applied state keeps it (None: a draft).
+    releases: ReleaseIndex | None
     history: MutableMapping[str, tuple[float, datetime]]
     # (tenant, flavor, first day of the month) -> GPU-hours of allocations released that month.
     period: MutableMapping[tuple[str, str, datetime], float]

@@ -32,7 +32,8 @@ from policies.flavors import MILLI_PER_GPU, Flavor, FlavorKind
 from policies.inventory import Node
 from policies.placement.fork import ClusterFork
 from policies.placement.framework import PlacementContext
-from policies.placement.pipeline import NoFit, place_gang
+from policies.placement.gangs import place_gang
+from policies.placement.pipeline import NoFit
 from policies.requests import DeviceRequest, TopologyRequirement, WorkloadRequest
 from policies.topology import LinkClass
 from portal.allocator import estimates

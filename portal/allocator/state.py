@@ -31,6 +31,7 @@ from portal.allocator.memory import (
     period_hours,
 )
 from portal.allocator.ops import restored_placement
+from portal.allocator.releases import LiveTable
 from portal.store.records import (
     AllocationRecord,
     ChangeSet,
@@ -47,7 +48,8 @@ class State(Memory):
         self.nodes = {}
         self.tenants = {}
         self.quotas = {}
-        self.live = {}
+        self.live = LiveTable()
+        self.releases = self.live.releases
         self.queued = set()
         self.preempting = set()
         self.preempting_amount = {}
@@ -247,4 +249,5 @@ def snapshot(mem: Memory, now: datetime) -> dict[str, object]:
         "history": dict(mem.history),
         "period_gpu_hours": period,
         "free": free,
+        "releases": mem.releases.snapshot() if mem.releases is not None else None,
     }

@@ -136,7 +136,7 @@ def put_quota(
             budget_gpu_hours=body.budget_gpu_hours,
             ceiling_guaranteed=body.ceiling_guaranteed,
             ceiling_limit=body.ceiling_limit,
-            refuse_overcommit=not (platform and body.overcommit),
+            overcommit=platform and body.overcommit,
             within_ceiling=not platform,
             expected_version=expected,
         )

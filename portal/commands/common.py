@@ -110,20 +110,6 @@ def cell(value: object) -> str:
     return str(value)
 
 
-def duration(seconds: float | None) -> str | None:
-    """``75`` -> ``1m15s``; ``None`` (unknown) stays ``None``."""
-    if seconds is None:
-        return None
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def unit_of(flavor: str) -> str:
     """The unit a flavor's quota counts in (gpus, instances, milli-gpu), by the portal's rule."""
     from policies.errors import InvalidRequest

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 from policies.errors import InvalidRequest
 from policies.jobs import JobState, TopologyMode
 from policies.requests import TopologyRequirement
-from portal.commands.common import add_connection_options, call, cell, duration, print_json, table
+from portal.commands.common import add_connection_options, call, cell, print_json, table
 from portal.commands.workloads import devices
+from portal.waits import duration, eta_words, why_and_when
 
 if TYPE_CHECKING:
     from portal.api.jobs import AttemptOut, JobOut
@@ -135,10 +136,10 @@ def describe(j: JobOut) -> str:
         pairs.append(("topology", "relaxed to any"))
     w = j.workload
     if w is not None and w.state.value == "queued":
-        pairs.append(("waiting", f"{w.reason}: {w.message}" if w.message else w.reason))
+        pairs.append(("waiting", f"{w.reason}: {why_and_when(w.message, w.eta_s)}"))
         if w.position is not None:
             pairs.append(("position", f"{w.position} ({w.tenant_position} in {w.tenant})"))
-            pairs.append(("eta", duration(w.eta_s) or "unknown"))
+            pairs.append(("eta", eta_words(w.eta_s)))
     if w is not None and w.allocations:
         pairs.append(("devices", devices(w.allocations)))
     if j.next_start_at is not None:
@@ -237,7 +238,7 @@ def _attempt_row(a: AttemptOut) -> tuple[object, ...]:
         a.queued_at,
         a.started_at,
         a.ended_at,
-        duration(a.queue_wait_s),
+        None if a.queue_wait_s is None else duration(a.queue_wait_s),
         ",".join(a.nodes) or None,
         a.exit_reason or None,
         a.counted,

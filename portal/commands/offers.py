@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from portal.commands.common import add_connection_options, call, duration, print_json, table
+from portal.commands.common import add_connection_options, call, print_json, table
+from portal.waits import eta_words
 
 
 def register(commands: Any) -> None:
@@ -38,7 +39,7 @@ def show_offers(args: argparse.Namespace) -> int:
             o.state.value,
             o.reason or None,
             o.position,
-            duration(o.eta_s),
+            eta_words(o.eta_s) if o.state.value == "queued" else None,
             o.message or None,
         )
         for o in offers

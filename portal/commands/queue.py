@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from portal.commands.common import add_connection_options, call, duration, print_json, table
+from portal.commands.common import add_connection_options, call, print_json, table
+from portal.waits import eta_words
 
 
 def register(commands: Any) -> None:
@@ -44,7 +45,7 @@ def show_queue(args: argparse.Namespace) -> int:
             e.priority,
             e.gpu_equivalent,
             e.reason,
-            duration(e.eta_s),
+            eta_words(e.eta_s),
             e.enqueued_at,
             e.message,
         )

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from policies.errors import InvalidRequest
 from policies.requests import WorkloadKind
-from portal.commands.common import add_connection_options, call, cell, duration, print_json, table
+from portal.commands.common import add_connection_options, call, cell, print_json, table
 from portal.store.records import WorkloadState
+from portal.waits import eta_words
 
 if TYPE_CHECKING:
     from portal.api.schemas import AllocationOut, DevicesIn, WorkloadOut
@@ -108,7 +109,7 @@ def describe(w: WorkloadOut) -> str:
         pairs.append(("reason", f"{w.reason}: {w.message}" if w.message else w.reason))
     if w.position is not None:
         pairs.append(("position", f"{w.position} ({w.tenant_position} in {w.tenant})"))
-        pairs.append(("eta", duration(w.eta_s) or "unknown"))
+        pairs.append(("eta", eta_words(w.eta_s)))
     pairs += [("flavor", w.flavor), ("created", w.created_at), ("started", w.started_at)]
     pairs.append(("ended", w.ended_at))
     if w.preempt_deadline is not None:

@@ -229,7 +229,7 @@ def apply(allocator: Allocator, tenants: list[SeedTenant]) -> int:
                 budget_gpu_hours=q.budget_gpu_hours,
                 ceiling_guaranteed=q.ceiling_guaranteed,
                 ceiling_limit=q.ceiling_limit,
-                refuse_overcommit=not q.overcommit,
+                overcommit=q.overcommit,
                 expected_version=have.version if have else None,
             )
             changed += 1

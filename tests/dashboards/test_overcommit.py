@@ -9,7 +9,7 @@ from tests.dashboards.conftest import Portal
 
 def test_an_overcommitted_flavor_is_shown_as_such(portal: Portal) -> None:
     # The seed: team-a and team-b each guarantee 4 of the 16 H100s; the platform over-commits.
-    portal.allocator.set_quota("team-a", "H100-80GB", guaranteed=16, limit=16)
+    portal.allocator.set_quota("team-a", "H100-80GB", guaranteed=16, limit=16, overcommit=True)
     store = ClusterStore(portal.source("tok-root"))
     store.refresh()
     assert store.error == ""

@@ -45,7 +45,7 @@ def _html(shown: Viewable | str) -> str:
 def gpu_of(portal: Portal, name: str) -> tuple[str, str, str]:
     """(workload id, node, GPU UUID) of the seeded workload ``name``'s first GPU."""
     w = next(w for w in portal.source("tok-root").workloads() if w.name == name)
-    device = w.devices[0]
+    device = w.allocations[0]
     return w.id, device.node, f"GPU-sim-{device.node}-{device.gpus[0]}"
 
 
@@ -81,8 +81,8 @@ def test_my_work_shows_utilization_and_memory_per_workload_by_the_minute(
     store = _store(portal, "tok-alice", "alice")
     points = store.usage[wid]
     assert [p.at for p in points] == [NOW.timestamp() - 180 + 60 * m for m in range(3)]
-    assert [p.utilization for p in points] == [30.0, 60.0, 90.0]
-    assert [p.memory_mib for p in points] == [10240.0, 10240.0, 20480.0]
+    assert [p.utilization_avg for p in points] == [30.0, 60.0, 90.0]
+    assert [p.memory_used_avg for p in points] == [10240.0, 10240.0, 20480.0]
     view = MyWorkView(store)
     table = _html(view.usage_table())
     assert (
@@ -117,7 +117,7 @@ def test_my_work_leaves_an_unmeasured_minute_out_of_the_average_and_a_gap_in_the
     portal.ingest(node, samples)
     portal.telemetry.maintain()
     store = _store(portal, "tok-alice", "alice")
-    assert [p.utilization for p in store.usage[wid]] == [30.0, None, 90.0]
+    assert [p.utilization_avg for p in store.usage[wid]] == [30.0, None, 90.0]
     view = MyWorkView(store)
     # The hour's average is of the measured minutes, (30 + 90) / 2, not (30 + 0 + 90) / 3.
     assert "<tr><td>nb-alice</td><td>90%</td><td>60%</td>" in _html(view.usage_table())

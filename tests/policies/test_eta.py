@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.errors import InvalidRequest
-from policies.eta import ReleaseCurve, estimate_wait
+from policies.eta import ReleaseCurve, ReleaseTimeline, estimate_wait
 
 NOW = 1000.0
 
@@ -54,3 +56,46 @@ def test_a_release_curve_answers_like_the_walk_for_every_amount_ahead() -> None:
         assert estimate_wait([ahead], ends, 1, 2, NOW) == want
     with pytest.raises(InvalidRequest, match="ahead=-1"):
         curve.wait(-1, 1, 2, NOW)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([NOW - 50, NOW + 10, NOW + 10, NOW + 300, math.inf, math.nan]),
+            st.integers(0, 4),
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
+    st.integers(0, 12),
+    st.integers(0, 5),
+    st.integers(0, 6),
+)
+def test_a_timeline_answers_like_a_curve_of_the_same_ends_as_holders_come_and_go(
+    changes: list[tuple[float, int, bool]], ahead: int, free: int, need: int
+) -> None:
+    """Holders are added and some removed again (``True``); after every change the
+    incremental timeline answers every question exactly as a curve built from scratch."""
+    timeline = ReleaseTimeline()
+    held: dict[str, tuple[float, int]] = {}
+    for i, (end, amount, leave_again) in enumerate(changes):
+        timeline.add(end, f"w{i}", amount)
+        held[f"w{i}"] = (end, amount)
+        if leave_again:
+            gone = sorted(held)[len(held) // 2]
+            timeline.remove(*held[gone][:1], gone, held[gone][1])
+            del held[gone]
+        curve = ReleaseCurve(list(held.values()))
+        assert timeline.wait(ahead, free, need, NOW) == curve.wait(ahead, free, need, NOW)
+        assert timeline.curve().wait(ahead, free, need, NOW) == curve.wait(ahead, free, need, NOW)
+
+
+def test_a_timeline_refuses_to_remove_what_it_does_not_hold() -> None:
+    timeline = ReleaseTimeline()
+    timeline.add(NOW + 10, "w1", 2)
+    with pytest.raises(KeyError):
+        timeline.remove(NOW + 10, "w1", 3)
+    with pytest.raises(InvalidRequest, match="invalid running amount -1"):
+        timeline.add(NOW, "w2", -1)
+    assert timeline.wait(0, 0, 2, NOW) == 10.0

@@ -10,11 +10,11 @@ import pytest
 from policies.errors import Forbidden, InvalidRequest
 from portal.api.offers import OfferOut, OfferStateOut
 from portal.api.schemas import DevicesIn
+from portal.waits import duration
 from spawner.options import (
     Choice,
     TenantOffers,
     choose,
-    duration,
     filter_offers,
     options_from_form,
     ordinal,

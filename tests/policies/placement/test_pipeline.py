@@ -12,7 +12,8 @@ from policies.flavors import MILLI_PER_GPU, FlavorKind
 from policies.inventory import GPU, Node, Taint, TaintEffect
 from policies.mig import MigInstance
 from policies.placement.framework import PlacementContext, Policy, Unfit
-from policies.placement.pipeline import NoFit, place, place_gang
+from policies.placement.gangs import place_gang
+from policies.placement.pipeline import NoFit, place
 from policies.placement.scorers.binpack import BinPack
 from policies.placement.scorers.topology import TopologyFit
 from policies.placement.state import ClusterState, Placement

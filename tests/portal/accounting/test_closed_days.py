@@ -101,7 +101,8 @@ def simulate(db_url: str, seed: int) -> History:
     for t in TENANTS:
         alloc.set_tenant(t)
         alloc.set_quota(t, "H100-80GB", guaranteed=2, limit=8)
-        alloc.set_quota(t, "H100-80GB/3g.40gb", guaranteed=1, limit=2)
+        # Two 3g.40gb instances, one guaranteed to each of three tenants: over-committed.
+        alloc.set_quota(t, "H100-80GB/3g.40gb", guaranteed=1, limit=2, overcommit=True)
         alloc.set_quota(t, "T4/share", guaranteed=500, limit=2000)
     telemetry = Telemetry(alloc, clock=lambda: clock.now.timestamp(), attribution_ttl_s=0)
     end = T0 + timedelta(days=DAYS)

@@ -172,7 +172,7 @@ class FaultyHistory(RuleBasedStateMachine):
                 limit=guaranteed + extra,
                 budget_gpu_hours=40.0,
                 ceiling_limit=ceiling if who != "tenant-admin" else None,
-                refuse_overcommit=who != "platform-overcommit",
+                overcommit=who == "platform-overcommit",
                 within_ceiling=who == "tenant-admin",
             )
         except (Forbidden, InvalidRequest):

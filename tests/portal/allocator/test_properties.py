@@ -196,7 +196,7 @@ class AllocatorHistory(RuleBasedStateMachine):
                 H100,
                 guaranteed=guaranteed,
                 limit=guaranteed + extra,
-                refuse_overcommit=not overcommit,
+                overcommit=overcommit,
             )
         except InvalidRequest:
             # Guarantees past the capacity without over-commit: refused, nothing changed.

@@ -217,7 +217,8 @@ def test_a_quota_for_a_flavor_the_inventory_does_not_offer_is_refused(
 
 
 def test_a_quota_whose_nodes_left_stays_editable(client: TestClient, allocator: Allocator) -> None:
-    allocator.set_quota("team-a", "T4", guaranteed=1, limit=1)  # no T4 node in the inventory
+    # Set while T4 nodes were there; now there is none (capacity 0): an over-commit.
+    allocator.set_quota("team-a", "T4", guaranteed=1, limit=1, overcommit=True)
     r = client.put(
         "/api/v1/tenants/team-a/quotas/T4",
         json={"guaranteed": 0, "limit": 0},

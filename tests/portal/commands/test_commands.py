@@ -138,6 +138,33 @@ def test_a_queued_request_says_why_where_and_can_be_cancelled(gpuportal: Gpuport
     assert gpuportal("queue", token="alice").out == "(the queue is empty)\n"
 
 
+def test_a_wait_is_told_in_the_portals_words_with_or_without_an_estimate(
+    gpuportal: Gpuportal,
+) -> None:
+    def request(name: str, *more: str) -> dict[str, str]:
+        ran = gpuportal(
+            "workloads", "request", "team-a", "H100-80GB", "--name", name, *more, token="alice"
+        )
+        assert ran.code == 0, ran.err
+        return dict(line.split(None, 1) for line in lines(ran.out))
+
+    # team-a may hold 2 H100s. Held by work without an expected end, a third waits with no
+    # estimate: the CLI says so (as the spawn page and the dashboards do), never a time.
+    request("a")
+    held = request("b")
+    assert held["state"] == "running"
+    waiting = request("w1")
+    assert waiting["eta"] == "waits for a release; no estimate"
+    assert "waits for a release; no estimate" in lines(gpuportal("queue", token="alice").out)[1]
+    # With the second GPU held by work that ends in 10 minutes, the wait has an estimate.
+    gpuportal("workloads", "cancel", waiting["id"], token="alice")
+    gpuportal("workloads", "release", held["id"], token="alice")
+    assert request("timed", "--duration", "600")["state"] == "running"
+    assert request("w2")["eta"] == "10 min"
+    row = lines(gpuportal("queue", token="alice").out)[1]
+    assert " 10 min " in row and "waits for a release" not in row
+
+
 def test_usage_table(gpuportal: Gpuportal) -> None:
     gpuportal("workloads", "request", "team-b", "H100-80GB", "--count", "3")
     ran = gpuportal("usage")

@@ -54,7 +54,8 @@ def make_portal(url: str) -> Portal:
     for t in ("team-a", "team-b"):
         alloc.set_tenant(t)
         alloc.set_quota(t, "H100-80GB", guaranteed=4, limit=8)
-        alloc.set_quota(t, "T4/share", guaranteed=2000, limit=2000)
+        # Each tenant may take both T4s (no cohort to borrow in): over-committed on purpose.
+        alloc.set_quota(t, "T4/share", guaranteed=2000, limit=2000, overcommit=True)
     return Portal(store, alloc, TelemetryStore(store.engine), clock)
 
 

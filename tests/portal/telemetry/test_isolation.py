@@ -96,7 +96,8 @@ def setup(db_url: str) -> Iterator[Setup]:
         alloc.set_tenant(t)
         alloc.set_quota(t, f"A100-80GB/{MIG}", guaranteed=1, limit=1)
         alloc.set_quota(t, "T4/share", guaranteed=1000, limit=1000)
-        alloc.set_quota(t, "H100-80GB", guaranteed=1, limit=1)
+        # One H100 that each tenant holds in turn (no cohort to borrow in): over-committed.
+        alloc.set_quota(t, "H100-80GB", guaranteed=1, limit=1, overcommit=True)
     telemetry = Telemetry(alloc, clock=lambda: clock.now.timestamp(), attribution_ttl_s=0)
     app = create_app(alloc, StaticAuthenticator(TOKENS))
     use_telemetry(app, telemetry)
