@@ -1,11 +1,13 @@
 """Job controller tests: a real allocator on a real store (SQLite and PostgreSQL) and a
 stand-in runner.
 
-STAND-IN RUNNER: ``FakeRunner``, ``fake_rendezvous_env`` and ``fake_newest_checkpoint`` stand
-for ``portal.jobs.runner``, ``portal.jobs.rendezvous`` and ``portal.jobs.checkpoints``, which
-the runner branch builds. They start no process: a test says when a member exits. Once that
-branch is merged, tests that only need processes to run and exit can switch to
-``portal.jobs.backend.local_backend(tmp_path)`` (marked ``# STAND-IN`` where used).
+STAND-IN RUNNER: ``FakeRunner``, ``fake_rendezvous_env`` and ``Checkpoints`` stand for
+``portal.jobs.runner``, ``portal.jobs.rendezvous`` and ``portal.jobs.checkpoints`` (marked
+``# STAND-IN`` where used). They start no process: a test says when each member exits and with
+what, and whether a stopped member takes its time, which real processes cannot be made to do
+deterministically (at 1,000 randomized cases, or on a manual clock). The same controller runs
+the real runner in ``test_controller_local.py`` and under ``gpuportal serve`` in
+``tests/portal/service/test_serve_jobs.py``.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     alloc.start([])
     alloc.set_tenant("team-a")
     # Quota never binds here: capacity alone decides, so gangs meet every shape of shortage.
-    alloc.set_quota("team-a", H100, guaranteed=100_000, limit=100_000)
+    alloc.set_quota("team-a", H100, guaranteed=100_000, limit=100_000, overcommit=True)
     runner = FakeRunner(Path(tmp))  # STAND-IN runner: members exit when the test says
     controller = JobController(alloc, backend=make_backend(runner, Checkpoints()))
     controller.start()
