@@ -118,7 +118,7 @@ class JobIn(InModel):
     env: dict[Annotated[str, ENV_NAME], Annotated[str, ENV_VALUE]] = Field(
         default_factory=dict,
         max_length=MAX_ENV,
-        description="Extra variables; not the rendezvous ones nor GPUPORTAL_*.",
+        description="Extra variables; not the ones the portal sets (docs/training-contract.md).",
     )
     checkpoint_dir: Annotated[str, ABSOLUTE_PATH] | None = Field(
         default=None,

@@ -37,9 +37,14 @@ RESERVED_ENV = frozenset(
         "NODE_RANK",
         "TORCHELASTIC_RUN_ID",
         "CUDA_VISIBLE_DEVICES",
+        "GPUPORTAL_JOB_ID",
+        "GPUPORTAL_ATTEMPT",
+        "GPUPORTAL_CHECKPOINT_DIR",
+        "GPUPORTAL_RESUME_FROM",
     }
 )
-"""Variables the portal sets for every member (with everything starting ``GPUPORTAL_``)."""
+"""Variables the portal sets for every member (``docs/training-contract.md``): a job may not
+set them itself."""
 
 
 class Backend(StrEnum):
@@ -128,12 +133,12 @@ class JobSpec:
                 raise InvalidRequest(
                     f"env.{name}", repr(name), "a variable name: letters, digits and _"
                 )
-            if name in RESERVED_ENV or name.startswith("GPUPORTAL_"):
+            if name in RESERVED_ENV:
                 raise InvalidRequest(
                     f"env.{name}",
                     repr(name),
-                    "a name the portal does not set itself (not the rendezvous variables, "
-                    "CUDA_VISIBLE_DEVICES or GPUPORTAL_*)",
+                    "a name the portal does not set itself: not one of "
+                    + ", ".join(sorted(RESERVED_ENV)),
                 )
 
     @property

@@ -44,7 +44,10 @@ def test_each_backend_needs_what_it_runs() -> None:
 
 @pytest.mark.parametrize(
     ("env", "field"),
-    [((("WORLD_SIZE", "2"),), "env.WORLD_SIZE"), ((("GPUPORTAL_X", "1"),), "env.GPUPORTAL_X")],
+    [
+        ((("WORLD_SIZE", "2"),), "env.WORLD_SIZE"),
+        ((("GPUPORTAL_ATTEMPT", "1"),), "env.GPUPORTAL_ATTEMPT"),
+    ],
 )
 def test_the_portals_own_variables_cannot_be_set(
     env: tuple[tuple[str, str], ...], field: str
