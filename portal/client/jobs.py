@@ -17,9 +17,10 @@ The operations (``submit``, ``get``...) are built as the other client calls are
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policies.jobs import JobState
@@ -29,6 +30,7 @@ from portal.client.core import API, Call, Op, _filters, _seg
 if TYPE_CHECKING:
     from portal.api.jobs import AttemptOut, JobOut, LogOut
     from portal.api.schemas import DevicesIn
+    from portal.client.aio import AsyncPortal
     from portal.client.sync import Portal
 
 
@@ -292,3 +294,120 @@ class Job:
                     number, offset = following, 0
                     continue
             time.sleep(poll_s)
+
+
+# ------------------------------------------------------------------ the async API
+
+
+class AsyncJobs:
+    """``AsyncPortal().jobs``: the calls of ``Jobs`` as coroutines, answering the API's
+    records (``JobOut``); ``wait`` and ``logs`` poll as ``Job``'s do."""
+
+    def __init__(self, portal: AsyncPortal) -> None:
+        self._portal = portal
+
+    async def submit(
+        self,
+        tenant: str,
+        command: Sequence[str] = (),
+        *,
+        members: int = 1,
+        flavor: str | None = None,
+        count: int = 1,
+        milli: int = 0,
+        gpu_memory_mib: int = 0,
+        devices: DevicesIn | None = None,
+        name: str | None = None,
+        cwd: str | None = None,
+        image: str | None = None,
+        env: Mapping[str, str] | None = None,
+        checkpoint_dir: str | None = None,
+        topology: str = "any",
+        topology_mode: str = "required",
+        max_restarts: int = 3,
+        backoff_s: float = 10.0,
+        backoff_cap_s: float = 300.0,
+        fail_on_exit_codes: Sequence[int] = (),
+        priority: int = 0,
+        expected_duration_s: float | None = None,
+    ) -> JobOut:
+        """``Jobs.submit``, answering the job's record."""
+        want = core.devices_for(
+            flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
+        )
+        sent = body(
+            tenant,
+            command,
+            members=members,
+            devices=want,
+            name=name,
+            cwd=cwd,
+            image=image,
+            env=env,
+            checkpoint_dir=checkpoint_dir,
+            topology=topology,
+            topology_mode=topology_mode,
+            max_restarts=max_restarts,
+            backoff_s=backoff_s,
+            backoff_cap_s=backoff_cap_s,
+            fail_on_exit_codes=fail_on_exit_codes,
+            priority=priority,
+            expected_duration_s=expected_duration_s,
+        )
+        return await self._portal._run(submit(sent))
+
+    async def get(self, job_id: str) -> JobOut:
+        return await self._portal._run(get(job_id))
+
+    async def list(
+        self, tenant: str | None = None, state: JobState | str | None = None
+    ) -> builtins.list[JobOut]:
+        return await self._portal._run(listed(self._portal._page_size, tenant, state))
+
+    async def cancel(self, job_id: str) -> JobOut:
+        return await self._portal._run(cancel(job_id))
+
+    async def attempts(self, job_id: str) -> builtins.list[AttemptOut]:
+        return await self._portal._run(attempts(job_id))
+
+    async def wait(
+        self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 2.0
+    ) -> JobOut:
+        """Poll until the job ends or ``timeout_s`` passes; returns its last answer."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            info = await self.get(job_id)
+            left = None if deadline is None else deadline - time.monotonic()
+            if info.state.terminal or (left is not None and left <= 0):
+                return info
+            await asyncio.sleep(poll_s if left is None else min(poll_s, left))
+
+    async def logs(
+        self,
+        job_id: str,
+        *,
+        rank: int = 0,
+        attempt: int | None = None,
+        follow: bool = False,
+        poll_s: float = 1.0,
+    ) -> AsyncIterator[str]:
+        """``Job.logs`` as an async iterator."""
+        number, offset = attempt, 0
+        while True:
+            log = await self._portal._run(logs(job_id, number, rank, offset))
+            number = log.attempt
+            if log.text:
+                yield log.text
+            offset = log.next_offset
+            if not follow:
+                return
+            if log.next_offset > log.offset:
+                continue
+            if log.done:
+                following = next_log_attempt(await self.get(job_id), log)
+                if following is None:
+                    return
+                if following != number:
+                    number, offset = following, 0
+                    continue
+            await asyncio.sleep(poll_s)

@@ -3,6 +3,7 @@ background loop as in the service (stand-in runner: see ``tests/portal/jobs/conf
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from policies.jobs import JobState
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
-from portal.client import Portal
+from portal.client import AsyncPortal, Portal
 from portal.jobs.controller import JobController
 from tests.portal.api.conftest import TOKENS
 from tests.portal.client.conftest import PREFIX, serving
@@ -126,3 +127,23 @@ def test_another_tenant_gets_forbidden_and_bad_input_names_the_field(
             alice.jobs.submit("team-a", ["x"], members=0, flavor="H100-80GB")
         assert bad.value.field == "members"
         assert job.cancel().state is JobState.CANCELLED
+
+
+async def test_the_async_client_submits_follows_and_waits(job_server: JobServer) -> None:
+    async with AsyncPortal(job_server.url, "alice") as portal:
+        job = await portal.jobs.submit(
+            "team-a", ["python", "train.py"], members=2, flavor="H100-80GB"
+        )
+        assert job.workload is not None and job.workload.kind == "job"
+        while (await portal.jobs.get(job.id)).state is not JobState.RUNNING:
+            await asyncio.sleep(0.02)
+        job_server.write_log(job.id, 1, 0, "step 1\n")
+        assert [c async for c in portal.jobs.logs(job.id)] == ["step 1\n"]
+        job_server.runner.exit(job.id, 1, 0, 0)
+        job_server.runner.exit(job.id, 1, 1, 0)
+        chunks = [c async for c in portal.jobs.logs(job.id, follow=True, poll_s=0.02)]
+        assert chunks == ["step 1\n"]  # and following stopped: the job ended
+        done = await portal.jobs.wait(job.id, timeout_s=10, poll_s=0.02)
+        assert done.state is JobState.SUCCEEDED
+        assert [a.exit_reason for a in await portal.jobs.attempts(job.id)] == ["completed"]
+        assert [j.id for j in await portal.jobs.list()] == [job.id]
