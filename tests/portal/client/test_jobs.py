@@ -139,11 +139,14 @@ async def test_the_async_client_submits_follows_and_waits(job_server: JobServer)
             await asyncio.sleep(0.02)
         job_server.write_log(job.id, 1, 0, "step 1\n")
         assert [c async for c in portal.jobs.logs(job.id)] == ["step 1\n"]
+        waiter = asyncio.create_task(portal.jobs.wait(job.id, timeout_s=10, poll_s=0.02))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()  # it runs
         job_server.runner.exit(job.id, 1, 0, 0)
         job_server.runner.exit(job.id, 1, 1, 0)
         chunks = [c async for c in portal.jobs.logs(job.id, follow=True, poll_s=0.02)]
         assert chunks == ["step 1\n"]  # and following stopped: the job ended
-        done = await portal.jobs.wait(job.id, timeout_s=10, poll_s=0.02)
+        done = await waiter
         assert done.state is JobState.SUCCEEDED
         assert [a.exit_reason for a in await portal.jobs.attempts(job.id)] == ["completed"]
         assert [j.id for j in await portal.jobs.list()] == [job.id]
