@@ -334,7 +334,9 @@ class JobController:
             self._workload_ended(job, st)
             return
         codes = self._exits.get((job.id, job.attempt), {})
-        failed = sorted((r, c) for r, c in codes.items() if c != 0)
+        # The first member to fail is the cause: the runner reports exits in the order the
+        # members ended, and ``codes`` keeps that order (the others often fail because of it).
+        failed = [(r, c) for r, c in codes.items() if c != 0]
         if failed:
             rank, code = failed[0]
             verdict = after_failure(spec.restart, job.restarts, code)

@@ -335,3 +335,15 @@ def test_a_restart_while_members_stop_drains_or_releases(rig: Rig) -> None:
     rig.runner.exit(still, 1, 0, 143)
     again.step()
     assert used(rig, "team-a") == 0
+
+
+def test_the_first_member_to_fail_is_the_cause(rig: Rig) -> None:
+    jid = rig.jobs.submit(job(members=2, gpus=8)).job.id
+    rig.step()
+    # Rank 1 is killed; rank 0's collective then fails: both seen in one round.
+    rig.runner.exit(jid, 1, 1, 137)
+    rig.runner.exit(jid, 1, 0, 1)
+    rig.step()
+    first = rig.jobs.attempts(jid)[0]
+    assert (first.exit_reason, first.exit_code) == ("exit code 137", 137)
+    assert "rank 1 exited 137" in rig.jobs.get(jid).message
