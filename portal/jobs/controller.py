@@ -54,7 +54,6 @@ from policies.jobs import (
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.allocator.draft import Decision
-from portal.allocator.state import State
 from portal.jobs import launch
 from portal.jobs.backend import Backend
 from portal.jobs.spec import Backend as BackendKind
@@ -67,16 +66,6 @@ log = logging.getLogger(__name__)
 NODE_LOST_REASON = "node-lost"  # the allocator's reason for a workload whose node went away
 LOST_AT_RESTART = "members gone while the portal restarted"
 DEFAULT_STOP_GRACE_S = 10.0
-
-
-def cluster_facts(state: State) -> ClusterFacts:
-    """What the inventory can ever hold, read under the allocator's lock."""
-    facts = state.facts()
-    return ClusterFacts(
-        capacity=dict(state.capacity()),
-        max_gpus_per_node={m: f.gpus for m, f in facts.per_model.items()},
-        models=facts.models,
-    )
 
 
 STOP_MARGIN_S = 15.0
@@ -202,7 +191,7 @@ class JobController:
         spec.check_backend(self.kind)
         if self._refuse is not None:
             raise Unavailable(self._refuse)
-        fits_cluster(spec, self._alloc.read(cluster_facts))
+        fits_cluster(spec, self._alloc.read(ClusterFacts.of))
         with self._lock:
             now = self.now
             # Lists show jobs in submission order: keep creation times strictly increasing

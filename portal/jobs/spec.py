@@ -20,6 +20,7 @@ from policies.flavors import FlavorKind
 from policies.jobs import RestartPolicy, TopologyMode
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, DeviceRequest, TopologyRequirement
 from portal.allocator import codec
+from portal.allocator.memory import Memory
 
 MAX_ARGS = 256
 MAX_ENV = 256
@@ -223,6 +224,16 @@ class ClusterFacts:
     capacity: Mapping[str, int]
     max_gpus_per_node: Mapping[str, int]
     models: frozenset[str]
+
+    @staticmethod
+    def of(state: Memory) -> ClusterFacts:
+        """The allocator's inventory facts (read under its lock: ``Allocator.read``)."""
+        facts = state.facts()
+        return ClusterFacts(
+            capacity=dict(state.capacity()),
+            max_gpus_per_node={m: f.gpus for m, f in facts.per_model.items()},
+            models=facts.models,
+        )
 
 
 def fits_cluster(spec: JobSpec, facts: ClusterFacts) -> None:
