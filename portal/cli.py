@@ -88,7 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code; an error of the portal, its ``exit_code_of``."""
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    # ``-- PROGRAM ARGS`` (``jobs submit``) is split off first: argparse loses a ``--`` met
+    # inside nested subcommands.
+    program: list[str] | None = None
+    if "--" in given:
+        at = given.index("--")
+        given, program = given[:at], given[at + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(given)
+    if program is not None:
+        if not hasattr(args, "program"):
+            parser.error("-- PROGRAM ARGS... is taken by `gpuportal jobs submit` only")
+        args.program = program
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -14,12 +14,24 @@ from fastapi.responses import JSONResponse
 
 from portal.allocator import Allocator
 from portal.api import alerts as alert_routes
-from portal.api import cost, errors, inventory, offers, queue, quotas, tenants, usage, workloads
+from portal.api import (
+    cost,
+    errors,
+    inventory,
+    jobs,
+    offers,
+    queue,
+    quotas,
+    tenants,
+    usage,
+    workloads,
+)
 from portal.api import metrics as service_metrics
 from portal.api import telemetry as telemetry_routes
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator
 from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
+from portal.jobs.controller import JobController
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
@@ -27,12 +39,18 @@ PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"
 
 
 def create_app(
-    alloc: Allocator, authenticator: Authenticator, *, metrics: ServiceMetrics | None = None
+    alloc: Allocator,
+    authenticator: Authenticator,
+    *,
+    metrics: ServiceMetrics | None = None,
+    job_controller: JobController | None = None,
 ) -> FastAPI:
     """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
 
     ``metrics`` (default: new ones over ``alloc``) are served at ``/metrics``; the service
     passes its own so the allocator's commits can count decisions into them.
+    ``job_controller`` runs ``/jobs`` (default: one without a backend, which takes, lists
+    and cancels jobs but launches nothing: the service passes the one its loop drives).
     """
     app = FastAPI(
         title="gpuportal",
@@ -45,9 +63,10 @@ def create_app(
     app.state.allocator = alloc
     app.state.authenticator = authenticator
     app.state.metrics = metrics or ServiceMetrics(alloc)
+    app.state.jobs = job_controller or JobController(alloc)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
-    for module in (tenants, quotas, workloads, queue, usage, inventory, cost, offers):
+    for module in (tenants, quotas, workloads, jobs, queue, usage, inventory, cost, offers):
         app.include_router(module.router, prefix=PREFIX)
     app.include_router(telemetry_routes.router, prefix=PREFIX)
     app.include_router(alert_routes.router, prefix=PREFIX)

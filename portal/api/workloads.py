@@ -24,7 +24,7 @@ WorkloadId = Annotated[Annotated[str, bounded(KEY, 64)], Path(description="The w
 _404: Responses = {404: {"model": ErrorBody, "description": "no such workload or tenant"}}
 
 
-def _charge(caller: Caller, tenant: str) -> None:
+def charge(caller: Caller, tenant: str) -> None:
     """May ``caller`` spend ``tenant``'s quota? Users must also be members of it."""
     caller.require(Scope.WORKLOADS_WRITE, tenant)
     if (
@@ -112,7 +112,7 @@ def request_workload(
     ] = None,
 ) -> WorkloadOut:
     """201 with allocations when it runs now; 202 with a reason and position when queued."""
-    _charge(caller, body.tenant)
+    charge(caller, body.tenant)
     if owner is not None and caller.kind is not CallerKind.SERVICE:
         raise Forbidden(
             f"{caller.kind} {caller.name} may not request on behalf of {owner}: "
@@ -192,5 +192,5 @@ def release_workload(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
     alloc: Annotated[Allocator, Depends(allocator)],
 ) -> WorkloadOut:
-    _charge(caller, alloc.status(workload_id).tenant)
+    charge(caller, alloc.status(workload_id).tenant)
     return convert.workload_out(alloc.release(workload_id))

@@ -31,6 +31,7 @@ from portal.api.schemas import (
 from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
+from portal.client.jobs import AsyncJobs
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class AsyncPortal:
         self._http = httpx.AsyncClient(
             base_url=self.url, **core.http_options(resolve_token(token), timeout)
         )
+        self.jobs = AsyncJobs(self)
+        """Training jobs (``portal.client.jobs.AsyncJobs``)."""
 
     def __repr__(self) -> str:
         return f"AsyncPortal({self.url!r})"

@@ -26,6 +26,7 @@ from portal.api.schemas import (
 from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
+from portal.client.jobs import Jobs
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class Portal:
         self._http = httpx.Client(
             base_url=self.url, **core.http_options(resolve_token(token), timeout)
         )
+        self.jobs = Jobs(self)
+        """Training jobs: ``submit``, ``get``, ``list``, ``cancel`` (``portal.client.jobs``)."""
 
     def __repr__(self) -> str:
         return f"Portal({self.url!r})"

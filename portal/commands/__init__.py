@@ -12,6 +12,7 @@ from typing import Any
 from portal.commands import (
     alerts,
     cost,
+    jobs,
     nodes,
     offers,
     queue,
@@ -21,7 +22,7 @@ from portal.commands import (
     workloads,
 )
 
-NOUNS = (tenants, quotas, workloads, queue, usage, cost, offers, nodes, alerts)
+NOUNS = (tenants, quotas, workloads, jobs, queue, usage, cost, offers, nodes, alerts)
 
 
 def register(commands: Any) -> None:

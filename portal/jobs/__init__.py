@@ -1,5 +1,7 @@
 """Training jobs: gangs of member processes with a rendezvous environment and checkpoint-resume.
 
-``runner`` runs the members of an attempt on this host, ``rendezvous`` builds their
+``controller`` runs each job as attempts, one allocator workload of kind ``job`` each
+(``docs/jobs.md``); ``spec`` is what a job is; ``backend`` what the controller needs of a
+backend. ``runner`` runs the members of an attempt on this host, ``rendezvous`` builds their
 environment, ``checkpoints`` is the checkpoint contract (``docs/training-contract.md``).
 """

@@ -266,3 +266,54 @@ class Event(Base):
     workload_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, object]]
+
+
+class Job(Base):
+    """A training job (``portal.jobs``): its spec as submitted and where it stands. Each run
+    is an attempt with a workload of kind ``job`` in the allocator; ``tenant`` is not a
+    foreign key, like workloads', so history outlives a deleted tenant."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_tenant_created_at", "tenant", "created_at"),
+        Index("ix_jobs_state", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    owner: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    spec: Mapped[dict[str, object]]
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(Text)
+    restarts: Mapped[int] = mapped_column(Integer)
+    preemptions: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    workload_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    topology_relaxed: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    next_start_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class JobAttempt(Base):
+    """One run of a job: one allocator workload, from queued to its exit reason."""
+
+    __tablename__ = "job_attempts"
+
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("jobs.id"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    queued_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    nodes: Mapped[list[Any]]
+    exit_reason: Mapped[str] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    counted: Mapped[bool] = mapped_column(Boolean)
+    resume_from: Mapped[str | None] = mapped_column(Text)
+    resume_step: Mapped[int | None] = mapped_column(BigInteger)
+    topology: Mapped[str] = mapped_column(String(16))

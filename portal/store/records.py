@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from policies.jobs import JobState
+
 
 class WorkloadState(StrEnum):
     """Life of a workload. Terminal states: released, cancelled, failed."""
@@ -102,6 +104,61 @@ class WorkloadRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A training job: its spec (``portal.jobs.spec.JobSpec.to_dict``) and where it stands.
+
+    ``attempt`` is the number of the current (or last) attempt, 0 before the first;
+    ``workload_id`` that attempt's allocator workload; ``restarts`` the attempts counted
+    against ``max_restarts`` (preemptions are counted apart, in ``preemptions``)."""
+
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    spec: dict[str, object]
+    state: JobState
+    created_at: datetime
+    updated_at: datetime
+    reason: str = ""
+    message: str = ""
+    restarts: int = 0
+    preemptions: int = 0
+    attempt: int = 0
+    workload_id: str | None = None
+    topology_relaxed: bool = False
+    next_start_at: datetime | None = None
+    ended_at: datetime | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One run of a job. ``exit_reason`` is '' while it runs; ``counted``: it used one of
+    the job's restarts; ``topology``: the level it was placed at (``any`` when relaxed)."""
+
+    job_id: str
+    number: int
+    workload_id: str
+    queued_at: datetime
+    topology: str
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    nodes: tuple[str, ...] = ()
+    exit_reason: str = ""
+    exit_code: int | None = None
+    counted: bool = False
+    resume_from: str | None = None
+    resume_step: int | None = None
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        """Seconds from queued to started; None until it starts."""
+        if self.started_at is None:
+            return None
+        return (self.started_at - self.queued_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
 class EventRecord:
     at: datetime
     kind: str
@@ -128,6 +185,8 @@ class ChangeSet:
     released: list[tuple[str, datetime]] = field(default_factory=list)  # allocation id, when
     events: list[EventRecord] = field(default_factory=list)
     usage_history: dict[str, tuple[float, datetime]] = field(default_factory=dict)
+    jobs: list[JobRecord] = field(default_factory=list)  # versioned upserts by id
+    attempts: list[AttemptRecord] = field(default_factory=list)  # upserts by (job, number)
 
     def empty(self) -> bool:
         return not (
@@ -140,6 +199,8 @@ class ChangeSet:
             or self.released
             or self.events
             or self.usage_history
+            or self.jobs
+            or self.attempts
         )
 
 

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
+from portal.store import jobs as job_rows
 from portal.store.convert import Claim
 from portal.store.db import (
     WRITE_OPTION,
@@ -200,7 +201,7 @@ class Store:
         self._insert_new: dict[str, RawStatement] = {}
         self._update_versioned: dict[str, RawStatement] = {}
         self._current_version: dict[str, RawStatement] = {}
-        for table in (TENANTS, QUOTAS, WORKLOADS):
+        for table in (TENANTS, QUOTAS, WORKLOADS, job_rows.JOBS):
             key = table.primary_key.columns
             self._insert_new[table.name] = raw(
                 # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT inserts.
@@ -263,6 +264,18 @@ class Store:
             delete(TENANTS).where(TENANTS.c.name == bindparam("key_name"))
         )
         self._delete_usage = raw(delete(USAGE).where(USAGE.c.tenant == bindparam("key_tenant")))
+        attempt_insert = self._insert_factory(job_rows.ATTEMPTS)
+        self._upsert_attempt = raw(
+            attempt_insert.on_conflict_do_update(
+                index_elements=["job_id", "number"],
+                set_={
+                    c.name: attempt_insert.excluded[c.name]
+                    for c in job_rows.ATTEMPTS.columns
+                    if not c.primary_key
+                },
+            ),
+            job_rows.ATTEMPTS,
+        )
         usage_insert = self._insert_factory(USAGE)
         self._upsert_usage = raw(
             usage_insert.on_conflict_do_update(
@@ -361,6 +374,13 @@ class Store:
                 raise NotFound("quota", f"{tenant}/{flavor}")
         for name in changes.deleted_tenants:
             self._delete_tenant(tx, name)
+        # Jobs before their attempts (the attempts' foreign key).
+        for j in changes.jobs:
+            self._versioned(tx, job_rows.JOBS, job_rows.job_row(j), f"job {j.id!r}")
+        if changes.attempts:
+            tx.executemany(
+                self._upsert_attempt, [job_rows.attempt_row(a) for a in changes.attempts]
+            )
         if changes.events:
             tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:

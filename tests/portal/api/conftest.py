@@ -86,3 +86,13 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 def gpu_request(tenant: str = "team-a", n: int = 1, name: str = "nb") -> dict[str, object]:
     return {"tenant": tenant, "name": name, "devices": {"kind": "gpu", "count": n}}
+
+
+def job_body(tenant: str = "team-a", members: int = 1, n: int = 1) -> dict[str, object]:
+    return {
+        "tenant": tenant,
+        "name": "train",
+        "members": members,
+        "devices": {"kind": "gpu", "count": n},
+        "command": ["python", "train.py"],
+    }

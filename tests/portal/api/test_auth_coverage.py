@@ -11,14 +11,21 @@ from fastapi.testclient import TestClient
 
 from portal.api.app import PUBLIC_PATHS
 from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
-from tests.portal.api.conftest import TOKENS, auth, gpu_request
+from tests.portal.api.conftest import TOKENS, auth, gpu_request, job_body
 
 # A real value for every path parameter any route uses; a new one must be added here.
-PATH_VALUES = {"tenant": "team-a", "flavor": "H100-80GB", "node": "n1", "workload_id": None}
+PATH_VALUES = {
+    "tenant": "team-a",
+    "flavor": "H100-80GB",
+    "node": "n1",
+    "workload_id": None,
+    "job_id": None,
+}
 BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},
     ("PUT", "/api/v1/tenants/{tenant}/quotas/{flavor}"): {"guaranteed": 1, "limit": 2},
     ("POST", "/api/v1/workloads"): gpu_request(),
+    ("POST", "/api/v1/jobs"): job_body(),
     ("POST", "/api/v1/telemetry/samples"): {"node": "n1", "source": "nvml", "samples": []},
 }
 PORTAL_SCOPES = {s.value for s in Scope}
@@ -35,11 +42,13 @@ def operations(app: FastAPI) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def fill(path: str, workload_id: str) -> str:
+def fill(path: str, ids: dict[str, str]) -> str:
+    """``path`` with real values: fixed ones, and the ids of things the test created."""
+
     def value(m: re.Match[str]) -> str:
         name = m.group(1)
         assert name in PATH_VALUES, f"add a real value for path parameter {name!r}"
-        return PATH_VALUES[name] or workload_id
+        return PATH_VALUES[name] or ids[name]
 
     return re.sub(r"\{([^}]+)\}", value, path)
 
@@ -59,6 +68,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
     app: FastAPI, client: TestClient
 ) -> None:
     wid = client.post("/api/v1/workloads", json=gpu_request(), headers=auth("alice")).json()["id"]
+    jid = client.post("/api/v1/jobs", json=job_body(), headers=auth("alice")).json()["id"]
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
@@ -72,7 +82,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         others = frozenset(PORTAL_SCOPES - {*scopes, Scope.ADMIN.value})
         lacking = Caller("mallory", CallerKind.USER, others, frozenset({"team-a"}))
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
-        url = fill(path, wid)
+        url = fill(path, {"workload_id": wid, "job_id": jid})
         body = BODIES.get((method, path))
         query = queries.get((method, path), {})
         tries = {

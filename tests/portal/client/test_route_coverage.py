@@ -15,7 +15,7 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.schemas import DevicesIn
-from portal.client import core
+from portal.client import core, jobs
 from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
@@ -63,6 +63,12 @@ def client_operations() -> list[core.Op[object]]:
         core.series("d", None, None, None, None, None),
         core.device_usage(None, None),
         core.alerts(1, None, (), None),
+        jobs.submit({}),
+        jobs.get("j"),
+        jobs.listed(1, None, None),
+        jobs.cancel("j"),
+        jobs.attempts("j"),
+        jobs.logs("j", None, 0, 0),
     ]
 
 

@@ -1,0 +1,601 @@
+"""The job controller: runs each training job as a series of attempts, one allocator
+workload of kind ``job`` per attempt.
+
+Because an attempt is an ordinary workload (``gang_size`` = members), quota, queue position,
+reason and ETA, fairness, cost and alerts apply to jobs unchanged, and the allocator places
+the gang all-or-nothing: a job that does not fit holds no device and no quota.
+
+The life of an attempt, advanced by ``step`` (the service's ``jobs`` loop):
+
+1. **request**: a workload with the job's devices; the job is ``queued`` while it waits (a
+   ``preferred`` topology that waits for ``topology`` is re-requested at ``any``, once per
+   attempt, and the job records that it relaxed);
+2. **launch**: once placed, the members are launched, ranks contiguous per node, with the
+   rendezvous environment and ``GPUPORTAL_RESUME_FROM`` (the newest complete checkpoint);
+3. **end**: all members exit 0 → ``succeeded``. A member exits non-zero, or the node of a
+   member is lost → the whole gang is stopped and released, and the job waits out its backoff
+   (``backoff``) and requests the next attempt; after ``max_restarts`` such failures, or on an
+   exit code in ``fail_on_exit_codes``, it ends ``failed`` and is never recreated. The
+   allocator preempting the workload (another tenant reclaims its guarantee) → the members get
+   SIGTERM and the grace period the allocator gave, the devices are released, and the next
+   attempt is requested at once; a preemption never counts against ``max_restarts``.
+
+Every change is committed through the store (``ChangeSet.jobs``/``attempts``) before memory
+changes; the controller is the only writer of jobs, under its own lock. It calls the
+allocator, never the other way round (the one observer it subscribes only records notes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from policies.errors import InvalidRequest, NotFound, PortalError, Unavailable
+from policies.jobs import (
+    BACKOFF_LIMIT,
+    CANCELLED,
+    COMPLETED,
+    NODE_LOST,
+    JobReason,
+    JobState,
+    TopologyMode,
+    Verdict,
+    after_failure,
+    after_preemption,
+    exit_code_of,
+    exit_reason,
+    preempted_by,
+)
+from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
+from portal.allocator import Allocator, WorkloadStatus
+from portal.allocator.draft import Decision
+from portal.jobs import launch
+from portal.jobs.backend import Backend
+from portal.jobs.spec import Backend as BackendKind
+from portal.jobs.spec import ClusterFacts, JobSpec, api_field, fits_cluster
+from portal.store import jobs as stored
+from portal.store.records import AttemptRecord, ChangeSet, EventRecord, JobRecord, WorkloadState
+
+log = logging.getLogger(__name__)
+
+NODE_LOST_REASON = "node-lost"  # the allocator's reason for a workload whose node went away
+LOST_AT_RESTART = "members gone while the portal restarted"
+DEFAULT_STOP_GRACE_S = 10.0
+
+
+STOP_MARGIN_S = 15.0
+"""After the grace, how long members killed with SIGKILL get to be reported ended before the
+devices are released anyway (a runner that lost them must not hold GPUs forever)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Drain:
+    """An ended attempt whose members were told to stop: its workload keeps the devices until
+    every member has ended or ``until`` passes, so nothing else starts on GPUs a member still
+    uses while it checkpoints."""
+
+    job_id: str
+    attempt: int
+    members: int
+    until: datetime
+
+
+def _preempting(st: WorkloadStatus) -> bool:
+    """The allocator told the workload to stop for a reclaim (or already ended it so)."""
+    return st.state is WorkloadState.PREEMPTING or (
+        st.state is WorkloadState.RELEASED and st.reason == "preempted"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as its owner sees it: the record, and its current attempt's workload (queue
+    reason, position and ETA while it waits; allocations while it runs)."""
+
+    job: JobRecord
+    workload: WorkloadStatus | None
+
+
+class JobController:
+    """Jobs over one allocator. Thread-safe. Without a ``backend`` it takes, lists and
+    cancels jobs but runs nothing (``step`` is then a no-op): the API on its own, checking
+    jobs for what a backend of ``kind`` needs."""
+
+    def __init__(
+        self,
+        alloc: Allocator,
+        *,
+        backend: Backend | None = None,
+        kind: BackendKind = BackendKind.LOCAL,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        clock: Callable[[], datetime] | None = None,
+        refuse: str | None = None,
+    ) -> None:
+        self._alloc = alloc
+        self.backend = backend
+        # What jobs must carry to run (a command, or an image): the backend's, when given.
+        self.kind = backend.kind if backend is not None else kind
+        self._stop_grace_s = stop_grace_s
+        # Why this controller takes no new jobs (no backend could run them), or None.
+        self._refuse = refuse
+        self._clock = clock
+        self._lock = threading.RLock()
+        # (job id, attempt) -> rank -> exit code, of attempts that run.
+        self._exits: dict[tuple[str, int], dict[int, int]] = {}
+        # Workload id -> its ended attempt, still stopping (see ``_Drain``).
+        self._draining: dict[str, _Drain] = {}
+        # Preempted workload -> the tenant reclaiming (from the allocator's events).
+        self._claimants: dict[str, str] = {}
+        self._started = False
+        self._last_created: datetime | None = None
+
+    @property
+    def now(self) -> datetime:
+        return (self._clock or self._alloc.clock)()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Listen for preemptions and re-adopt what still runs after a portal restart:
+        running attempts the backend no longer has end (not counted) and are requeued."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._alloc.subscribe(self._observe)
+            if self.backend is None:
+                return
+            adopted = set(self.backend.runner.adopt())
+            for job in stored.active_jobs(self._alloc.store):
+                if job.state is JobState.RUNNING and (job.id, job.attempt) not in adopted:
+                    self._end(job, Verdict(restart=True, counted=False), LOST_AT_RESTART, None)
+            self._release_leftovers(adopted)
+
+    def _release_leftovers(self, adopted: set[tuple[str, int]]) -> None:
+        """Workloads of ended attempts that were still stopping when the portal went down:
+        drained again if their members still run, else released."""
+        store = self._alloc.store
+        current = {j.workload_id for j in stored.active_jobs(store) if j.workload_id}
+        for w in self._alloc.workloads():
+            if w.kind != WorkloadKind.JOB.value or w.id in current or w.id in self._draining:
+                continue
+            attempt = stored.attempt_of_workload(store, w.id)
+            if attempt is None:
+                continue  # a workload of kind job requested directly, not by a job
+            job = stored.job(store, attempt.job_id)
+            if (attempt.job_id, attempt.number) in adopted and job is not None:
+                members = int(job.spec["members"])  # type: ignore[call-overload]
+                until = self.now + timedelta(seconds=self._stop_grace_s + STOP_MARGIN_S)
+                self._draining[w.id] = _Drain(attempt.job_id, attempt.number, members, until)
+            else:
+                self._alloc.release(w.id, reason="job attempt ended")
+
+    def _observe(self, decision: Decision) -> None:
+        # Under the allocator's lock: only remember, never call back.
+        for e in decision.events:
+            if e.kind == "workload.preempting" and e.workload_id is not None:
+                claimant = e.data.get("claimant")
+                if isinstance(claimant, str):
+                    self._claimants[e.workload_id] = claimant
+
+    # ---------------------------------------------------------------- the API's side
+
+    def submit(self, spec: JobSpec) -> JobView:
+        """Take a job and request its first attempt. Bad input raises before anything is
+        created (the allocator's own checks included)."""
+        spec.check_backend(self.kind)
+        if self._refuse is not None:
+            raise Unavailable(self._refuse)
+        fits_cluster(spec, self._alloc.read(ClusterFacts.of))
+        with self._lock:
+            now = self.now
+            # Lists show jobs in submission order: keep creation times strictly increasing
+            # when the clock repeats itself.
+            if self._last_created is not None and now <= self._last_created:
+                now = self._last_created + timedelta(microseconds=1)
+            self._last_created = now
+            job = JobRecord(
+                id=uuid.uuid4().hex,
+                tenant=spec.tenant,
+                owner=spec.owner,
+                name=spec.name,
+                spec=spec.to_dict(),
+                state=JobState.QUEUED,
+                created_at=now,
+                updated_at=now,
+                version=0,  # not stored yet: its first write is version 1
+            )
+            try:
+                job = self._request(job, spec, first=True)
+            except InvalidRequest as exc:
+                raise api_field(exc) from None
+            return self.view(job.id)
+
+    def get(self, job_id: str) -> JobRecord:
+        job = stored.job(self._alloc.store, job_id)
+        if job is None:
+            raise NotFound("job", job_id)
+        return job
+
+    def view(self, job_id: str) -> JobView:
+        job = self.get(job_id)
+        return JobView(job, self._workload(job))
+
+    def jobs(self, tenants: Collection[str] | None = None) -> list[JobView]:
+        return [
+            JobView(j, self._workload(j)) for j in stored.jobs(self._alloc.store, tenants=tenants)
+        ]
+
+    def attempts(self, job_id: str) -> list[AttemptRecord]:
+        self.get(job_id)
+        return stored.attempts(self._alloc.store, job_id)
+
+    def gpu_hours(self, job_id: str) -> float:
+        """GPU-equivalent hours the job's attempts have held so far."""
+        return stored.gpu_hours(self._alloc.store, job_id, self.now)
+
+    def log_path(self, job_id: str, attempt: int, rank: int) -> Path | None:
+        """Where the member's log is, or None without a backend."""
+        if self.backend is None:
+            return None
+        return self.backend.runner.log_path(job_id, attempt, rank)
+
+    def cancel(self, job_id: str) -> JobView:
+        """Stop the job's members (SIGTERM, then SIGKILL after the stop grace), release or
+        dequeue its workload, and end it ``cancelled``. Idempotent."""
+        with self._lock:
+            job = self.get(job_id)
+            if not job.state.terminal:
+                self._end(job, None, CANCELLED, None)
+                if self.backend is not None:
+                    self._collect(stored.active_jobs(self._alloc.store))
+            return self.view(job_id)
+
+    # ---------------------------------------------------------------- the loop's side
+
+    def step(self) -> None:
+        """One round: collect member exits, then advance every active job."""
+        if self.backend is None:
+            return
+        with self._lock:
+            if not self._started:
+                self.start()
+            active = stored.active_jobs(self._alloc.store)
+            self._collect(active)
+            for job in active:
+                try:
+                    self._advance(job)
+                except PortalError as exc:
+                    # One job's trouble (a refused request on restart) must not stop others.
+                    log.warning("job %s: %s", job.id, exc.message)
+            # Members stopped in this round may have ended already: free their devices now.
+            self._collect(stored.active_jobs(self._alloc.store))
+
+    def _collect(self, active: Collection[JobRecord]) -> None:
+        """Record the exits of running and stopping attempts, then release the devices of
+        stopping attempts whose members all ended (or whose time is up)."""
+        assert self.backend is not None
+        watched = {(j.id, j.attempt) for j in active if j.state is JobState.RUNNING}
+        watched |= {(d.job_id, d.attempt) for d in self._draining.values()}
+        for e in self.backend.runner.poll():
+            if (e.job_id, e.attempt) in watched:  # others are old news
+                code = exit_code_of(e.exit_code, e.signal)
+                self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
+        now = self.now
+        for wid, d in list(self._draining.items()):
+            ended = self._exits.get((d.job_id, d.attempt), {})
+            if len(ended) >= d.members or now >= d.until:
+                del self._draining[wid]
+                self._exits.pop((d.job_id, d.attempt), None)
+                self._alloc.release(wid, reason="job attempt ended")
+
+    def _advance(self, job: JobRecord) -> None:
+        spec = self._spec(job)
+        if job.state is JobState.BACKOFF:
+            if job.next_start_at is None or job.next_start_at <= self.now:
+                try:
+                    self._request(job, spec, first=False)
+                except PortalError as exc:
+                    self._finish(job, JobState.FAILED, JobReason.LAUNCH_FAILED, exc.message)
+            return
+        assert job.workload_id is not None
+        st = self._alloc.status(job.workload_id)
+        if job.state is JobState.QUEUED:
+            if st.state is WorkloadState.RUNNING:
+                self._launch(job, spec, st)
+            elif st.state is WorkloadState.QUEUED:
+                self._maybe_relax(job, spec, st)
+            elif _preempting(st):
+                self._preempted(job, st)  # placed and preempted before its launch
+            elif st.state.terminal:
+                self._workload_ended(job, st)
+            return
+        # RUNNING: the allocator's verdicts first (our own stop makes members exit non-zero).
+        if _preempting(st):
+            self._preempted(job, st)
+            return
+        if st.state.terminal:
+            self._workload_ended(job, st)
+            return
+        codes = self._exits.get((job.id, job.attempt), {})
+        # The first member to fail is the cause: the runner reports exits in the order the
+        # members ended, and ``codes`` keeps that order (the others often fail because of it).
+        failed = [(r, c) for r, c in codes.items() if c != 0]
+        if failed:
+            rank, code = failed[0]
+            verdict = after_failure(spec.restart, job.restarts, code)
+            self._end(job, verdict, exit_reason(code), code, note=f"rank {rank} exited {code}")
+        elif len(codes) >= spec.members:
+            self._finish(job, JobState.SUCCEEDED, JobReason.COMPLETED, "every member exited 0")
+
+    # ---------------------------------------------------------------- steps of an attempt
+
+    def _request(self, job: JobRecord, spec: JobSpec, *, first: bool) -> JobRecord:
+        """Request the next attempt's workload and record the attempt."""
+        number = job.attempt + 1
+        resume = self._resume_point(spec)
+        status = self._alloc.request(self._workload_request(job, spec, spec.devices))
+        now = self.now
+        attempt = AttemptRecord(
+            job_id=job.id,
+            number=number,
+            workload_id=status.id,
+            queued_at=now,
+            topology=spec.devices.topology.value,
+            resume_from=None if resume is None else str(resume[0]),
+            resume_step=None if resume is None else resume[1],
+        )
+        new = self._versioned(
+            job,
+            state=JobState.QUEUED,
+            attempt=number,
+            workload_id=status.id,
+            next_start_at=None,
+            topology_relaxed=False,
+            message=f"attempt {number} requested",
+        )
+        try:
+            self._commit(
+                [new],
+                [attempt],
+                "job.submitted" if first else "job.requeued",
+                new,
+                f"{job.name}: attempt {number} requested"
+                + (f", resuming from step {resume[1]}" if resume else ""),
+            )
+        except BaseException:
+            self._alloc.release(status.id, reason="job not recorded")
+            raise
+        if status.state is WorkloadState.RUNNING and self.backend is not None:
+            self._launch(new, spec, status)
+        return new
+
+    def _maybe_relax(self, job: JobRecord, spec: JobSpec, st: WorkloadStatus) -> None:
+        """A preferred topology that waits for topology is re-requested at ``any``."""
+        relaxed = spec.relaxed()
+        if (
+            spec.topology_mode is not TopologyMode.PREFERRED
+            or job.topology_relaxed
+            or st.reason != "topology"
+            or relaxed == spec.devices
+        ):
+            return
+        # Leave the queue first: the strict request's place (and any node reserved for it)
+        # would otherwise hold the relaxed one back.
+        self._alloc.release(st.id, reason="topology relaxed")
+        status = self._alloc.request(self._workload_request(job, spec, relaxed))
+        attempt = replace(
+            self._attempt(job), workload_id=status.id, topology=relaxed.topology.value
+        )
+        level = spec.devices.topology.value
+        new = self._versioned(
+            job,
+            workload_id=status.id,
+            topology_relaxed=True,
+            message=f"topology {level} (preferred) does not fit now: placed at any instead",
+        )
+        self._commit([new], [attempt], "job.topology_relaxed", new, new.message)
+        if status.state is WorkloadState.RUNNING:
+            self._launch(new, spec, status)
+
+    def _launch(self, job: JobRecord, spec: JobSpec, st: WorkloadStatus) -> None:
+        assert self.backend is not None
+        attempt = self._attempt(job)
+        members = launch.member_launches(
+            self.backend, job.id, job.attempt, spec, st.allocations, attempt.resume_from
+        )
+        try:
+            self.backend.runner.launch(members)
+        except self.backend.launch_error as exc:
+            verdict = after_failure(spec.restart, job.restarts, None)
+            self._end(job, verdict, f"launch failed: {exc}", None)
+            return
+        now = self.now
+        started = replace(attempt, started_at=now, nodes=launch.nodes_of(st.allocations))
+        message = f"attempt {job.attempt} running"
+        if job.topology_relaxed:
+            message += f"; {job.message}"
+        new = self._versioned(job, state=JobState.RUNNING, message=message)
+        self._commit(
+            [new],
+            [started],
+            "job.running",
+            new,
+            f"{job.name}: attempt {job.attempt} running on {', '.join(started.nodes)}",
+        )
+
+    def _preempted(self, job: JobRecord, st: WorkloadStatus) -> None:
+        claimant = self._claimant(st)
+        grace = self._stop_grace_s
+        if st.preempt_deadline is not None:
+            grace = max(0.0, (st.preempt_deadline - self.now).total_seconds())
+        self._end(job, after_preemption(), preempted_by(claimant), None, grace_s=grace)
+
+    def _workload_ended(self, job: JobRecord, st: WorkloadStatus) -> None:
+        """The attempt's workload ended outside the controller: its node was lost, or it
+        was released or failed by someone else."""
+        spec = self._spec(job)
+        if st.reason == NODE_LOST_REASON:
+            reason = NODE_LOST
+        else:
+            reason = f"workload {st.state.value}: {st.reason or st.message}"
+        self._end(job, after_failure(spec.restart, job.restarts, None), reason, None, grace_s=0)
+
+    def _end(
+        self,
+        job: JobRecord,
+        verdict: Verdict | None,
+        reason: str,
+        code: int | None,
+        *,
+        grace_s: float | None = None,
+        note: str = "",
+    ) -> None:
+        """End the current attempt: stop its members, release its workload, then restart
+        or end the job as ``verdict`` says (None: cancelled)."""
+        self._stop_members(job, self._stop_grace_s if grace_s is None else grace_s)
+        now = self.now
+        attempt = self._attempt(job) if job.attempt else None
+        if verdict is None:
+            state, job_reason, message = JobState.CANCELLED, JobReason.CANCELLED, "cancelled"
+        elif verdict.restart:
+            state, job_reason = JobState.BACKOFF, None
+            message = f"attempt {job.attempt} ended ({reason}); next in {verdict.delay_s:g} s"
+        else:
+            state, job_reason = JobState.FAILED, verdict.reason
+            message = f"attempt {job.attempt} ended ({reason}); not restarted"
+            if verdict.reason is JobReason.BACKOFF_LIMIT:
+                message = f"{reason}: all {job.restarts} restarts used"
+                reason = BACKOFF_LIMIT
+        counted = bool(verdict and verdict.counted)
+        new = self._versioned(
+            job,
+            state=state,
+            reason=job_reason.value if job_reason else job.reason,
+            message=f"{message}{f' ({note})' if note else ''}",
+            restarts=job.restarts + (1 if counted and state is JobState.BACKOFF else 0),
+            preemptions=job.preemptions + (1 if verdict and not verdict.counted else 0),
+            next_start_at=(
+                now + timedelta(seconds=verdict.delay_s)
+                if verdict is not None and verdict.restart
+                else None
+            ),
+            ended_at=None if state is JobState.BACKOFF else now,
+        )
+        ended = []
+        if attempt is not None and not attempt.exit_reason:
+            ended = [
+                replace(attempt, ended_at=now, exit_reason=reason, exit_code=code, counted=counted)
+            ]
+        self._commit([new], ended, f"job.{state.value}", new, f"{job.name}: {new.message}")
+
+    def _finish(self, job: JobRecord, state: JobState, reason: JobReason, message: str) -> None:
+        """End the job for good (succeeded, or failed without a restart to decide)."""
+        self._stop_members(job, self._stop_grace_s)
+        now = self.now
+        new = self._versioned(
+            job,
+            state=state,
+            reason=reason.value,
+            message=message,
+            ended_at=now,
+            next_start_at=None,
+        )
+        ended = []
+        if job.attempt:
+            attempt = self._attempt(job)
+            if not attempt.exit_reason:
+                done = COMPLETED if state is JobState.SUCCEEDED else reason.value
+                code = 0 if state is JobState.SUCCEEDED else None
+                ended = [replace(attempt, ended_at=now, exit_reason=done, exit_code=code)]
+        self._commit([new], ended, f"job.{state.value}", new, f"{job.name}: {message}")
+
+    # ---------------------------------------------------------------- helpers
+
+    def _stop_members(self, job: JobRecord, grace_s: float) -> None:
+        """Stop the attempt's members, if it ran (SIGTERM now, SIGKILL after ``grace_s``,
+        without waiting), and give its devices back once they have ended (``_Drain``); an
+        attempt that never launched gives them back at once."""
+        wid = job.workload_id
+        if job.state is JobState.RUNNING and self.backend is not None and wid is not None:
+            ended = len(self._exits.get((job.id, job.attempt), {}))
+            members = int(job.spec["members"])  # type: ignore[call-overload]
+            if ended < members:
+                try:
+                    self.backend.runner.stop(job.id, job.attempt, grace_s, wait=False)
+                except self.backend.launch_error as exc:  # e.g. no member left on this host
+                    log.warning("job %s attempt %d: %s", job.id, job.attempt, exc)
+                else:
+                    until = self.now + timedelta(seconds=grace_s + STOP_MARGIN_S)
+                    self._draining[wid] = _Drain(job.id, job.attempt, members, until)
+                    return
+        self._exits.pop((job.id, job.attempt), None)
+        if wid is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
+            self._alloc.release(wid, reason=f"job {job.state.value} ended")
+
+    def _claimant(self, st: WorkloadStatus) -> str:
+        """The tenant whose reclaim preempted ``st``."""
+        claimant = self._claimants.pop(st.id, None)
+        if claimant is not None:
+            try:
+                return self._alloc.status(claimant).tenant
+            except NotFound:
+                pass
+        # The allocator's message starts with the reclaiming tenant ("team-b reclaims ...").
+        first = st.message.split(" ", 1)[0]
+        return first if st.message.startswith(f"{first} reclaims") else "another tenant"
+
+    def _resume_point(self, spec: JobSpec) -> tuple[Path, int] | None:
+        if spec.checkpoint_dir is None or self.backend is None:
+            return None
+        return self.backend.newest_checkpoint(Path(spec.checkpoint_dir))
+
+    def _workload_request(
+        self, job: JobRecord, spec: JobSpec, devices: DeviceRequest
+    ) -> WorkloadRequest:
+        return WorkloadRequest(
+            tenant=job.tenant,
+            owner=job.owner,
+            name=job.name,
+            devices=devices,
+            kind=WorkloadKind.JOB,
+            gang_size=spec.members,
+            priority=spec.priority,
+        )
+
+    def _workload(self, job: JobRecord) -> WorkloadStatus | None:
+        if job.workload_id is None:
+            return None
+        try:
+            return self._alloc.status(job.workload_id)
+        except NotFound:
+            return None
+
+    def _attempt(self, job: JobRecord) -> AttemptRecord:
+        for a in reversed(stored.attempts(self._alloc.store, job.id)):
+            if a.number == job.attempt:
+                return a
+        raise NotFound("attempt", f"{job.id}/{job.attempt}")
+
+    @staticmethod
+    def _spec(job: JobRecord) -> JobSpec:
+        return JobSpec.from_dict(job.tenant, job.owner, job.name, job.spec)
+
+    def _versioned(self, job: JobRecord, **changes: object) -> JobRecord:
+        return replace(job, updated_at=self.now, version=job.version + 1, **changes)  # type: ignore[arg-type]
+
+    def _commit(
+        self,
+        jobs: list[JobRecord],
+        attempts: list[AttemptRecord],
+        kind: str,
+        job: JobRecord,
+        message: str,
+    ) -> None:
+        event = EventRecord(self.now, kind, job.tenant, job.workload_id, message, {"job": job.id})
+        self._alloc.store.commit(ChangeSet(jobs=jobs, attempts=attempts, events=[event]))

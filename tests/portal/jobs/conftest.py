@@ -1,0 +1,230 @@
+"""Job controller tests: a real allocator on a real store (SQLite and PostgreSQL) and a
+stand-in runner.
+
+STAND-IN RUNNER: ``FakeRunner``, ``fake_rendezvous_env`` and ``Checkpoints`` stand for
+``portal.jobs.runner``, ``portal.jobs.rendezvous`` and ``portal.jobs.checkpoints`` (marked
+``# STAND-IN`` where used). They start no process: a test says when each member exits and with
+what, and whether a stopped member takes its time, which real processes cannot be made to do
+deterministically (at 1,000 randomized cases, or on a manual clock). The same controller runs
+the real runner in ``test_controller_local.py`` and under ``gpuportal serve`` in
+``tests/portal/service/test_serve_jobs.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from policies.flavors import FlavorKind
+from policies.jobs import RestartPolicy, TopologyMode
+from policies.requests import DeviceRequest, TopologyRequirement
+from portal.allocator import Allocator
+from portal.jobs.backend import Backend
+from portal.jobs.controller import JobController
+from portal.jobs.spec import Backend as BackendKind
+from portal.jobs.spec import JobSpec
+from portal.store.writer import Store
+from tests.portal.allocator.conftest import ManualClock, hgx
+
+H100 = "H100-80GB"
+
+
+@dataclass(frozen=True, slots=True)
+class FakeLaunch:
+    """STAND-IN for ``portal.jobs.runner.MemberLaunch`` (same fields)."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    devices: tuple[str, ...]
+    command: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class FakeExit:
+    """STAND-IN for ``portal.jobs.runner.MemberExit``."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    exit_code: int | None
+    signal: int | None
+
+
+class FakeRunnerError(Exception):
+    """STAND-IN for ``portal.jobs.runner.RunnerError``."""
+
+
+@dataclass
+class FakeRunner:
+    """STAND-IN for ``portal.jobs.runner.LocalRunner``: remembers launches and stops, and
+    reports the exits a test makes with ``exit``. ``stop`` makes every member still running
+    exit by SIGTERM, as a real process group would."""
+
+    tmp: Path
+    launched: list[list[FakeLaunch]] = field(default_factory=list)
+    stops: list[tuple[str, int, float]] = field(default_factory=list)
+    running: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    pending: list[FakeExit] = field(default_factory=list)
+    adoptable: list[tuple[str, int]] = field(default_factory=list)
+    fail_next_launch: bool = False
+    # False: members ignore SIGTERM until a test makes them exit (a script checkpointing).
+    stop_ends_members: bool = True
+    # Tests make members exit from their own thread while the service's loop polls.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def launch(self, members: Sequence[FakeLaunch]) -> None:
+        if self.fail_next_launch:
+            self.fail_next_launch = False
+            raise FakeRunnerError("no such program")
+        self.launched.append(list(members))
+        for m in members:
+            self.running.setdefault((m.job_id, m.attempt), set()).add(m.rank)
+
+    def exit(self, job_id: str, attempt: int, rank: int, code: int) -> None:
+        with self.lock:
+            self.running.get((job_id, attempt), set()).discard(rank)
+            self.pending.append(FakeExit(job_id, attempt, rank, code, None))
+
+    def stop(self, job_id: str, attempt: int, grace_s: float, *, wait: bool = True) -> None:
+        with self.lock:
+            self.stops.append((job_id, attempt, grace_s))
+            if not self.stop_ends_members:
+                return
+            for rank in sorted(self.running.pop((job_id, attempt), set())):
+                self.pending.append(FakeExit(job_id, attempt, rank, None, 15))
+
+    def poll(self) -> list[FakeExit]:
+        with self.lock:
+            out, self.pending = self.pending, []
+        return out
+
+    def adopt(self) -> list[tuple[str, int]]:
+        return list(self.adoptable)
+
+    def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
+        return self.tmp / "jobs" / job_id / str(attempt) / f"rank-{rank}.log"
+
+
+def fake_rendezvous_env(
+    job_id: str,
+    attempt: int,
+    members: Sequence[tuple[int, str]],
+    master_addr: str,
+    master_port: int,
+    checkpoint_dir: str | None,
+    resume_from: str | None,
+) -> list[dict[str, str]]:
+    """STAND-IN for ``portal.jobs.rendezvous.rendezvous_env``: the variables tests read."""
+    env = []
+    for rank, node in members:
+        e = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(len(members)),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "NODE": node,
+        }
+        if resume_from is not None:
+            e["GPUPORTAL_RESUME_FROM"] = resume_from
+        env.append(e)
+    return env
+
+
+@dataclass
+class Checkpoints:
+    """STAND-IN for ``newest_complete_checkpoint``: the newest a test says was written."""
+
+    newest: tuple[Path, int] | None = None
+
+    def __call__(self, checkpoint_dir: Path) -> tuple[Path, int] | None:
+        return self.newest
+
+
+@dataclass
+class Rig:
+    alloc: Allocator
+    clock: ManualClock
+    runner: FakeRunner
+    checkpoints: Checkpoints
+    jobs: JobController
+
+    def step(self, times: int = 1) -> None:
+        for _ in range(times):
+            self.alloc.tick()
+            self.jobs.step()
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds=seconds)
+        self.step()
+
+
+def make_backend(runner: FakeRunner, checkpoints: Checkpoints) -> Backend:
+    return Backend(  # STAND-IN: local_backend(tmp_path) once the runner branch is merged
+        kind=BackendKind.LOCAL,
+        runner=runner,
+        member_launch=FakeLaunch,
+        rendezvous_env=fake_rendezvous_env,
+        newest_checkpoint=checkpoints,
+        launch_error=FakeRunnerError,
+    )
+
+
+@pytest.fixture
+def store_url(db_url: str) -> str:
+    return db_url
+
+
+@pytest.fixture
+def rig(store_url: str, tmp_path: Path) -> Iterator[Rig]:
+    store = Store(store_url)
+    clock = ManualClock()
+    alloc = Allocator(store, clock=clock)
+    alloc.start([hgx("n1", "r1"), hgx("n2", "r1"), hgx("n3", "r2"), hgx("n4", "r2")])
+    # One cohort: each may borrow the other's unused guarantee (and have it reclaimed).
+    alloc.set_tenant("team-a", cohort="lab")
+    alloc.set_tenant("team-b", cohort="lab")
+    alloc.set_quota("team-a", H100, guaranteed=16, limit=32)
+    alloc.set_quota("team-b", H100, guaranteed=16, limit=32)
+    runner = FakeRunner(tmp_path)
+    checkpoints = Checkpoints()
+    jobs = JobController(alloc, backend=make_backend(runner, checkpoints))
+    jobs.start()
+    yield Rig(alloc, clock, runner, checkpoints, jobs)
+    store.close()
+
+
+def job(
+    members: int = 2,
+    gpus: int = 8,
+    *,
+    tenant: str = "team-a",
+    topology: TopologyRequirement = TopologyRequirement.ANY,
+    mode: TopologyMode = TopologyMode.REQUIRED,
+    restart: RestartPolicy | None = None,
+    checkpoint_dir: str | None = "/ckpt",
+    priority: int = 0,
+) -> JobSpec:
+    return JobSpec(
+        tenant=tenant,
+        owner="alice",
+        name="train",
+        members=members,
+        devices=DeviceRequest(
+            FlavorKind.GPU, count=gpus, models=frozenset({H100}), topology=topology
+        ),
+        topology_mode=mode,
+        command=("python", "train.py"),
+        cwd="/work",
+        env=(("EPOCHS", "3"),),
+        checkpoint_dir=checkpoint_dir,
+        restart=restart or RestartPolicy(max_restarts=2, backoff_s=5, backoff_cap_s=8),
+        priority=priority,
+    )

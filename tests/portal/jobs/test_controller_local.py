@@ -1,0 +1,155 @@
+"""The job controller with the real local runner: real member processes, pinned, with the
+rendezvous environment; a failed member restarts the gang from the newest complete checkpoint,
+a preemption sends SIGTERM and frees the devices once the members have checkpointed."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from policies.flavors import FlavorKind
+from policies.jobs import JobState, RestartPolicy
+from policies.requests import DeviceRequest
+from portal.allocator import Allocator
+from portal.jobs.backend import local_backend
+from portal.jobs.controller import JobController
+from portal.jobs.spec import JobSpec
+from portal.store.records import WorkloadState
+from portal.store.writer import Store
+from tests.portal.allocator.conftest import gpus, hgx, wl
+from tests.portal.jobs.conftest import H100
+
+# A member: writes checkpoints step-1..3 (rank 0 marks each complete, after a barrier-free
+# write of its own part: enough for the contract's order here), rank 1 fails once in its
+# first attempt; on SIGTERM it checkpoints and exits.
+SCRIPT = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys, time
+    from portal.jobs.checkpoints import mark_complete, step_path
+    rank = int(os.environ["RANK"])
+    attempt = os.environ["GPUPORTAL_ATTEMPT"]
+    root = pathlib.Path(os.environ["GPUPORTAL_CHECKPOINT_DIR"])
+    print(f"rank {rank} of {os.environ['WORLD_SIZE']} attempt {attempt} "
+          f"devices {os.environ['CUDA_VISIBLE_DEVICES']} "
+          f"resume {os.environ['GPUPORTAL_RESUME_FROM'] or '-'}", flush=True)
+    def on_term(signum, frame):
+        print(f"rank {rank} got SIGTERM: checkpointing", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    mode = sys.argv[1]
+    if mode == "fail-once":
+        for step in (1, 2, 3):
+            if rank == 0:
+                folder = step_path(root, step)
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "state").write_text(str(step))
+                mark_complete(folder)
+        if rank == 1 and attempt == "1":
+            time.sleep(0.5)
+            sys.exit(3)
+        time.sleep(0.2 if attempt != "1" else 30)
+    else:
+        time.sleep(60)
+    """
+)
+
+
+@dataclass
+class Local:
+    alloc: Allocator
+    jobs: JobController
+    tmp: Path
+
+    def spec(self, mode: str, members: int = 2, count: int = 4, tenant: str = "team-a") -> JobSpec:
+        script = self.tmp / "member.py"
+        script.write_text(SCRIPT)
+        return JobSpec(
+            tenant=tenant,
+            owner="alice",
+            name=mode,
+            members=members,
+            devices=DeviceRequest(FlavorKind.GPU, count=count, models=frozenset({H100})),
+            command=(sys.executable, str(script), mode),
+            cwd=str(self.tmp),
+            env=(("PYTHONPATH", str(Path(__file__).resolve().parents[3])),),
+            checkpoint_dir=str(self.tmp / "ckpt"),
+            restart=RestartPolicy(max_restarts=1, backoff_s=0, backoff_cap_s=0),
+        )
+
+    def until(self, what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            self.alloc.tick()
+            self.jobs.step()
+            time.sleep(0.05)
+
+    def log(self, job_id: str, attempt: int, rank: int) -> str:
+        path = self.jobs.log_path(job_id, attempt, rank)
+        assert path is not None
+        return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Local]:
+    store = Store(f"sqlite:///{tmp_path / 'portal.db'}")
+    alloc = Allocator(store)  # the real clock: real processes
+    alloc.start([hgx("n1")])
+    alloc.set_tenant("team-a", cohort="lab")
+    alloc.set_tenant("team-b", cohort="lab")
+    alloc.set_quota("team-a", H100, guaranteed=0, limit=8)
+    alloc.set_quota("team-b", H100, guaranteed=8, limit=8)
+    jobs = JobController(alloc, backend=local_backend(tmp_path / "state"))
+    jobs.start()
+    yield Local(alloc, jobs, tmp_path)
+    for j in jobs.jobs():
+        jobs.cancel(j.job.id)
+    store.close()
+
+
+def test_a_failed_member_restarts_the_gang_from_the_newest_complete_checkpoint(
+    local: Local,
+) -> None:
+    jid = local.jobs.submit(local.spec("fail-once")).job.id
+    local.until("the job to end", lambda: local.jobs.get(jid).state.terminal)
+    j = local.jobs.get(jid)
+    assert (j.state, j.restarts) == (JobState.SUCCEEDED, 1)
+    first, second = local.jobs.attempts(jid)
+    assert (first.exit_reason, first.exit_code, first.counted) == ("exit code 3", 3, True)
+    assert (second.exit_reason, second.resume_step) == ("completed", 3)
+    # Rank 0 of attempt 1 was still running: the gang was stopped with SIGTERM.
+    assert "rank 0 got SIGTERM" in local.log(jid, 1, 0)
+    starts = [local.log(jid, 2, rank).splitlines()[0] for rank in (0, 1)]
+    assert starts[0].startswith("rank 0 of 2 attempt 2 devices ")
+    devices = [line.split(" devices ")[1].split(" ")[0] for line in starts]
+    assert sorted(d for ds in devices for d in ds.split(",")) == [str(i) for i in range(8)]
+    assert all(line.endswith(str(local.tmp / "ckpt" / "step-3")) for line in starts)
+    assert local.alloc.workloads() == []
+
+
+def test_preemption_sends_sigterm_and_frees_the_devices_once_the_members_ended(
+    local: Local,
+) -> None:
+    jid = local.jobs.submit(local.spec("sleep", members=2, count=4)).job.id
+    local.until("it to run", lambda: local.jobs.get(jid).state is JobState.RUNNING)
+    local.until("the members to start", lambda: "rank 1" in local.log(jid, 1, 1))
+    claimant = local.alloc.request(wl("team-b", gpus(8)))
+    local.until(
+        "the claimant to run",
+        lambda: local.alloc.status(claimant.id).state is WorkloadState.RUNNING,
+    )
+    assert all("got SIGTERM" in local.log(jid, 1, rank) for rank in (0, 1))
+    (first, *_rest) = local.jobs.attempts(jid)
+    assert (first.exit_reason, first.counted) == ("preempted by team-b reclaim", False)
+    j = local.jobs.get(jid)
+    assert (j.restarts, j.preemptions, j.state) == (0, 1, JobState.QUEUED)
+    local.alloc.release(claimant.id)
+    local.until("attempt 2 to run", lambda: local.jobs.get(jid).state is JobState.RUNNING)
+    assert local.jobs.get(jid).attempt == 2
