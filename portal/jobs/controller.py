@@ -142,7 +142,8 @@ class JobController:
 
     def start(self) -> None:
         """Listen for preemptions and re-adopt what still runs after a portal restart:
-        running attempts the backend no longer has end (not counted) and are requeued."""
+        running attempts whose members ended meanwhile end as they did; those the backend
+        no longer has at all end (not counted) and are requeued."""
         with self._lock:
             if self._started:
                 return
@@ -151,9 +152,17 @@ class JobController:
             if self.backend is None:
                 return
             adopted = set(self.backend.runner.adopt())
-            for job in stored.active_jobs(self._alloc.store):
-                if job.state is JobState.RUNNING and (job.id, job.attempt) not in adopted:
-                    self._end(job, Verdict(restart=True, counted=False), LOST_AT_RESTART, None)
+            active = stored.active_jobs(self._alloc.store)
+            # Members that ended while the portal was down left their exits: those attempts
+            # ended as their members did (the next round advances them), not lost.
+            self._collect(active)
+            for job in active:
+                if job.state is not JobState.RUNNING or (job.id, job.attempt) in adopted:
+                    continue
+                ended = self._exits.get((job.id, job.attempt), {})
+                if len(ended) >= self._spec(job).members or any(ended.values()):
+                    continue
+                self._end(job, Verdict(restart=True, counted=False), LOST_AT_RESTART, None)
             self._release_leftovers(adopted)
 
     def _release_leftovers(self, adopted: set[tuple[str, int]]) -> None:

@@ -54,6 +54,8 @@ SCRIPT = textwrap.dedent(
             time.sleep(0.5)
             sys.exit(3)
         time.sleep(0.2 if attempt != "1" else 30)
+    elif mode == "short":
+        time.sleep(1.5)
     else:
         time.sleep(60)
     """
@@ -153,3 +155,22 @@ def test_preemption_sends_sigterm_and_frees_the_devices_once_the_members_ended(
     local.alloc.release(claimant.id)
     local.until("attempt 2 to run", lambda: local.jobs.get(jid).state is JobState.RUNNING)
     assert local.jobs.get(jid).attempt == 2
+
+
+def test_a_job_that_finished_while_the_portal_was_down_is_recorded_as_finished(
+    local: Local,
+) -> None:
+    """Members outlive the portal; when they all end before it is back, the restarted
+    controller learns how they ended (the runner's exit records) instead of calling the
+    attempt lost and running the job again."""
+    jid = local.jobs.submit(local.spec("short")).job.id
+    local.until("the members to start", lambda: local.jobs.get(jid).state is JobState.RUNNING)
+    # The portal goes away (nothing steps the controller) while the members finish.
+    time.sleep(3.0)
+    again = JobController(local.alloc, backend=local_backend(local.tmp / "state"))
+    again.start()
+    local.jobs = again
+    local.until("the job to end", lambda: again.get(jid).state.terminal)
+    j = again.get(jid)
+    assert (j.state, j.restarts, j.attempt) == (JobState.SUCCEEDED, 0, 1)
+    assert [a.exit_reason for a in again.attempts(jid)] == ["completed"]
