@@ -56,6 +56,8 @@ from portal.allocator import Allocator, WorkloadStatus
 from portal.allocator.draft import Decision
 from portal.jobs import launch
 from portal.jobs.backend import Backend
+from portal.jobs.checkpoints import newest_complete_checkpoint
+from portal.jobs.runner import RunnerError
 from portal.jobs.spec import Backend as BackendKind
 from portal.jobs.spec import ClusterFacts, JobSpec, api_field, fits_cluster
 from portal.store import jobs as stored
@@ -420,7 +422,7 @@ class JobController:
         )
         try:
             self.backend.runner.launch(members)
-        except self.backend.launch_error as exc:
+        except RunnerError as exc:
             verdict = after_failure(spec.restart, job.restarts, None)
             self._end(job, verdict, f"launch failed: {exc}", None)
             return
@@ -537,7 +539,7 @@ class JobController:
             if ended < members:
                 try:
                     self.backend.runner.stop(job.id, job.attempt, grace_s, wait=False)
-                except self.backend.launch_error as exc:  # e.g. no member left on this host
+                except RunnerError as exc:  # e.g. no member left on this host
                     log.warning("job %s attempt %d: %s", job.id, job.attempt, exc)
                 else:
                     until = self.now + timedelta(seconds=grace_s + STOP_MARGIN_S)
@@ -562,7 +564,7 @@ class JobController:
     def _resume_point(self, spec: JobSpec) -> tuple[Path, int] | None:
         if spec.checkpoint_dir is None or self.backend is None:
             return None
-        return self.backend.newest_checkpoint(Path(spec.checkpoint_dir))
+        return newest_complete_checkpoint(Path(spec.checkpoint_dir))
 
     def _workload_request(
         self, job: JobRecord, spec: JobSpec, devices: DeviceRequest

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 from policies.jobs import RankSlot, rank_layout
 from portal.jobs.backend import Backend, merged_env
+from portal.jobs.rendezvous import rendezvous_env
+from portal.jobs.runner import MemberLaunch
 from portal.jobs.spec import JobSpec
 from portal.store.records import AllocationRecord
 
@@ -52,10 +53,10 @@ def member_launches(
     allocations: Sequence[AllocationRecord],
     resume_from: str | None,
     port: int | None = None,
-) -> list[Any]:
+) -> list[MemberLaunch]:
     """One launch per rank, in rank order."""
     placed = layout(allocations)
-    envs = backend.rendezvous_env(
+    envs = rendezvous_env(
         job_id,
         attempt,
         [(slot.rank, slot.node) for slot, _a in placed],
@@ -66,7 +67,7 @@ def member_launches(
     )
     user = spec.environment
     return [
-        backend.member_launch(
+        MemberLaunch(
             job_id=job_id,
             attempt=attempt,
             rank=slot.rank,

@@ -23,7 +23,7 @@ from portal.client import AsyncPortal, Portal
 from portal.jobs.controller import JobController
 from tests.portal.api.conftest import TOKENS
 from tests.portal.client.conftest import PREFIX, serving
-from tests.portal.jobs.conftest import Checkpoints, FakeRunner, make_backend
+from tests.portal.jobs.conftest import FakeRunner, make_backend
 
 
 @dataclass
@@ -42,7 +42,7 @@ class JobServer:
 @pytest.fixture
 def job_server(allocator: Allocator, tmp_path: Path) -> Iterator[JobServer]:
     runner = FakeRunner(tmp_path)  # STAND-IN runner
-    controller = JobController(allocator, backend=make_backend(runner, Checkpoints()))
+    controller = JobController(allocator, backend=make_backend(runner))
     controller.start()
     app = create_app(allocator, StaticAuthenticator(TOKENS), job_controller=controller)
     stop = threading.Event()

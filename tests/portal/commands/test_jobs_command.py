@@ -21,7 +21,7 @@ from tests.portal.api.conftest import TOKENS
 from tests.portal.client.conftest import PREFIX, Served, serving
 from tests.portal.client.test_jobs import until
 from tests.portal.commands.conftest import Gpuportal
-from tests.portal.jobs.conftest import Checkpoints, FakeRunner, make_backend
+from tests.portal.jobs.conftest import FakeRunner, make_backend
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def runner(tmp_path: Path) -> FakeRunner:
 
 @pytest.fixture
 def portal_server(allocator: Allocator, runner: FakeRunner) -> Iterator[Served]:
-    controller = JobController(allocator, backend=make_backend(runner, Checkpoints()))
+    controller = JobController(allocator, backend=make_backend(runner))
     controller.start()
     app = create_app(allocator, StaticAuthenticator(TOKENS), job_controller=controller)
     stop = threading.Event()

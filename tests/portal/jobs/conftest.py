@@ -1,11 +1,12 @@
 """Job controller tests: a real allocator on a real store (SQLite and PostgreSQL) and a
 stand-in runner.
 
-STAND-IN RUNNER: ``FakeRunner``, ``fake_rendezvous_env`` and ``Checkpoints`` stand for
-``portal.jobs.runner``, ``portal.jobs.rendezvous`` and ``portal.jobs.checkpoints`` (marked
-``# STAND-IN`` where used). They start no process: a test says when each member exits and with
-what, and whether a stopped member takes its time, which real processes cannot be made to do
-deterministically (at 1,000 randomized cases, or on a manual clock). The same controller runs
+STAND-IN RUNNER: ``FakeRunner`` stands for ``portal.jobs.runner.LocalRunner`` (marked
+``# STAND-IN`` where used) and takes and reports the real ``MemberLaunch``/``MemberExit``; the
+rendezvous environment and checkpoints are the real ones. It starts no process: a test says
+when each member exits and with what, and whether a stopped member takes its time, which real
+processes cannot be made to do deterministically (at 1,000 randomized cases, or on a manual
+clock). The same controller runs
 the real runner in ``test_controller_local.py`` and under ``gpuportal serve`` in
 ``tests/portal/service/test_serve_jobs.py``.
 """
@@ -13,7 +14,7 @@ the real runner in ``test_controller_local.py`` and under ``gpuportal serve`` in
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,42 +25,15 @@ from policies.jobs import RestartPolicy, TopologyMode
 from policies.requests import DeviceRequest, TopologyRequirement
 from portal.allocator import Allocator
 from portal.jobs.backend import Backend
+from portal.jobs.checkpoints import mark_complete, step_path
 from portal.jobs.controller import JobController
+from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
 from portal.jobs.spec import Backend as BackendKind
 from portal.jobs.spec import JobSpec
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
 
 H100 = "H100-80GB"
-
-
-@dataclass(frozen=True, slots=True)
-class FakeLaunch:
-    """STAND-IN for ``portal.jobs.runner.MemberLaunch`` (same fields)."""
-
-    job_id: str
-    attempt: int
-    rank: int
-    node: str
-    devices: tuple[str, ...]
-    command: tuple[str, ...]
-    cwd: str
-    env: Mapping[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class FakeExit:
-    """STAND-IN for ``portal.jobs.runner.MemberExit``."""
-
-    job_id: str
-    attempt: int
-    rank: int
-    exit_code: int | None
-    signal: int | None
-
-
-class FakeRunnerError(Exception):
-    """STAND-IN for ``portal.jobs.runner.RunnerError``."""
 
 
 @dataclass
@@ -69,10 +43,10 @@ class FakeRunner:
     exit by SIGTERM, as a real process group would."""
 
     tmp: Path
-    launched: list[list[FakeLaunch]] = field(default_factory=list)
+    launched: list[list[MemberLaunch]] = field(default_factory=list)
     stops: list[tuple[str, int, float]] = field(default_factory=list)
     running: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    pending: list[FakeExit] = field(default_factory=list)
+    pending: list[MemberExit] = field(default_factory=list)
     adoptable: list[tuple[str, int]] = field(default_factory=list)
     fail_next_launch: bool = False
     # False: members ignore SIGTERM until a test makes them exit (a script checkpointing).
@@ -80,10 +54,10 @@ class FakeRunner:
     # Tests make members exit from their own thread while the service's loop polls.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def launch(self, members: Sequence[FakeLaunch]) -> None:
+    def launch(self, members: Sequence[MemberLaunch]) -> None:
         if self.fail_next_launch:
             self.fail_next_launch = False
-            raise FakeRunnerError("no such program")
+            raise RunnerError("no such program")
         self.launched.append(list(members))
         for m in members:
             self.running.setdefault((m.job_id, m.attempt), set()).add(m.rank)
@@ -91,7 +65,7 @@ class FakeRunner:
     def exit(self, job_id: str, attempt: int, rank: int, code: int) -> None:
         with self.lock:
             self.running.get((job_id, attempt), set()).discard(rank)
-            self.pending.append(FakeExit(job_id, attempt, rank, code, None))
+            self.pending.append(MemberExit(job_id, attempt, rank, code, None))
 
     def stop(self, job_id: str, attempt: int, grace_s: float, *, wait: bool = True) -> None:
         with self.lock:
@@ -99,9 +73,9 @@ class FakeRunner:
             if not self.stop_ends_members:
                 return
             for rank in sorted(self.running.pop((job_id, attempt), set())):
-                self.pending.append(FakeExit(job_id, attempt, rank, None, 15))
+                self.pending.append(MemberExit(job_id, attempt, rank, None, 15))
 
-    def poll(self) -> list[FakeExit]:
+    def poll(self) -> list[MemberExit]:
         with self.lock:
             out, self.pending = self.pending, []
         return out
@@ -113,48 +87,21 @@ class FakeRunner:
         return self.tmp / "jobs" / job_id / str(attempt) / f"rank-{rank}.log"
 
 
-def fake_rendezvous_env(
-    job_id: str,
-    attempt: int,
-    members: Sequence[tuple[int, str]],
-    master_addr: str,
-    master_port: int,
-    checkpoint_dir: str | None,
-    resume_from: str | None,
-) -> list[dict[str, str]]:
-    """STAND-IN for ``portal.jobs.rendezvous.rendezvous_env``: the variables tests read."""
-    env = []
-    for rank, node in members:
-        e = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(len(members)),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
-            "NODE": node,
-        }
-        if resume_from is not None:
-            e["GPUPORTAL_RESUME_FROM"] = resume_from
-        env.append(e)
-    return env
-
-
-@dataclass
-class Checkpoints:
-    """STAND-IN for ``newest_complete_checkpoint``: the newest a test says was written."""
-
-    newest: tuple[Path, int] | None = None
-
-    def __call__(self, checkpoint_dir: Path) -> tuple[Path, int] | None:
-        return self.newest
-
-
 @dataclass
 class Rig:
     alloc: Allocator
     clock: ManualClock
     runner: FakeRunner
-    checkpoints: Checkpoints
     jobs: JobController
+    ckpt: Path  # a checkpoint directory tests write real checkpoints to
+
+    def checkpoint(self, step: int) -> Path:
+        """A complete checkpoint of ``step`` in ``ckpt``, written as the contract says."""
+        folder = step_path(self.ckpt, step)
+        folder.mkdir(parents=True)
+        (folder / "state").write_text(str(step))
+        mark_complete(folder)
+        return folder
 
     def step(self, times: int = 1) -> None:
         for _ in range(times):
@@ -166,15 +113,8 @@ class Rig:
         self.step()
 
 
-def make_backend(runner: FakeRunner, checkpoints: Checkpoints) -> Backend:
-    return Backend(  # STAND-IN: local_backend(tmp_path) once the runner branch is merged
-        kind=BackendKind.LOCAL,
-        runner=runner,
-        member_launch=FakeLaunch,
-        rendezvous_env=fake_rendezvous_env,
-        newest_checkpoint=checkpoints,
-        launch_error=FakeRunnerError,
-    )
+def make_backend(runner: FakeRunner) -> Backend:
+    return Backend(kind=BackendKind.LOCAL, runner=runner)  # STAND-IN runner
 
 
 @pytest.fixture
@@ -194,10 +134,9 @@ def rig(store_url: str, tmp_path: Path) -> Iterator[Rig]:
     alloc.set_quota("team-a", H100, guaranteed=16, limit=32)
     alloc.set_quota("team-b", H100, guaranteed=16, limit=32)
     runner = FakeRunner(tmp_path)
-    checkpoints = Checkpoints()
-    jobs = JobController(alloc, backend=make_backend(runner, checkpoints))
+    jobs = JobController(alloc, backend=make_backend(runner))
     jobs.start()
-    yield Rig(alloc, clock, runner, checkpoints, jobs)
+    yield Rig(alloc, clock, runner, jobs, tmp_path / "ckpt")
     store.close()
 
 

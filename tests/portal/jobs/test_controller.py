@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -77,9 +76,9 @@ def view_allocations(rig: Rig, job_id: str) -> tuple[AllocationRecord, ...]:
 def test_failures_restart_after_backoff_from_the_checkpoint_until_the_backoff_limit(
     rig: Rig,
 ) -> None:
-    jid = rig.jobs.submit(job(members=2, gpus=8)).job.id
+    jid = rig.jobs.submit(job(members=2, gpus=8, checkpoint_dir=str(rig.ckpt))).job.id
     rig.step()
-    rig.checkpoints.newest = (Path("/ckpt/step-40"), 40)
+    rig.checkpoint(40)
     delays = []
     for attempt in (1, 2, 3):
         assert rig.jobs.get(jid).state is JobState.RUNNING
@@ -116,10 +115,10 @@ def test_failures_restart_after_backoff_from_the_checkpoint_until_the_backoff_li
 
 
 def test_relaunched_members_get_resume_from(rig: Rig) -> None:
-    rig.checkpoints.newest = (Path("/ckpt/step-7"), 7)
-    rig.jobs.submit(job(members=1, gpus=1))
+    step7 = rig.checkpoint(7)
+    rig.jobs.submit(job(members=1, gpus=1, checkpoint_dir=str(rig.ckpt)))
     rig.step()
-    assert rig.runner.launched[0][0].env["GPUPORTAL_RESUME_FROM"] == "/ckpt/step-7"
+    assert rig.runner.launched[0][0].env["GPUPORTAL_RESUME_FROM"] == str(step7)
 
 
 def test_an_exit_code_listed_to_fail_ends_the_job_at_once(rig: Rig) -> None:
@@ -246,7 +245,7 @@ def test_a_restarted_portal_adopts_running_members_or_requeues_lost_ones(rig: Ri
     lost = rig.jobs.submit(job(members=1, gpus=8)).job.id
     rig.step()
     rig.runner.adoptable = [(kept, 1)]
-    again = JobController(rig.alloc, backend=make_backend(rig.runner, rig.checkpoints))
+    again = JobController(rig.alloc, backend=make_backend(rig.runner))
     again.start()
     assert again.get(kept).state is JobState.RUNNING
     j = again.get(lost)
@@ -329,7 +328,7 @@ def test_a_restart_while_members_stop_drains_or_releases(rig: Rig) -> None:
     rig.jobs.cancel(gone)
     assert used(rig, "team-a") == 16
     rig.runner.adoptable = [(still, 1)]  # gone's member died with the portal
-    again = JobController(rig.alloc, backend=make_backend(rig.runner, rig.checkpoints))
+    again = JobController(rig.alloc, backend=make_backend(rig.runner))
     again.start()
     assert used(rig, "team-a") == 8
     rig.runner.exit(still, 1, 0, 143)

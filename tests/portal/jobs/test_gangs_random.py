@@ -28,7 +28,7 @@ from portal.store import jobs as stored
 from portal.store.records import WorkloadState
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
-from tests.portal.jobs.conftest import H100, Checkpoints, FakeRunner, job, make_backend
+from tests.portal.jobs.conftest import H100, FakeRunner, job, make_backend
 
 EXAMPLES = int(os.environ.get("GANG_EXAMPLES", "1000"))
 
@@ -53,7 +53,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     # Quota never binds here: capacity alone decides, so gangs meet every shape of shortage.
     alloc.set_quota("team-a", H100, guaranteed=100_000, limit=100_000, overcommit=True)
     runner = FakeRunner(Path(tmp))  # STAND-IN runner: members exit when the test says
-    controller = JobController(alloc, backend=make_backend(runner, Checkpoints()))
+    controller = JobController(alloc, backend=make_backend(runner))
     controller.start()
     yield World(alloc, clock, runner, controller, itertools.count())
     store.close()
