@@ -22,12 +22,14 @@ from panel.viewable import Viewer
 from dashboards.auth import HubOAuthIdentity, Identify, Identity
 from dashboards.cluster import ClusterView
 from dashboards.cost import CostView
+from dashboards.jobs_view import JobsView
 from dashboards.landing import LandingView
 from dashboards.my_work import MyWorkView
 from dashboards.sources import ApiSource, Source
 from dashboards.stores import (
     ClusterStore,
     CostStore,
+    JobsStore,
     MyWorkStore,
     Store,
     TenantStore,
@@ -113,7 +115,8 @@ def build_view(
             )
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name, clock=clock)
-        page = Page(TITLES["my_work"], MyWorkView(work), [work])
+        jobs = JobsStore(source, owner=viewer.name)
+        page = Page(TITLES["my_work"], MyWorkView(work, JobsView(jobs)), [work, jobs])
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""
         page = Page(TITLES["landing"], LandingView(viewer, query))
