@@ -4,6 +4,7 @@ the tail of rank 0's log, a Cancel button, and the Launch form (``docs/dashboard
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from datetime import datetime
 
 import panel as pn
@@ -37,20 +38,31 @@ def standing(j: JobOut) -> str:
     return j.message
 
 
+def per_member(devices: Mapping[str, object]) -> str:
+    """What each member holds, from the job's spec: ``4 H100-80GB``, ``1 A100-80GB/3g.40gb``,
+    ``250 milli T4``, ``CPU only``."""
+    models = devices.get("models")
+    model = ", ".join(map(str, models)) if isinstance(models, list) and models else "any"
+    kind = devices.get("kind")
+    if kind == "mig":
+        return f"{devices.get('count', 1)} {model}/{devices.get('mig_profile')}"
+    if kind == "share":
+        return f"{devices.get('milli', 0)} milli {model}"
+    if kind is None:
+        return "CPU only"
+    return f"{devices.get('count', 1)} {model}"
+
+
 def job_row(j: JobOut) -> tuple[str, ...]:
     """Name, id, tenant, state, members × devices per member, attempt, restarts and
     preemptions, where it stands."""
-    devices = j.spec.get("devices", {})
-    flavor = "/".join(
-        str(p) for p in ((devices.get("models") or ["any"])[0], devices.get("mig_profile")) if p
-    )
-    per_member = f"{devices.get('count', 1)} {flavor}"
+    devices = j.spec.get("devices")
     return (
         j.name,
         j.id,
         j.tenant,
         j.state.value + (" (topology relaxed)" if j.topology_relaxed else ""),
-        f"{j.members} × {per_member}",
+        f"{j.members} × {per_member(devices if isinstance(devices, dict) else {})}",
         str(j.attempt),
         f"{j.restarts} / {j.preemptions}",
         standing(j),

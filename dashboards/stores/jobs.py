@@ -10,6 +10,7 @@ import param
 from dashboards.sources import JobDraft
 from dashboards.stores.base import Store, in_words, not_shown
 from policies.errors import InvalidRequest, PortalError
+from policies.flavors import Flavor, FlavorKind
 from portal.api.jobs import AttemptOut, JobOut
 
 LOG_TAIL_BYTES = 16_384  # what the view keeps of rank 0's log: its tail, not the whole file
@@ -33,6 +34,12 @@ def command_of(line: str) -> tuple[str, ...]:
         return tuple(shlex.split(line))
     except ValueError as exc:  # an unclosed quote
         raise LaunchError("command", f"{exc} in {line!r}") from None
+
+
+def launchable(flavor: str) -> bool:
+    """Whether the form can ask for ``flavor``: whole GPUs and MIG instances are counted per
+    member; a share needs its milli and memory, set from the notebook or the CLI."""
+    return Flavor.parse(flavor).kind in (FlavorKind.GPU, FlavorKind.MIG)
 
 
 class JobsStore(Store):
@@ -60,9 +67,9 @@ class JobsStore(Store):
         flavors: set[str] = set()
         try:
             for t in tenants:
-                flavors.update(q.flavor for q in self.source.quotas(t))
-        except PortalError as exc:  # the form still takes a flavor typed by the viewer
-            notes.append(not_shown("flavors", exc))
+                flavors.update(q.flavor for q in self.source.quotas(t) if launchable(q.flavor))
+        except PortalError as exc:  # the list and the history still show; the form has none
+            notes.append(not_shown("the Launch form's flavors", exc))
         selected = self.selected if any(j.id == self.selected for j in mine) else ""
         if not selected and mine:
             selected = mine[-1].id  # the newest

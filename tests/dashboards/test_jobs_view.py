@@ -104,6 +104,13 @@ def test_lists_only_the_viewers_jobs_with_members_attempt_and_queue_wait(jobs: J
     assert jobs.store("tok-mia", "mia").jobs == []
 
 
+def test_a_share_job_says_its_share_per_member(jobs: Jobs) -> None:
+    with jobs.client("tok-alice") as alice:
+        alice.jobs.submit("team-a", ["python", "s.py"], members=2, flavor="T4/share", milli=250)
+    (row,) = map(job_row, jobs.store("tok-alice", "alice").jobs)
+    assert row[4] == "2 × 250 milli T4"
+
+
 def test_attempt_history_and_rank_0_log_read_by_offset_across_a_restart(jobs: Jobs) -> None:
     with jobs.client("tok-alice") as alice:
         job = alice.jobs.submit(
@@ -157,7 +164,8 @@ def test_launch_form_submits_the_split_command_and_its_settings(jobs: Jobs) -> N
     store = jobs.store("tok-alice", "alice")
     view = JobsView(store)
     assert view.tenant.options == ["team-a"]
-    assert "H100-80GB" in view.flavor.options
+    # team-a's quotas: H100-80GB and T4/share; a share needs milli the form does not ask.
+    assert view.flavor.options == ["H100-80GB"]
     view.tenant.value = "team-a"
     view.flavor.value = "H100-80GB"
     view.members.value = 2
