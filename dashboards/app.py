@@ -115,7 +115,14 @@ def build_view(
             )
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name, clock=clock)
-        jobs = JobsStore(source, owner=viewer.name)
+        # The Launch form offers the tenants the viewer may start work in (the portal still
+        # checks each submission); an unfiltered holder gets every tenant the portal lists.
+        may_launch = (
+            None
+            if viewer.can_everywhere(Scope.WORKLOADS_WRITE)
+            else tenants_for(viewer, Scope.WORKLOADS_WRITE)
+        )
+        jobs = JobsStore(source, owner=viewer.name, may_launch=may_launch)
         page = Page(TITLES["my_work"], MyWorkView(work, JobsView(jobs)), [work, jobs])
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""

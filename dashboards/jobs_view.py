@@ -192,7 +192,7 @@ class JobsView(Viewer):
             c.message(self.store),
             "#### Attempts",
             c.live(self.attempt_table, st.attempts),
-            c.live(self.log_html, st.log, st.log_attempt, css=LOG_CSS),
+            c.live(self.log_html, st.log_tail, st.log_attempt, css=LOG_CSS),
             "#### Launch a job",
             pn.Row(self.tenant, self.flavor, self.members, self.count),
             pn.Row(self.level, self.mode, self.max_restarts),

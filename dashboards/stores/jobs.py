@@ -13,7 +13,7 @@ from policies.errors import InvalidRequest, PortalError
 from policies.flavors import Flavor, FlavorKind
 from portal.api.jobs import AttemptOut, JobOut
 
-LOG_TAIL_BYTES = 16_384  # what the view keeps of rank 0's log: its tail, not the whole file
+LOG_TAIL_CHARS = 16_384  # what the view keeps of rank 0's log (decoded): its tail
 TOPOLOGY_LEVELS = ("any", "same-node", "nvlink", "same-rack")
 TOPOLOGY_MODES = ("required", "preferred")
 
@@ -49,10 +49,16 @@ class JobsStore(Store):
     jobs = param.List(default=[], item_type=JobOut, doc="The owner's jobs, ended ones too.")
     selected = param.String(default="", doc="Id of the job whose history is shown.")
     attempts = param.List(default=[], item_type=AttemptOut, doc="The selected job's attempts.")
-    log = param.String(default="", doc="The tail of rank 0's log of the selected job.")
-    log_attempt = param.Integer(default=0, doc="The attempt ``log`` was read from.")
+    log_tail = param.String(default="", doc="The tail of rank 0's log of the selected job.")
+    log_attempt = param.Integer(default=0, doc="The attempt ``log_tail`` was read from.")
     log_offset = param.Integer(default=0, doc="Where the next log read starts (bytes).")
-    tenants = param.List(default=[], item_type=str, doc="The viewer's tenants (Launch form).")
+    may_launch = param.List(
+        default=None,
+        allow_None=True,
+        item_type=str,
+        doc="Tenants the viewer's scopes let them start work in; None: every tenant listed.",
+    )
+    tenants = param.List(default=[], item_type=str, doc="The Launch form's tenants.")
     flavors = param.List(default=[], item_type=str, doc="Flavors the viewer's tenants have.")
     message = param.String(default="", doc="Result of the last cancel or launch.")
     form_error = param.String(
@@ -63,7 +69,7 @@ class JobsStore(Store):
     def _read(self) -> None:
         mine = [j for j in self.source.jobs() if j.owner == self.owner]
         notes = []
-        tenants = self.source.tenants()
+        tenants = self.source.tenants() if self.may_launch is None else list(self.may_launch)
         flavors: set[str] = set()
         try:
             for t in tenants:
@@ -87,7 +93,7 @@ class JobsStore(Store):
     def select(self, job_id: str) -> None:
         """Show ``job_id``'s attempts and log (one of the owner's jobs, or none)."""
         if job_id != self.selected:
-            self.param.update(selected=job_id, log="", log_attempt=0, log_offset=0)
+            self.param.update(selected=job_id, log_tail="", log_attempt=0, log_offset=0)
         self._read_selected()
 
     def job(self) -> JobOut | None:
@@ -96,19 +102,23 @@ class JobsStore(Store):
     def _read_selected(self) -> None:
         job = self.job()
         if job is None:
-            self.param.update(attempts=[], log="", log_attempt=0, log_offset=0)
+            self.param.update(attempts=[], log_tail="", log_attempt=0, log_offset=0)
             return
         attempts = self.source.job_attempts(job.id)
         read: dict[str, object] = {"attempts": attempts}
         if job.attempt >= 1:
             # Offset-based: each refresh reads only what was written since the last one; a
             # new attempt's log starts again from 0.
-            log, offset = self.log, self.log_offset
+            log, offset = self.log_tail, self.log_offset
             if job.attempt != self.log_attempt:
                 log, offset = "", 0
             chunk = self.source.job_log(job.id, attempt=job.attempt, offset=offset)
-            text = (log + chunk.text)[-LOG_TAIL_BYTES:]
-            read |= {"log": text, "log_attempt": chunk.attempt, "log_offset": chunk.next_offset}
+            text = (log + chunk.text)[-LOG_TAIL_CHARS:]
+            read |= {
+                "log_tail": text,
+                "log_attempt": chunk.attempt,
+                "log_offset": chunk.next_offset,
+            }
         self._set_changed(read)
 
     def cancel(self) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.app import build_view
 from dashboards.jobs_view import JobsView, job_row
 from dashboards.stores import JobsStore
 from policies.jobs import JobState
@@ -18,6 +19,8 @@ from portal.client import Portal as Client
 from portal.jobs.controller import JobController
 from portal.waits import NO_ESTIMATE
 from tests.dashboards.conftest import Portal, running_portal
+from tests.dashboards.seed import VIEWERS
+from tests.dashboards.test_scoping import rendered
 from tests.portal.jobs.conftest import Checkpoints, FakeRunner, make_backend
 
 
@@ -120,10 +123,10 @@ def test_attempt_history_and_rank_0_log_read_by_offset_across_a_restart(jobs: Jo
     jobs.write_log(job.id, 1, "step 1\n")
     store = jobs.store("tok-alice", "alice")
     assert store.selected == job.id
-    assert (store.log, store.log_attempt, store.log_offset) == ("step 1\n", 1, 7)
+    assert (store.log_tail, store.log_attempt, store.log_offset) == ("step 1\n", 1, 7)
     jobs.write_log(job.id, 1, "step 2\n")
     store.refresh()
-    assert store.log == "step 1\nstep 2\n"
+    assert store.log_tail == "step 1\nstep 2\n"
     log_reads = jobs.log_reads("tok-alice", 2)
     assert ["offset=0" in q for q in log_reads] == [True, False]
     assert "offset=7" in log_reads[1]  # only what was written since, not the whole file
@@ -140,10 +143,10 @@ def test_attempt_history_and_rank_0_log_read_by_offset_across_a_restart(jobs: Jo
     # The view's table says the same in words.
     rows = JobsView(store).attempt_table()
     assert "exit code 137" in rows and first.nodes[0] in rows
-    assert (store.log, store.log_attempt) == ("", 2)  # the new attempt's log, from 0
+    assert (store.log_tail, store.log_attempt) == ("", 2)  # the new attempt's log, from 0
     jobs.write_log(job.id, 2, "resumed\n")
     store.refresh()
-    assert store.log == "resumed\n"
+    assert store.log_tail == "resumed\n"
 
 
 def test_cancel_stops_the_selected_job_and_disables_the_button(jobs: Jobs) -> None:
@@ -220,3 +223,24 @@ def test_a_command_that_does_not_split_is_refused_before_anything_is_sent(jobs: 
     assert view.launch() is None
     assert store.form_error.startswith("not launched: command: No closing quotation")
     assert jobs.posts("tok-alice", []) == []
+
+
+def test_my_work_page_offers_the_tenants_the_viewer_may_start_work_in(jobs: Jobs) -> None:
+    with jobs.client("tok-alice") as alice:
+        job = alice.jobs.submit("team-a", ["python", "a.py"], flavor="H100-80GB")
+    jobs.step()
+    jobs.write_log(job.id, 1, "loss <0.5> at step 3\n")
+    for token, tenants, listed in (
+        ("tok-alice", ["team-a"], [job.id]),
+        ("tok-lead", [], []),  # leadership reads every tenant, starts work in none
+    ):
+        viewer = VIEWERS[token]
+        page = build_view("my_work", jobs.portal.source(token), viewer, {})
+        (store,) = (s for s in page.stores if isinstance(s, JobsStore))
+        assert store.error == "" and store.tenants == tenants
+        assert [j.id for j in store.jobs] == listed
+        text = rendered(page.view)
+        assert "Launch a job" in text
+        # The log tail, escaped once by the view (the pane's text escapes it again), on the
+        # page of the job's owner only.
+        assert ("loss &amp;lt;0.5&amp;gt; at step 3" in text) is (token == "tok-alice")
