@@ -169,8 +169,13 @@ class JobsView(Viewer):
         self.cancel_button.disabled = job is None or job.state.terminal
 
     def _form_choices(self, *_: object) -> None:
-        self.tenant.options = list(self.store.tenants)
-        self.flavor.options = list(self.store.flavors)
+        for widget, options in (
+            (self.tenant, self.store.tenants),
+            (self.flavor, self.store.flavors),
+        ):
+            widget.options = list(options)
+            if widget.value not in options:
+                widget.value = options[0] if options else None
 
     def _cancel(self, _event: object) -> None:
         self.store.cancel()
