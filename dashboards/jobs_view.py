@@ -148,6 +148,10 @@ class JobsView(Viewer):
             empty="You have no training jobs.",
         )
 
+    def read_error(self, error: str) -> str:
+        """Why the jobs could not be read (My work's status line is about its workloads)."""
+        return f"**Could not read jobs from the portal:** {error}" if error else ""
+
     def attempt_table(self, *_: object) -> str:
         return c.table_html(
             [attempt_row(a) for a in self.store.attempts],
@@ -192,6 +196,7 @@ class JobsView(Viewer):
         st = self.store.param
         return pn.Column(
             "### Jobs",
+            pn.pane.Markdown(pn.bind(self.read_error, st.error)),
             c.live(self.rows, st.jobs),
             pn.Row(self.choose, self.cancel_button),
             c.message(self.store),

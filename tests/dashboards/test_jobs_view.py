@@ -244,3 +244,12 @@ def test_my_work_page_offers_the_tenants_the_viewer_may_start_work_in(jobs: Jobs
         # The log tail, escaped once by the view (the pane's text escapes it again), on the
         # page of the job's owner only.
         assert ("loss &amp;lt;0.5&amp;gt; at step 3" in text) is (token == "tok-alice")
+
+
+def test_a_refused_jobs_read_says_why_in_the_section(jobs: Jobs) -> None:
+    ops = VIEWERS["tok-ops"]  # inventory only: My work opened by its address
+    page = build_view("my_work", jobs.portal.source("tok-ops"), ops, {})
+    (store,) = (s for s in page.stores if isinstance(s, JobsStore))
+    assert store.error.startswith("your roles do not let you read workloads")
+    text = rendered(page.view)
+    assert "Could not read jobs from the portal:" in text and store.error in text
