@@ -94,7 +94,10 @@ class JobsStore(Store):
         """Show ``job_id``'s attempts and log (one of the owner's jobs, or none)."""
         if job_id != self.selected:
             self.param.update(selected=job_id, log_tail="", log_attempt=0, log_offset=0)
-        self._read_selected()
+        try:
+            self._read_selected()
+        except PortalError as exc:  # a widget's callback: say why instead of raising
+            self.error = in_words(exc)
 
     def job(self) -> JobOut | None:
         return next((j for j in self.jobs if j.id == self.selected), None)
