@@ -22,12 +22,14 @@ from panel.viewable import Viewer
 from dashboards.auth import HubOAuthIdentity, Identify, Identity
 from dashboards.cluster import ClusterView
 from dashboards.cost import CostView
+from dashboards.jobs_view import JobsView
 from dashboards.landing import LandingView
 from dashboards.my_work import MyWorkView
 from dashboards.sources import ApiSource, Source
 from dashboards.stores import (
     ClusterStore,
     CostStore,
+    JobsStore,
     MyWorkStore,
     Store,
     TenantStore,
@@ -113,7 +115,15 @@ def build_view(
             )
     elif view == "my_work":
         work = MyWorkStore(source, owner=viewer.name, clock=clock)
-        page = Page(TITLES["my_work"], MyWorkView(work), [work])
+        # The Launch form offers the tenants the viewer may start work in (the portal still
+        # checks each submission); an unfiltered holder gets every tenant the portal lists.
+        may_launch = (
+            None
+            if viewer.can_everywhere(Scope.WORKLOADS_WRITE)
+            else tenants_for(viewer, Scope.WORKLOADS_WRITE)
+        )
+        jobs = JobsStore(source, owner=viewer.name, may_launch=may_launch)
+        page = Page(TITLES["my_work"], MyWorkView(work, JobsView(jobs)), [work, jobs])
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""
         page = Page(TITLES["landing"], LandingView(viewer, query))

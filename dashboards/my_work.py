@@ -12,6 +12,7 @@ import panel as pn
 from panel.viewable import Viewer
 
 from dashboards import components as c
+from dashboards.jobs_view import JobsView
 from dashboards.stores import MyWorkStore
 from portal.api.schemas import WorkloadOut
 from portal.api.telemetry import PointOut
@@ -47,9 +48,10 @@ def usage_row(name: str, points: list[PointOut]) -> tuple[str, str, str, str, st
 
 
 class MyWorkView(Viewer):
-    def __init__(self, store: MyWorkStore, **params: object) -> None:
+    def __init__(self, store: MyWorkStore, jobs: JobsView | None = None, **params: object) -> None:
         super().__init__(**params)
         self.store = store
+        self.jobs = jobs
         self.choose = pn.widgets.Select(label="workload", options={}, width=320)
         self.stop_button = pn.widgets.Button(label="Stop / cancel", color="danger", width=140)
         self.stop_button.on_click(self._stop)
@@ -146,6 +148,7 @@ class MyWorkView(Viewer):
             c.live(self.rows, st.workloads),
             pn.Row(self.choose, self.stop_button),
             c.message(self.store),
+            *([self.jobs] if self.jobs is not None else []),
             "### GPU usage, last hour",
             c.live(self.usage_table, st.usage),
             pn.pane.HoloViews(pn.bind(self.usage_plot, st.usage), linked_axes=False),

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from portal.api.alerts import AlertOut
 from portal.api.cost import BudgetOut, CostSummaryOut
+from portal.api.jobs import AttemptOut, JobOut, LogOut
 from portal.api.schemas import CapacityOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 from portal.api.telemetry import DeviceMinuteOut, PointOut
 from portal.client import Expired, Portal
@@ -37,6 +38,23 @@ class NodeChanges:
     nodes: list[NodeOut]
     removed: list[str]
     complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobDraft:
+    """A job as the Launch form describes it, in ``Portal().jobs.submit``'s terms (the portal
+    checks every value and names the one wrong)."""
+
+    tenant: str
+    flavor: str
+    members: int
+    count: int
+    command: tuple[str, ...]
+    cwd: str | None
+    checkpoint_dir: str | None
+    topology: str
+    topology_mode: str
+    max_restarts: int
 
 
 class Source(Protocol):
@@ -81,6 +99,11 @@ class Source(Protocol):
         tenant: str | None = None,
     ) -> CostSummaryOut: ...
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]: ...
+    def jobs(self) -> list[JobOut]: ...
+    def job_attempts(self, job_id: str) -> list[AttemptOut]: ...
+    def job_log(self, job_id: str, *, attempt: int | None, offset: int) -> LogOut: ...
+    def submit_job(self, body: JobDraft) -> JobOut: ...
+    def cancel_job(self, job_id: str) -> JobOut: ...
     def chargeback_csv(
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
     ) -> str: ...
@@ -198,3 +221,32 @@ class ApiSource:
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
     ) -> str:
         return self._portal.chargeback(start=start, end=end, step=step)
+
+    def jobs(self) -> list[JobOut]:
+        """Every job the viewer may read (ended ones included), in submission order."""
+        return [j.info for j in self._portal.jobs.list()]
+
+    def job_attempts(self, job_id: str) -> list[AttemptOut]:
+        return self._portal.jobs.attempts(job_id)
+
+    def job_log(self, job_id: str, *, attempt: int | None, offset: int) -> LogOut:
+        """Rank 0's log of ``attempt`` (None: the current one) from byte ``offset``."""
+        return self._portal.jobs.read_logs(job_id, attempt, 0, offset)
+
+    def submit_job(self, body: JobDraft) -> JobOut:
+        job = self._portal.jobs.submit(
+            body.tenant,
+            body.command,
+            members=body.members,
+            flavor=body.flavor,
+            count=body.count,
+            cwd=body.cwd,
+            checkpoint_dir=body.checkpoint_dir,
+            topology=body.topology,
+            topology_mode=body.topology_mode,
+            max_restarts=body.max_restarts,
+        )
+        return job.info
+
+    def cancel_job(self, job_id: str) -> JobOut:
+        return self._portal.jobs.cancel(job_id)

@@ -10,6 +10,7 @@ from dashboards.stores.access import tenants_for, views_for
 from dashboards.stores.base import Store
 from dashboards.stores.cluster import ClusterStore, FreeCapacity
 from dashboards.stores.cost import CostStore
+from dashboards.stores.jobs import JobsStore
 from dashboards.stores.my_work import MyWorkStore
 from dashboards.stores.tenant import Member, QuotaDraft, TenantStore
 
@@ -17,6 +18,7 @@ __all__ = [
     "ClusterStore",
     "CostStore",
     "FreeCapacity",
+    "JobsStore",
     "Member",
     "MyWorkStore",
     "QuotaDraft",

@@ -24,6 +24,7 @@ from portal.api.auth import Caller, CallerKind, StaticAuthenticator
 from portal.api.auth import Scope as ApiScope
 from portal.api.cost import use_accounting
 from portal.api.telemetry import use_telemetry
+from portal.jobs.controller import JobController
 from portal.store.writer import Store
 from portal.telemetry.service import Telemetry
 from tests.dashboards.seed import PRICES, VIEWERS, SeedClock, seed
@@ -82,6 +83,7 @@ class Portal:
     clock: SeedClock
     recorder: Recorder
     telemetry: Telemetry
+    jobs: JobController | None = None
 
     def source(self, token: str) -> ApiSource:
         """A source acting as the viewer of ``token``."""
@@ -104,13 +106,21 @@ class Portal:
 
 
 @contextmanager
-def running_portal(folder: Path) -> Iterator[Portal]:
-    """The seeded portal API on SQLite in ``folder``, served by uvicorn on loopback."""
+def running_portal(
+    folder: Path, jobs: Callable[[Allocator], JobController] | None = None
+) -> Iterator[Portal]:
+    """The seeded portal API on SQLite in ``folder``, served by uvicorn on loopback; with
+    ``jobs``, ``/jobs`` runs the controller it makes (stepped by the test, no loop)."""
     store = Store(f"sqlite:///{folder / 'portal.db'}")
     clock = SeedClock()
     alloc = Allocator(store, clock=clock)
     seed(alloc, clock)
-    app = create_app(alloc, StaticAuthenticator({**VIEWERS, AGENT_TOKEN: AGENT}))
+    controller = jobs(alloc) if jobs is not None else None
+    if controller is not None:
+        controller.start()
+    app = create_app(
+        alloc, StaticAuthenticator({**VIEWERS, AGENT_TOKEN: AGENT}), job_controller=controller
+    )
     use_accounting(app, Accounting(store, PRICES, clock=clock))
     telemetry = Telemetry(alloc, clock=lambda: clock.now.timestamp(), attribution_ttl_s=0)
     use_telemetry(app, telemetry)
@@ -126,7 +136,7 @@ def running_portal(folder: Path) -> Iterator[Portal]:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the portal API did not start")
             time.sleep(0.02)
-        yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder, telemetry)
+        yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder, telemetry, controller)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
