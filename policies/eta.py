@@ -18,6 +18,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from policies.errors import InvalidRequest
 
@@ -126,3 +127,135 @@ class ReleaseTimeline:
 
     def curve(self) -> ReleaseCurve:
         return ReleaseCurve._of_sorted([e[0] for e in self._ends], [e[2] for e in self._ends])
+
+
+# ---------------------------------------------------------------- calibrated intervals
+
+LOW_Q, POINT_Q, HIGH_Q = 0.2, 0.5, 0.8
+MIN_HISTORY = 5
+"""Completed runs a group needs before its history estimates a holder's remaining time; with
+fewer, the pooled history of every group answers."""
+
+
+class RunLengths:
+    """Completed run lengths (seconds) per group (tenant and kind), kept sorted, and the
+    remaining time of a holder that has run ``elapsed`` so far: the empirical quantiles of
+    ``length - elapsed`` over the completed runs longer than ``elapsed``. A holder that has
+    outlived every recorded run of its group gets no estimate from it (None)."""
+
+    __slots__ = ("_all", "_by")
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, str], list[float]] = {}
+        self._all: list[float] = []
+
+    def add(self, group: tuple[str, str], length: float) -> None:
+        if not (math.isfinite(length) and length >= 0):
+            raise InvalidRequest("run length", length, "a finite number of seconds >= 0")
+        bisect.insort(self._by.setdefault(group, []), length)
+        bisect.insort(self._all, length)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def remaining(
+        self, group: tuple[str, str], elapsed: float, qs: Sequence[float] = (LOW_Q, POINT_Q, HIGH_Q)
+    ) -> tuple[float, ...] | None:
+        """Quantiles ``qs`` of the remaining time after ``elapsed``, nondecreasing in q."""
+        elapsed = max(0.0, elapsed)
+        for lengths in (self._by.get(group, []), self._all):
+            i = bisect.bisect_right(lengths, elapsed)
+            longer = len(lengths) - i
+            if longer >= MIN_HISTORY or (lengths is self._all and longer > 0):
+                return tuple(lengths[i + min(longer - 1, int(q * longer))] - elapsed for q in qs)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """When one holder is expected to free ``amount``: ends at the low, point and high
+    quantile (epoch seconds; inf: unknown), and whether the end is a declared time limit."""
+
+    amount: int
+    low: float
+    point: float
+    high: float
+    declared: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A wait: its point, its p20–p80 interval (seconds from now) and why, in words."""
+
+    point: float
+    low: float
+    high: float
+    reason: str
+
+
+def release_of(
+    amount: int,
+    started_at: float,
+    declared_end: float | None,
+    group: tuple[str, str],
+    history: RunLengths,
+    now: float,
+) -> Release:
+    """A holder's release: its declared end when it has one, else its remaining time by the
+    history of its group's runs (unknown when there is none)."""
+    if declared_end is not None and math.isfinite(declared_end):
+        return Release(amount, declared_end, declared_end, declared_end, True)
+    rem = history.remaining(group, now - started_at)
+    if rem is None:
+        inf = float("inf")
+        return Release(amount, inf, inf, inf, False)
+    return Release(amount, now + rem[0], now + rem[1], now + rem[2], False)
+
+
+class IntervalCurve:
+    """The low, point and high release curves of one flavor's holders (one ``ReleaseCurve``
+    each), built once and asked for every queued workload: each answer three binary
+    searches. Since every holder's low <= point <= high, the k-th smallest end of each
+    curve keeps that order, so every interval has low <= point <= high."""
+
+    __slots__ = ("_curves", "_declared", "_first")
+
+    def __init__(self, releases: Sequence[Release]) -> None:
+        self._curves = tuple(
+            ReleaseCurve([(getattr(r, q), r.amount) for r in releases])
+            for q in ("low", "point", "high")
+        )
+        ended = sorted((r.point, r.declared) for r in releases if math.isfinite(r.point))
+        self._first = ended[0] if ended else None
+        self._declared = any(r.declared for r in releases)
+
+    def interval(
+        self, ahead: int, free_now: int, need: int, now: float, ahead_count: int, unit: str
+    ) -> Interval | None:
+        """The wait of a workload behind ``ahead`` (``ahead_count`` workloads), None when the
+        known and estimated ends never free enough."""
+        low, point, high = (c.wait(ahead, free_now, need, now) for c in self._curves)
+        if point is None or low is None:
+            return None
+        if high is None:
+            high = float("inf")
+        return Interval(point, low, high, self._reason(ahead_count, unit, now))
+
+    def _reason(self, ahead_count: int, unit: str, now: float) -> str:
+        queue = (
+            "nothing ahead of you"
+            if ahead_count == 0
+            else f"{ahead_count} workload{'s' if ahead_count != 1 else ''} ahead of you"
+        )
+        if self._first is None:
+            return f"{queue}; waits for a release: no running workload has an end time"
+        end, declared = self._first
+        when = _minutes(end - now)
+        how = "reaches its time limit" if declared else "ends, judging by past run lengths"
+        return f"{queue}; the next {unit} frees {when} when a job {how}"
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 60:
+        return "within a minute"
+    return f"in about {math.ceil(seconds / 60)} min"
