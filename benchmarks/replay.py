@@ -7,7 +7,8 @@ about 1 % of it) and replays every GPU pod at its creation time on a virtual clo
 ``portal.allocator.Allocator`` over SQLite in a temporary directory. A pod runs for its real
 length (deletion − creation) from the moment the allocator admits it; the replay releases it
 then. Pods go to 10 tenants by a seeded hash; each flavor's guaranteed quotas add up to its
-capacity and every limit is twice the guarantee (one cohort: tenants borrow what others leave).
+capacity and every limit is the whole flavor (one cohort: a tenant borrows what others leave
+and gives it back, by preemption, when they claim their guarantee).
 
 Two modes: ``declared`` (each request declares its real length as a time limit,
 ``expected_duration_s``) and ``unknown`` (none does; only run-length history can tell). Three
@@ -82,6 +83,7 @@ class Sample:
     high: float | None
     baseline: float | None
     first: bool
+    raw: float | None = None  # the calibrated point before calibration (what it learns from)
 
 
 @dataclass
@@ -149,7 +151,7 @@ def _set_quotas(alloc: Allocator) -> None:
     for fl, cap in sorted(alloc.capacity.items()):
         for i, t in enumerate(names):
             g = cap // TENANTS + (1 if i < cap % TENANTS else 0)
-            alloc.set_quota(t, fl, guaranteed=g, limit=min(cap, max(2 * g, 1)))
+            alloc.set_quota(t, fl, guaranteed=g, limit=cap)
 
 
 def replay(
@@ -159,7 +161,7 @@ def replay(
     order: str,
     seed: int,
     workdir: Path,
-    reread_s: float = 60.0,
+    reread_s: float = 300.0,
 ) -> dict[str, Any]:
     if mode not in MODES:
         raise InvalidRequest("mode", mode, " or ".join(MODES))
@@ -193,6 +195,7 @@ def _run(
     _set_quotas(alloc)
     by_id: dict[str, Pod] = {}
     history = eta_policy.RunLengths()
+    calibration = eta_policy.WaitCalibration()
     ends: list[tuple[float, str]] = []  # (virtual end, wid) of running pods, a heap
     waiting: set[str] = set()
     preemptions = 0
@@ -208,17 +211,24 @@ def _run(
             pod = by_id.get(rec.id)
             if pod is None:
                 continue
-            if rec.state is WorkloadState.RUNNING and pod.start is None:
-                pod.start = now()
+            if rec.started_at is not None and pod.start is None:
+                # Admitted (perhaps preempted again in the same decision: only the last
+                # state of a decision shows, its start stays).
+                pod.start = rec.started_at.timestamp() - base
                 waiting.discard(rec.id)
                 admitted_times.append(pod.start)
+                for s in pod.samples[:1]:
+                    if s.raw is not None:
+                        calibration.add(s.raw, pod.start - s.at)
                 heapq.heappush(ends, (pod.start + pod.duration, rec.id))
-            elif rec.state is WorkloadState.PREEMPTING and not pod.preempted:
+            if rec.state is WorkloadState.PREEMPTING and not pod.preempted:
                 pod.preempted = True
                 preemptions += 1
-            elif rec.state.terminal and pod.end is None and pod.start is not None:
+            if rec.state.terminal and pod.end is None and pod.start is not None:
                 pod.end = now()
-                history.add((pod.tenant, rec.kind), pod.end - pod.start)
+                pod.preempted = pod.preempted or rec.reason == "preempted"
+                if not pod.preempted:  # a cut-short run says nothing of how long runs take
+                    history.add((pod.tenant, rec.kind), pod.end - pod.start)
 
     alloc.subscribe(observe)
     arrivals = sorted(pods, key=lambda p: (p.creation_time, p.name))
@@ -244,7 +254,8 @@ def _run(
             entries = [e for e in alloc.queue() if e.workload_id == first]
         rate = _service_time(admitted_times, t)
         for e in entries:
-            got = intervals.get(e.workload_id)
+            raw = intervals.get(e.workload_id)
+            got = calibration.apply(raw) if raw is not None else None
             by_id[e.workload_id].samples.append(
                 Sample(
                     t,
@@ -255,6 +266,7 @@ def _run(
                     got.high if got else None,
                     e.position * rate if rate is not None else None,
                     first is not None,
+                    raw.point if raw else None,
                 )
             )
 
@@ -282,12 +294,12 @@ def _run(
             )
             try:
                 st = alloc.request(req, expected_duration_s=dur if mode == "declared" else None)
-            except Forbidden:
+            except (Forbidden, InvalidRequest):
                 refused += 1
                 continue
             pod = Pod(st.id, p, tenant, now(), dur)
             by_id[st.id] = pod
-            if st.state is WorkloadState.RUNNING and pod.start is None:
+            if st.started_at is not None and pod.start is None:
                 pod.start = now()
                 admitted_times.append(pod.start)
                 heapq.heappush(ends, (pod.start + dur, st.id))
@@ -295,7 +307,12 @@ def _run(
                 waiting.add(st.id)
                 read_etas(st.id)
         if not ends and i >= len(arrivals) and waiting:
-            alloc.tick()
+            # Nothing left to release but preempted work in its grace period: let time pass.
+            for _ in range(100):
+                advance(now() + 600)
+                alloc.tick()
+                if ends or not waiting:
+                    break
             if not ends:
                 break  # nothing runs and nothing admits what waits: stuck
         if waiting and now() - last_reread >= reread_s:
@@ -461,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the GPU pods replayed")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N pods")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--reread-s", type=float, default=60.0)
+    ap.add_argument("--reread-s", type=float, default=300.0)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--json", type=Path, default=None)

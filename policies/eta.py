@@ -167,7 +167,7 @@ class RunLengths:
             i = bisect.bisect_right(lengths, elapsed)
             longer = len(lengths) - i
             if longer >= MIN_HISTORY or (lengths is self._all and longer > 0):
-                return tuple(lengths[i + min(longer - 1, int(q * longer))] - elapsed for q in qs)
+                return tuple(lengths[i + _rank(q, longer)] - elapsed for q in qs)
         return None
 
 
@@ -255,7 +255,48 @@ class IntervalCurve:
         return f"{queue}; the next {unit} frees {when} when a job {how}"
 
 
+def _rank(q: float, n: int) -> int:
+    """The nearest-rank index of quantile ``q`` among ``n`` sorted values."""
+    return min(n - 1, max(0, math.ceil(q * n) - 1))
+
+
 def _minutes(seconds: float) -> str:
     if seconds < 60:
         return "within a minute"
     return f"in about {math.ceil(seconds / 60)} min"
+
+
+class WaitCalibration:
+    """How past estimates turned out: the ratios realized / estimated wait of admitted
+    workloads, kept sorted. ``apply`` scales a raw estimate by their median (the point) and
+    its interval by their p20 and p80, so the interval covers what past waits did about as
+    often as it says. With fewer than ``MIN_HISTORY`` ratios it returns the estimate as is."""
+
+    __slots__ = ("_ratios",)
+
+    def __init__(self) -> None:
+        self._ratios: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._ratios)
+
+    def add(self, estimated: float, realized: float) -> None:
+        if not (math.isfinite(estimated) and estimated > 0):
+            return  # nothing to learn from a zero or unknown estimate
+        if not (math.isfinite(realized) and realized >= 0):
+            raise InvalidRequest("realized wait", realized, "a finite number of seconds >= 0")
+        bisect.insort(self._ratios, realized / estimated)
+
+    def _q(self, q: float) -> float:
+        r = self._ratios
+        return r[_rank(q, len(r))]
+
+    def apply(self, raw: Interval) -> Interval:
+        if len(self._ratios) < MIN_HISTORY:
+            return raw
+        return Interval(
+            raw.point * self._q(POINT_Q),
+            raw.low * self._q(LOW_Q),
+            raw.high * self._q(HIGH_Q),
+            raw.reason,
+        )

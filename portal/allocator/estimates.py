@@ -9,7 +9,15 @@ import math
 from datetime import datetime
 
 from policies import quota
-from policies.eta import Interval, IntervalCurve, Release, ReleaseCurve, RunLengths, release_of
+from policies.eta import (
+    Interval,
+    IntervalCurve,
+    Release,
+    ReleaseCurve,
+    RunLengths,
+    WaitCalibration,
+    release_of,
+)
 from portal.allocator.memory import Live, Memory
 from portal.allocator.releases import ReleaseIndex
 from portal.allocator.views import QueueEntry
@@ -137,12 +145,18 @@ def queue_position(
     return None
 
 
-def queue_intervals(mem: Memory, now: datetime, history: RunLengths) -> dict[str, Interval | None]:
+def queue_intervals(
+    mem: Memory,
+    now: datetime,
+    history: RunLengths,
+    calibration: WaitCalibration | None = None,
+) -> dict[str, Interval | None]:
     """The calibrated wait (policies.eta.IntervalCurve) of every queued workload by id: its
     point, p20–p80 interval and reason, or None when no known or estimated end frees enough
     (only a release nobody can foresee admits it). Holders without a declared end are given
     the remaining time their tenant's runs of their kind took (``history``). Walks the queue
-    once, like ``queue_entries``: O(queued + running · log)."""
+    once, like ``queue_entries``: O(queued + running · log). ``calibration`` (past estimates
+    against the waits that followed) rescales each raw interval."""
     t = now.timestamp()
     releases: dict[tuple[str, str | None], list[Release]] = {}
     for lv in mem.live.values():
@@ -165,7 +179,8 @@ def queue_intervals(mem: Memory, now: datetime, history: RunLengths) -> dict[str
     for lv in mem.order(now):
         flavors = [str(lv.req.devices.flavor(m)) for m in mem.models_for(lv.req)]
         need = lv.req.devices.amount() * lv.req.gang_size
-        out[lv.rec.id] = _interval(mem, lv, flavors, need, t, releases, curves, ahead)
+        got = _interval(mem, lv, flavors, need, t, releases, curves, ahead)
+        out[lv.rec.id] = calibration.apply(got) if calibration and got else got
         for fl in set(flavors):
             for key in ((fl, None), (fl, lv.rec.tenant)):
                 amount, count = ahead.get(key, (0, 0))
@@ -204,5 +219,14 @@ def _interval(
         got = curve.interval(amount, free, need, now, count, unit)
         if got is None or got.point > 0.0:
             return got
-    # It fits by the counts and still waits: only a release can admit it (see QueueEtas.eta).
-    return None
+    # It fits by the counts and still waits (the free devices are in the wrong places, or it
+    # may not borrow them): a release must admit it. Counting nothing free as usable, the
+    # estimate is when the releases cover the queue ahead and it; None when no holder has a
+    # known or estimated end, never zero ("under a minute").
+    amount, count = ahead.get((fl, None), (0, 0))
+    got = curves[(fl, None)].interval(amount, 0, need, now, count, unit)
+    if got is None or got.point <= 0.0:
+        return None
+    return Interval(
+        got.point, got.low, got.high, f"free {unit} devices do not fit it; {got.reason}"
+    )
