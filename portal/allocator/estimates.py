@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Any
 
 from policies import quota
 from policies.eta import (
@@ -107,6 +108,8 @@ def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
     per_tenant: dict[str, int] = {}
     out = []
     etas = QueueEtas(mem, now)
+    # The allocator keeps no run-length history: intervals come from declared ends alone.
+    intervals = queue_intervals(mem, now, RunLengths()) if ordered else {}
     for i, lv in enumerate(ordered, start=1):
         per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
         models = mem.models_for(lv.req) or [""]
@@ -124,11 +127,31 @@ def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
                 message=lv.message,
                 enqueued_at=lv.rec.created_at,
                 gpu_equivalent=geq,
-                eta_s=etas.eta(lv),
+                **_eta_fields(etas.eta(lv), intervals.get(lv.rec.id)),
             )
         )
         etas.passed(lv)
     return out
+
+
+def _eta_fields(point: float | None, got: Interval | None) -> dict[str, Any]:
+    """``eta_s`` (today's point) with the interval around it and its reason. No point: no
+    interval either, and the reason says only a release admits it (portal.waits)."""
+    if point is None:
+        return {
+            "eta_s": None,
+            "eta_low_s": None,
+            "eta_high_s": None,
+            "eta_reason": "waits for a release; no running workload it waits for has an end time",
+        }
+    if got is None:
+        return {"eta_s": point, "eta_low_s": point, "eta_high_s": point, "eta_reason": ""}
+    return {
+        "eta_s": point,
+        "eta_low_s": min(point, got.low),
+        "eta_high_s": max(point, got.high),
+        "eta_reason": got.reason,
+    }
 
 
 def queue_position(
