@@ -45,4 +45,4 @@ def test_a_wait_only_an_unforeseen_release_ends_has_no_interval(
     queued = allocator.request(wl("team-a", gpus(1), name="c"))
     (entry,) = [e for e in _queue(client) if e["workload_id"] == queued.id]
     assert entry["eta_s"] is None and entry["eta_low_s"] is None and entry["eta_high_s"] is None
-    assert entry["eta_reason"].startswith("waits for a release")
+    assert str(entry["eta_reason"]).startswith("waits for a release")
