@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.errors import InvalidRequest
 
@@ -183,9 +184,9 @@ class Release:
     declared: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Interval:
-    """A wait: its point, its p20–p80 interval (seconds from now) and why, in words."""
+class Interval(NamedTuple):
+    """A wait: its point, its p20–p80 interval (seconds from now) and why, in words. A named
+    tuple: a queue view makes one per pending workload."""
 
     point: float
     low: float
@@ -218,7 +219,7 @@ class IntervalCurve:
     searches. Since every holder's low <= point <= high, the k-th smallest end of each
     curve keeps that order, so every interval has low <= point <= high."""
 
-    __slots__ = ("_curves", "_declared", "_first")
+    __slots__ = ("_curves", "_declared", "_first", "_next")
 
     def __init__(self, releases: Sequence[Release]) -> None:
         self._curves = tuple(
@@ -228,31 +229,48 @@ class IntervalCurve:
         ended = sorted((r.point, r.declared) for r in releases if math.isfinite(r.point))
         self._first = ended[0] if ended else None
         self._declared = any(r.declared for r in releases)
+        self._next: tuple[float, str, str] | None = None  # (now, unit, what frees next)
 
     def interval(
         self, ahead: int, free_now: int, need: int, now: float, ahead_count: int, unit: str
     ) -> Interval | None:
         """The wait of a workload behind ``ahead`` (``ahead_count`` workloads), None when the
         known and estimated ends never free enough."""
-        low, point, high = (c.wait(ahead, free_now, need, now) for c in self._curves)
-        if point is None or low is None:
+        if need < 0 or free_now < 0 or ahead < 0:
+            raise InvalidRequest(
+                "amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0"
+            )
+        short = ahead + need - free_now
+        if short <= 0:
+            return Interval(0.0, 0.0, 0.0, self._reason(ahead_count, unit, now))
+        # ReleaseCurve.wait for each curve, inlined: a queue view asks once per workload.
+        waits = []
+        for c in self._curves:
+            i = bisect.bisect_left(c._released, short)
+            waits.append(math.inf if i == len(c._released) else max(0.0, c._times[i] - now))
+        low, point, high = waits
+        if point == math.inf:
             return None
-        if high is None:
-            high = float("inf")
         return Interval(point, low, high, self._reason(ahead_count, unit, now))
 
     def _reason(self, ahead_count: int, unit: str, now: float) -> str:
-        queue = (
-            "nothing ahead of you"
-            if ahead_count == 0
-            else f"{ahead_count} workload{'s' if ahead_count != 1 else ''} ahead of you"
-        )
+        if ahead_count == 0:
+            queue = "nothing ahead of you"
+        elif ahead_count == 1:
+            queue = "1 workload ahead of you"
+        else:
+            queue = f"{ahead_count} workloads ahead of you"
+        cached = self._next
+        if cached is None or cached[0] != now or cached[1] != unit:
+            cached = self._next = (now, unit, self._what_frees(unit, now))
+        return f"{queue}; {cached[2]}"
+
+    def _what_frees(self, unit: str, now: float) -> str:
         if self._first is None:
-            return f"{queue}; waits for a release: no running workload has an end time"
+            return "waits for a release: no running workload has an end time"
         end, declared = self._first
-        when = _minutes(end - now)
         how = "reaches its time limit" if declared else "ends, judging by past run lengths"
-        return f"{queue}; the next {unit} frees {when} when a job {how}"
+        return f"the next {unit} frees {_minutes(end - now)} when a job {how}"
 
 
 def _rank(q: float, n: int) -> int:
