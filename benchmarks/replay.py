@@ -7,8 +7,9 @@ about 1 % of it) and replays every GPU pod at its creation time on a virtual clo
 ``portal.allocator.Allocator`` over SQLite in a temporary directory. A pod runs for its real
 length (deletion − creation) from the moment the allocator admits it; the replay releases it
 then. Pods go to 10 tenants by a seeded hash; each flavor's guaranteed quotas add up to its
-capacity and every limit is the whole flavor (one cohort: a tenant borrows what others leave
-and gives it back, by preemption, when they claim their guarantee).
+capacity and every limit is twice the guarantee (one cohort: a tenant borrows what others
+leave and gives it back, by preemption, when they claim their guarantee). A pod larger than
+its tenant's limit is refused, as the portal refuses it, and counted.
 
 Two modes: ``declared`` (each request declares its real length as a time limit,
 ``expected_duration_s``) and ``unknown`` (none does; only run-length history can tell). Three
@@ -151,7 +152,7 @@ def _set_quotas(alloc: Allocator) -> None:
     for fl, cap in sorted(alloc.capacity.items()):
         for i, t in enumerate(names):
             g = cap // TENANTS + (1 if i < cap % TENANTS else 0)
-            alloc.set_quota(t, fl, guaranteed=g, limit=cap)
+            alloc.set_quota(t, fl, guaranteed=g, limit=min(cap, max(2 * g, 1)))
 
 
 def replay(
