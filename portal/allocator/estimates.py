@@ -221,9 +221,26 @@ def _interval(
     curves: dict[tuple[str, str | None], IntervalCurve],
     ahead: dict[tuple[str, str | None], tuple[int, int]],
 ) -> Interval | None:
-    if not flavors:
-        return None
-    fl = flavors[0]
+    """The soonest wait over the workload's candidate flavors: it starts on whichever frees
+    first (a request for any model waits on all of them)."""
+    best: Interval | None = None
+    for fl in dict.fromkeys(flavors):
+        got = _flavor_interval(mem, lv, fl, need, now, releases, curves, ahead)
+        if got is not None and (best is None or got.point < best.point):
+            best = got
+    return best
+
+
+def _flavor_interval(
+    mem: Memory,
+    lv: Live,
+    fl: str,
+    need: int,
+    now: float,
+    releases: dict[tuple[str, str | None], list[Release]],
+    curves: dict[tuple[str, str | None], IntervalCurve],
+    ahead: dict[tuple[str, str | None], tuple[int, int]],
+) -> Interval | None:
     unit = fl.split("/")[0]
     scopes: list[str | None] = [None]
     if lv.rec.reason == quota.QueueReason.QUOTA.value:
