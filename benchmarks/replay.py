@@ -353,7 +353,7 @@ def _pct(xs: Sequence[float], q: float) -> float:
 
 def eta_quality(pods: Sequence[Pod], first_only: bool) -> dict[str, Any]:
     """Error of each estimator on the samples whose realized wait exceeds a minute."""
-    rel: dict[str, list[float]] = {"portal": [], "calibrated": [], "baseline": []}
+    rel: dict[str, list[float]] = {"portal": [], "raw": [], "calibrated": [], "baseline": []}
     missing: dict[str, int] = dict.fromkeys(rel, 0)
     inside = 0
     n = 0
@@ -369,6 +369,7 @@ def eta_quality(pods: Sequence[Pod], first_only: bool) -> dict[str, Any]:
             n += 1
             for name, est in (
                 ("portal", s.portal),
+                ("raw", s.raw),
                 ("calibrated", s.point),
                 ("baseline", s.baseline),
             ):
@@ -454,9 +455,10 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         "ETA quality for waits over 60 s (median |estimate − realized| / realized; coverage: "
         "realized wait inside the calibrated p20–p80 interval; goal ≤ 25 % and 55–65 %):",
         "",
-        "| mode | order | reads | samples | portal eta_s | calibrated point | baseline "
+        "| mode | order | reads | samples | portal eta_s | interval point, uncalibrated "
+        "| calibrated point | baseline "
         "| calibrated coverage | no estimate (portal / calibrated / baseline) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for label, key in (("at submission", "eta_at_submission"), ("all reads", "eta_all_reads")):
@@ -465,6 +467,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             miss = q["no_estimate"]
             lines.append(
                 f"| {r['mode']} | {r['order']} | {label} | {q['samples']} | {_p(m['portal'])} "
+                f"| {_p(m['raw'])} "
                 f"| {_p(m['calibrated'])} | {_p(m['baseline'])} | {_p(q['interval_coverage'])} "
                 f"| {miss['portal']} / {miss['calibrated']} / {miss['baseline']} |"
             )
