@@ -18,6 +18,8 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.errors import InvalidRequest
 
@@ -125,3 +127,193 @@ class ReleaseTimeline:
 
     def curve(self) -> ReleaseCurve:
         return ReleaseCurve._of_sorted([e[0] for e in self._ends], [e[2] for e in self._ends])
+
+
+# ---------------------------------------------------------------- calibrated intervals
+
+LOW_Q, POINT_Q, HIGH_Q = 0.2, 0.5, 0.8
+MIN_HISTORY = 5
+"""Completed runs a group needs before its history estimates a holder's remaining time; with
+fewer, the pooled history of every group answers."""
+
+
+class RunLengths:
+    """Completed run lengths (seconds) per group (tenant and kind), kept sorted, and the
+    remaining time of a holder that has run ``elapsed`` so far: the empirical quantiles of
+    ``length - elapsed`` over the completed runs longer than ``elapsed``. A holder that has
+    outlived every recorded run of its group gets no estimate from it (None)."""
+
+    __slots__ = ("_all", "_by")
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, str], list[float]] = {}
+        self._all: list[float] = []
+
+    def add(self, group: tuple[str, str], length: float) -> None:
+        if not (math.isfinite(length) and length >= 0):
+            raise InvalidRequest("run length", length, "a finite number of seconds >= 0")
+        bisect.insort(self._by.setdefault(group, []), length)
+        bisect.insort(self._all, length)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def remaining(
+        self, group: tuple[str, str], elapsed: float, qs: Sequence[float] = (LOW_Q, POINT_Q, HIGH_Q)
+    ) -> tuple[float, ...] | None:
+        """Quantiles ``qs`` of the remaining time after ``elapsed``, nondecreasing in q."""
+        elapsed = max(0.0, elapsed)
+        for lengths in (self._by.get(group, []), self._all):
+            i = bisect.bisect_right(lengths, elapsed)
+            longer = len(lengths) - i
+            if longer >= MIN_HISTORY or (lengths is self._all and longer > 0):
+                return tuple(lengths[i + _rank(q, longer)] - elapsed for q in qs)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """When one holder is expected to free ``amount``: ends at the low, point and high
+    quantile (epoch seconds; inf: unknown), and whether the end is a declared time limit."""
+
+    amount: int
+    low: float
+    point: float
+    high: float
+    declared: bool
+
+
+class Interval(NamedTuple):
+    """A wait: its point, its p20–p80 interval (seconds from now) and why, in words. A named
+    tuple: a queue view makes one per pending workload."""
+
+    point: float
+    low: float
+    high: float
+    reason: str
+
+
+def release_of(
+    amount: int,
+    started_at: float,
+    declared_end: float | None,
+    group: tuple[str, str],
+    history: RunLengths,
+    now: float,
+) -> Release:
+    """A holder's release: its declared end when it has one, else its remaining time by the
+    history of its group's runs (unknown when there is none)."""
+    if declared_end is not None and math.isfinite(declared_end):
+        return Release(amount, declared_end, declared_end, declared_end, True)
+    rem = history.remaining(group, now - started_at)
+    if rem is None:
+        inf = float("inf")
+        return Release(amount, inf, inf, inf, False)
+    return Release(amount, now + rem[0], now + rem[1], now + rem[2], False)
+
+
+class IntervalCurve:
+    """The low, point and high release curves of one flavor's holders (one ``ReleaseCurve``
+    each), built once and asked for every queued workload: each answer three binary
+    searches. Since every holder's low <= point <= high, the k-th smallest end of each
+    curve keeps that order, so every interval has low <= point <= high."""
+
+    __slots__ = ("_curves", "_declared", "_first", "_next")
+
+    def __init__(self, releases: Sequence[Release]) -> None:
+        self._curves = tuple(
+            ReleaseCurve([(getattr(r, q), r.amount) for r in releases])
+            for q in ("low", "point", "high")
+        )
+        ended = sorted((r.point, r.declared) for r in releases if math.isfinite(r.point))
+        self._first = ended[0] if ended else None
+        self._declared = any(r.declared for r in releases)
+        self._next: tuple[float, str, str] | None = None  # (now, unit, what frees next)
+
+    def interval(
+        self, ahead: int, free_now: int, need: int, now: float, ahead_count: int, unit: str
+    ) -> Interval | None:
+        """The wait of a workload behind ``ahead`` (``ahead_count`` workloads), None when the
+        known and estimated ends never free enough."""
+        if need < 0 or free_now < 0 or ahead < 0:
+            raise InvalidRequest(
+                "amounts", f"need={need} free_now={free_now} ahead={ahead}", ">= 0"
+            )
+        short = ahead + need - free_now
+        if short <= 0:
+            return Interval(0.0, 0.0, 0.0, self._reason(ahead_count, unit, now))
+        # ReleaseCurve.wait for each curve, inlined: a queue view asks once per workload.
+        waits = []
+        for c in self._curves:
+            i = bisect.bisect_left(c._released, short)
+            waits.append(math.inf if i == len(c._released) else max(0.0, c._times[i] - now))
+        low, point, high = waits
+        if point == math.inf:
+            return None
+        return Interval(point, low, high, self._reason(ahead_count, unit, now))
+
+    def _reason(self, ahead_count: int, unit: str, now: float) -> str:
+        if ahead_count == 0:
+            queue = "nothing ahead of you"
+        elif ahead_count == 1:
+            queue = "1 workload ahead of you"
+        else:
+            queue = f"{ahead_count} workloads ahead of you"
+        cached = self._next
+        if cached is None or cached[0] != now or cached[1] != unit:
+            cached = self._next = (now, unit, self._what_frees(unit, now))
+        return f"{queue}; {cached[2]}"
+
+    def _what_frees(self, unit: str, now: float) -> str:
+        if self._first is None:
+            return "waits for a release: no running workload has an end time"
+        end, declared = self._first
+        how = "reaches its time limit" if declared else "ends, judging by past run lengths"
+        return f"the next {unit} frees {_minutes(end - now)} when a job {how}"
+
+
+def _rank(q: float, n: int) -> int:
+    """The nearest-rank index of quantile ``q`` among ``n`` sorted values."""
+    return min(n - 1, max(0, math.ceil(q * n) - 1))
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 60:
+        return "within a minute"
+    return f"in about {math.ceil(seconds / 60)} min"
+
+
+class WaitCalibration:
+    """How past estimates turned out: the ratios realized / estimated wait of admitted
+    workloads, kept sorted. ``apply`` scales a raw estimate by their median (the point) and
+    its interval by their p20 and p80, so the interval covers what past waits did about as
+    often as it says. With fewer than ``MIN_HISTORY`` ratios it returns the estimate as is."""
+
+    __slots__ = ("_ratios",)
+
+    def __init__(self) -> None:
+        self._ratios: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._ratios)
+
+    def add(self, estimated: float, realized: float) -> None:
+        if not (math.isfinite(estimated) and estimated > 0):
+            return  # nothing to learn from a zero or unknown estimate
+        if not (math.isfinite(realized) and realized >= 0):
+            raise InvalidRequest("realized wait", realized, "a finite number of seconds >= 0")
+        bisect.insort(self._ratios, realized / estimated)
+
+    def _q(self, q: float) -> float:
+        r = self._ratios
+        return r[_rank(q, len(r))]
+
+    def apply(self, raw: Interval) -> Interval:
+        if len(self._ratios) < MIN_HISTORY:
+            return raw
+        return Interval(
+            raw.point * self._q(POINT_Q),
+            raw.low * self._q(LOW_Q),
+            raw.high * self._q(HIGH_Q),
+            raw.reason,
+        )

@@ -45,6 +45,11 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: str
+    # When the pod was created and deleted (seconds from the trace's start) and its QoS
+    # class; the placement protocol ignores them, the time replay (benchmarks.replay) uses them.
+    creation_time: int = 0
+    deletion_time: int | None = None
+    qos: str = ""
 
     @property
     def total_milli(self) -> int:
@@ -100,6 +105,9 @@ def read_pods(path: Path) -> list[TracePod]:
                 int(r["num_gpu"]),
                 int(r["gpu_milli"]),
                 r.get("gpu_spec", "") or "",
+                int(r.get("creation_time") or 0),
+                int(r["deletion_time"]) if r.get("deletion_time") else None,
+                r.get("qos", "") or "",
             )
             for r in csv.DictReader(f)
         ]

@@ -5,10 +5,20 @@ Reads a ``Memory`` (the live state, under the allocator's lock); changes nothing
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
+from typing import Any
 
 from policies import quota
-from policies.eta import ReleaseCurve
+from policies.eta import (
+    Interval,
+    IntervalCurve,
+    Release,
+    ReleaseCurve,
+    RunLengths,
+    WaitCalibration,
+    release_of,
+)
 from portal.allocator.memory import Live, Memory
 from portal.allocator.releases import ReleaseIndex
 from portal.allocator.views import QueueEntry
@@ -98,6 +108,8 @@ def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
     per_tenant: dict[str, int] = {}
     out = []
     etas = QueueEtas(mem, now)
+    # The allocator keeps no run-length history: intervals come from declared ends alone.
+    intervals = queue_intervals(mem, now, RunLengths()) if ordered else {}
     for i, lv in enumerate(ordered, start=1):
         per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
         models = mem.models_for(lv.req) or [""]
@@ -115,11 +127,31 @@ def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
                 message=lv.message,
                 enqueued_at=lv.rec.created_at,
                 gpu_equivalent=geq,
-                eta_s=etas.eta(lv),
+                **_eta_fields(etas.eta(lv), intervals.get(lv.rec.id)),
             )
         )
         etas.passed(lv)
     return out
+
+
+def _eta_fields(point: float | None, got: Interval | None) -> dict[str, Any]:
+    """``eta_s`` (today's point) with the interval around it and its reason. No point: no
+    interval either, and the reason says only a release admits it (portal.waits)."""
+    if point is None:
+        return {
+            "eta_s": None,
+            "eta_low_s": None,
+            "eta_high_s": None,
+            "eta_reason": "waits for a release; no running workload it waits for has an end time",
+        }
+    if got is None:
+        return {"eta_s": point, "eta_low_s": point, "eta_high_s": point, "eta_reason": ""}
+    return {
+        "eta_s": point,
+        "eta_low_s": min(point, got.low),
+        "eta_high_s": max(point, got.high),
+        "eta_reason": got.reason,
+    }
 
 
 def queue_position(
@@ -134,3 +166,107 @@ def queue_position(
             tpos = sum(1 for o in ordered[: i + 1] if o.rec.tenant == tenant)
             return i + 1, tpos, eta(mem, lv, ordered[:i], now)
     return None
+
+
+def queue_intervals(
+    mem: Memory,
+    now: datetime,
+    history: RunLengths,
+    calibration: WaitCalibration | None = None,
+) -> dict[str, Interval | None]:
+    """The calibrated wait (policies.eta.IntervalCurve) of every queued workload by id: its
+    point, p20–p80 interval and reason, or None when no known or estimated end frees enough
+    (only a release nobody can foresee admits it). Holders without a declared end are given
+    the remaining time their tenant's runs of their kind took (``history``). Walks the queue
+    once, like ``queue_entries``: O(queued + running · log). ``calibration`` (past estimates
+    against the waits that followed) rescales each raw interval."""
+    t = now.timestamp()
+    releases: dict[tuple[str, str | None], list[Release]] = {}
+    for lv in mem.live.values():
+        if not lv.allocations:
+            continue
+        rec = lv.rec
+        started = rec.started_at.timestamp() if rec.started_at is not None else t
+        end = lv.end_at if math.isfinite(lv.end_at) else None
+        held: dict[str, int] = {}
+        for a in lv.allocations:
+            if a.flavor:
+                held[a.flavor] = held.get(a.flavor, 0) + a.amount
+        for fl, amount in held.items():
+            r = release_of(amount, started, end, (rec.tenant, rec.kind), history, t)
+            for key in ((fl, None), (fl, rec.tenant)):
+                releases.setdefault(key, []).append(r)
+    curves: dict[tuple[str, str | None], IntervalCurve] = {}
+    ahead: dict[tuple[str, str | None], tuple[int, int]] = {}
+    out: dict[str, Interval | None] = {}
+    for lv in mem.order(now):
+        flavors = [str(lv.req.devices.flavor(m)) for m in mem.models_for(lv.req)]
+        need = lv.req.devices.amount() * lv.req.gang_size
+        got = _interval(mem, lv, flavors, need, t, releases, curves, ahead)
+        out[lv.rec.id] = calibration.apply(got) if calibration and got else got
+        for fl in set(flavors):
+            for key in ((fl, None), (fl, lv.rec.tenant)):
+                amount, count = ahead.get(key, (0, 0))
+                ahead[key] = (amount + need, count + 1)
+    return out
+
+
+def _interval(
+    mem: Memory,
+    lv: Live,
+    flavors: list[str],
+    need: int,
+    now: float,
+    releases: dict[tuple[str, str | None], list[Release]],
+    curves: dict[tuple[str, str | None], IntervalCurve],
+    ahead: dict[tuple[str, str | None], tuple[int, int]],
+) -> Interval | None:
+    """The soonest wait over the workload's candidate flavors: it starts on whichever frees
+    first (a request for any model waits on all of them)."""
+    best: Interval | None = None
+    for fl in dict.fromkeys(flavors):
+        got = _flavor_interval(mem, lv, fl, need, now, releases, curves, ahead)
+        if got is not None and (best is None or got.point < best.point):
+            best = got
+    return best
+
+
+def _flavor_interval(
+    mem: Memory,
+    lv: Live,
+    fl: str,
+    need: int,
+    now: float,
+    releases: dict[tuple[str, str | None], list[Release]],
+    curves: dict[tuple[str, str | None], IntervalCurve],
+    ahead: dict[tuple[str, str | None], tuple[int, int]],
+) -> Interval | None:
+    unit = fl.split("/")[0]
+    scopes: list[str | None] = [None]
+    if lv.rec.reason == quota.QueueReason.QUOTA.value:
+        scopes.insert(0, lv.rec.tenant)
+    for tenant in scopes:
+        if tenant is not None:
+            q = mem.quotas.get((tenant, fl))
+            free = max(0, (q.limit if q else 0) - mem.ledger.used(tenant, fl))
+        else:
+            free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
+        key = (fl, tenant)
+        curve = curves.get(key)
+        if curve is None:
+            curve = curves[key] = IntervalCurve(releases.get(key, []))
+        amount, count = ahead.get(key, (0, 0))
+        got = curve.interval(amount, free, need, now, count, unit)
+        if got is None or got.point > 0.0:
+            return got
+    # It fits by the counts and still waits (the free devices are in the wrong places, or it
+    # may not borrow them): a release must admit it. Counting nothing free as usable, the
+    # estimate is when the releases cover the queue ahead and it; None when no holder has a
+    # known or estimated end, never zero ("under a minute").
+    amount, count = ahead.get((fl, None), (0, 0))
+    got = curves[(fl, None)].interval(amount, 0, need, now, count, unit)
+    if got is None or got.point <= 0.0:
+        return None
+    return Interval(
+        got.point, got.low, got.high, f"free {unit} devices do not fit it; {got.reason}"
+    )

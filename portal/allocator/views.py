@@ -50,6 +50,10 @@ class QueueEntry:
     enqueued_at: datetime
     gpu_equivalent: float
     eta_s: float | None
+    # The wait's p20–p80 interval around ``eta_s`` and why, in words (estimates.py).
+    eta_low_s: float | None = None
+    eta_high_s: float | None = None
+    eta_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,6 +276,15 @@ class QueueEntryOut(Model):
     enqueued_at: datetime
     gpu_equivalent: float = Field(ge=0)
     eta_s: float | None = Field(description="Estimated wait, seconds; null: cannot estimate.")
+    eta_low_s: float | None = Field(
+        default=None, description="Low end (p20) of the estimated wait, seconds; null with eta_s."
+    )
+    eta_high_s: float | None = Field(
+        default=None, description="High end (p80) of the estimated wait, seconds; null with eta_s."
+    )
+    eta_reason: str = Field(
+        default="", description="Why the wait is what it is, in words (what is ahead, what frees)."
+    )
 
 
 class UsageOut(Model):

@@ -1,0 +1,102 @@
+"""How long reading calibrated ETAs takes with 10,000 pending workloads.
+
+``python -m benchmarks.eta_reads [--pending 10000] [--holders 2000] [--reads 200]`` builds the
+release curves of ``--holders`` running workloads (half with a declared end, half estimated
+from a run-length history of 5,000 runs) and times, ``--reads`` times each: one read of the
+whole queue's intervals (building the curves and walking all pending workloads, as a queue
+view does) and single reads of one workload's interval deep in the queue. Pure policy code
+(policies.eta): the allocator's own queue order and its lock are not in these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+from policies.eta import IntervalCurve, Release, RunLengths, WaitCalibration, release_of
+
+NOW = 1_000_000.0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run(pending: int, holders: int, reads: int, seed: int = 1) -> dict[str, float]:
+    rng = random.Random(seed)
+    history = RunLengths()
+    for _ in range(5000):
+        history.add((f"team-{rng.randrange(10)}", "job"), rng.expovariate(1 / 3600))
+    calibration = WaitCalibration()
+    for _ in range(500):
+        calibration.add(rng.uniform(60, 3600), rng.uniform(60, 7200))
+    held = [
+        (
+            rng.choice((1, 2, 4, 8)),
+            NOW - rng.uniform(0, 7200),
+            NOW + rng.uniform(0, 7200) if i % 2 else None,
+            (f"team-{rng.randrange(10)}", "job"),
+        )
+        for i in range(holders)
+    ]
+    needs = [rng.choice((1, 2, 4, 8)) for _ in range(pending)]
+
+    def whole_queue() -> int:
+        curve = IntervalCurve([release_of(a, s, e, g, history, NOW) for a, s, e, g in held])
+        ahead = known = 0
+        for i, need in enumerate(needs):
+            got = curve.interval(ahead, 0, need, NOW, i, "H100")
+            if got is not None:
+                calibration.apply(got)
+                known += 1
+            ahead += need
+        return known
+
+    whole_ms = []
+    for _ in range(reads):
+        t = time.perf_counter()
+        whole_queue()
+        whole_ms.append((time.perf_counter() - t) * 1e3)
+    releases: list[Release] = [release_of(a, s, e, g, history, NOW) for a, s, e, g in held]
+    curve = IntervalCurve(releases)
+    single_ms = []
+    prefix = [0]
+    for n in needs:
+        prefix.append(prefix[-1] + n)
+    for _ in range(reads * 50):
+        k = rng.randrange(pending)
+        t = time.perf_counter()
+        got = curve.interval(prefix[k], 0, needs[k], NOW, k, "H100")
+        if got is not None:
+            calibration.apply(got)
+        single_ms.append((time.perf_counter() - t) * 1e3)
+    return {
+        "pending": pending,
+        "holders": holders,
+        "whole_queue_p50_ms": _pct(whole_ms, 0.5),
+        "whole_queue_p99_ms": _pct(whole_ms, 0.99),
+        "single_p50_ms": _pct(single_ms, 0.5),
+        "single_p99_ms": _pct(single_ms, 0.99),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.eta_reads", description=__doc__)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--holders", type=int, default=2_000)
+    ap.add_argument("--reads", type=int, default=200)
+    args = ap.parse_args(argv)
+    if min(args.pending, args.holders, args.reads) < 1:
+        ap.error("--pending, --holders and --reads: at least 1")
+    r = run(args.pending, args.holders, args.reads)
+    for k, v in r.items():
+        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return r
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
