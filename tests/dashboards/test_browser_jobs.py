@@ -20,7 +20,7 @@ from portal.jobs.controller import JobController
 from tests.dashboards.conftest import Portal, running_portal
 from tests.dashboards.seed import NOW, VIEWERS
 from tests.dashboards.test_browser import WAIT_MS, Console
-from tests.portal.jobs.conftest import Checkpoints, FakeRunner, make_backend
+from tests.portal.jobs.conftest import FakeRunner, make_backend
 from tests.support.browser import chromium
 from tests.support.ports import free_port
 
@@ -44,7 +44,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Portal, str]]:
     runner = FakeRunner(tmp_path)  # STAND-IN runner: no processes, no GPUs here
 
     def controller(alloc: Allocator) -> JobController:
-        return JobController(alloc, backend=make_backend(runner, Checkpoints()))
+        return JobController(alloc, backend=make_backend(runner))
 
     with running_portal(tmp_path, controller) as portal:
         port = free_port()

@@ -21,7 +21,7 @@ from portal.waits import NO_ESTIMATE
 from tests.dashboards.conftest import Portal, running_portal
 from tests.dashboards.seed import VIEWERS
 from tests.dashboards.test_scoping import rendered
-from tests.portal.jobs.conftest import Checkpoints, FakeRunner, make_backend
+from tests.portal.jobs.conftest import FakeRunner, make_backend
 
 
 class Jobs:
@@ -77,7 +77,7 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
     runner = FakeRunner(tmp_path)  # STAND-IN runner: no processes, no GPUs here
 
     def controller(alloc: Allocator) -> JobController:
-        return JobController(alloc, backend=make_backend(runner, Checkpoints()))
+        return JobController(alloc, backend=make_backend(runner))
 
     with running_portal(tmp_path, controller) as portal:
         yield Jobs(portal, runner)
