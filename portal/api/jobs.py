@@ -349,17 +349,18 @@ def cancel_job(
 
 @router.get(
     "/{job_id}/attempts",
-    response_model=list[AttemptOut],
+    response_model=Page[AttemptOut],
     responses=_404,
-    summary="Every attempt, oldest first",
+    summary="Its attempts, oldest first (paged: preemptions are not bounded by max_restarts)",
 )
 def job_attempts(
     job_id: JobId,
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     controller: Annotated[JobController, Depends(jobs)],
-) -> list[AttemptOut]:
+    page: Annotated[Paging, Depends(paging)],
+) -> Page[AttemptOut]:
     _readable(caller, controller, job_id)
-    return [attempt_out(a) for a in controller.attempts(job_id)]
+    return page.page_of(controller.attempts(job_id), attempt_out)
 
 
 @router.get(

@@ -65,15 +65,11 @@ def cancel(job_id: str) -> Op[JobOut]:
     return (yield from core.one(call, JobOut))
 
 
-def attempts(job_id: str) -> Op[list[AttemptOut]]:
-    from pydantic import TypeAdapter
-
+def attempts(job_id: str, page_size: int) -> Op[list[AttemptOut]]:
     from portal.api.jobs import AttemptOut
 
-    call = Call("GET", f"{API}/jobs/{_seg(job_id)}/attempts", idempotent=True)
-    response = yield call
-    data = core.checked(response)
-    return TypeAdapter(list[AttemptOut]).validate_python(data)
+    path = f"{API}/jobs/{_seg(job_id)}/attempts"
+    return (yield from core.every_page(path, AttemptOut, page_size))
 
 
 def logs(job_id: str, attempt: int | None, rank: int, offset: int) -> Op[LogOut]:
@@ -214,7 +210,7 @@ class Jobs:
         return self._portal._run(cancel(job_id))
 
     def attempts(self, job_id: str) -> builtins.list[AttemptOut]:
-        return self._portal._run(attempts(job_id))
+        return self._portal._run(attempts(job_id, self._portal._page_size))
 
     def read_logs(self, job_id: str, attempt: int | None, rank: int, offset: int) -> LogOut:
         return self._portal._run(logs(job_id, attempt, rank, offset))
@@ -368,7 +364,7 @@ class AsyncJobs:
         return await self._portal._run(cancel(job_id))
 
     async def attempts(self, job_id: str) -> builtins.list[AttemptOut]:
-        return await self._portal._run(attempts(job_id))
+        return await self._portal._run(attempts(job_id, self._portal._page_size))
 
     async def wait(
         self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 2.0

@@ -102,7 +102,9 @@ def test_a_submitted_job_shows_its_attempt_and_queue_state(client: TestClient) -
     assert waiting["position"] == 1
     listed = client.get("/api/v1/jobs", headers=auth("alice")).json()
     assert [j["id"] for j in listed["items"]] == [job["id"], r.json()["id"]]
-    (attempt,) = client.get(f"/api/v1/jobs/{job['id']}/attempts", headers=auth("alice")).json()
+    (attempt,) = client.get(f"/api/v1/jobs/{job['id']}/attempts", headers=auth("alice")).json()[
+        "items"
+    ]
     assert (attempt["number"], attempt["exit_reason"]) == (1, "")
     logs = client.get(f"/api/v1/jobs/{job['id']}/logs", headers=auth("alice")).json()
     assert (logs["text"], logs["next_offset"], logs["done"]) == ("", 0, False)

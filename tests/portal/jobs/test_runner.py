@@ -466,10 +466,13 @@ def test_exits_while_no_portal_watched_are_reported_by_the_next_one(tmp_path: Pa
 def test_a_reused_pid_is_never_signalled(runner: LocalRunner, tmp_path: Path) -> None:
     """A record whose member pid now belongs to another process (same pid, other start time)
     is not running, and stopping it signals nobody."""
+    runner.launch([member(tmp_path, 0, "pass")])
+    assert poll_until(runner, 1) == [MemberExit(JOB, 1, 0, 0, None)]
+    # The new owner of the pid starts after the member, as a reused pid would: at least one
+    # clock tick (10 ms) later, the resolution of a process's start time.
+    time.sleep(0.05)
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        runner.launch([member(tmp_path, 0, "pass")])
-        assert poll_until(runner, 1) == [MemberExit(JOB, 1, 0, 0, None)]
         record = tmp_path / "state" / JOB / "attempt-1" / "rank-0"
         (record / "exit.json").unlink()
         (record / "reported").unlink()

@@ -22,9 +22,11 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
 from portal.api.schemas import MAX_PAGE
+from portal.jobs.controller import JobController
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
 from tests.portal.api.test_auth_coverage import fill
+from tests.portal.jobs.conftest import FakeRunner, job, make_backend
 
 UNPAGED = {
     "/api/v1/capacity": "one entry per flavor in the inventory: a handful",
@@ -53,7 +55,13 @@ def app(tmp_path: Path) -> Iterator[FastAPI]:
     for i, (tenant, n) in enumerate((("team-a", 2), ("team-a", 4), ("team-b", 8), ("team-b", 8))):
         dev = DeviceRequest(kind=FlavorKind.GPU, count=n)
         alloc.request(WorkloadRequest(tenant, "u", f"w{i}", dev))  # the last one queues
-    yield create_app(alloc, StaticAuthenticator({"root": ROOT, "alice": MEMBER}))
+    # A job with one attempt, so that its attempts are listed too (a stand-in runner).
+    jobs = JobController(alloc, backend=make_backend(FakeRunner(tmp_path)))
+    jobs.start()
+    jobs.submit(job(members=1, gpus=1))
+    yield create_app(
+        alloc, StaticAuthenticator({"root": ROOT, "alice": MEMBER}), job_controller=jobs
+    )
     store.close()
 
 
@@ -79,9 +87,12 @@ def test_every_list_route_pages_the_same_way(app: FastAPI) -> None:
     routes = paged_routes(app)
     assert len(routes) >= 6
     client = TestClient(app)
-    wid = get(client, "/api/v1/workloads").json()["items"][0]["id"]
+    ids = {
+        "workload_id": get(client, "/api/v1/workloads").json()["items"][0]["id"],
+        "job_id": get(client, "/api/v1/jobs").json()["items"][0]["id"],
+    }
     for template, params in routes:
-        path = fill(template, wid)
+        path = fill(template, ids)
         assert {"limit", "offset"} <= set(params), f"{path}: {params}"
         full = get(client, path, limit=MAX_PAGE)
         assert full.status_code == 200, f"{path}: {full.text}"

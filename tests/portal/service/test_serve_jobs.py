@@ -50,7 +50,7 @@ def test_the_service_runs_a_job_and_serves_its_logs(service_factory: ServiceFact
         for rank in (0, 1):
             log = c.get(f"/api/v1/jobs/{jid}/logs", params={"rank": rank}).json()
             assert log["text"] == f"hello from rank {rank}\n" and log["done"]
-        (attempt,) = c.get(f"/api/v1/jobs/{jid}/attempts").json()
+        (attempt,) = c.get(f"/api/v1/jobs/{jid}/attempts").json()["items"]
         assert attempt["exit_reason"] == "completed"
         assert c.get("/api/v1/workloads").json()["items"] == []  # its devices are back
     assert svc.terminate() == 0
