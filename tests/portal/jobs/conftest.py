@@ -14,7 +14,8 @@ the real runner in ``test_controller_local.py`` and under ``gpuportal serve`` in
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,3 +168,26 @@ def job(
         restart=restart or RestartPolicy(max_restarts=2, backoff_s=5, backoff_cap_s=8),
         priority=priority,
     )
+
+
+@dataclass
+class LiveJobs:
+    """A job controller with the real local runner, stepped in real time by a test."""
+
+    alloc: Allocator
+    jobs: JobController
+    tmp: Path
+
+    def until(self, what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            self.alloc.tick()
+            self.jobs.step()
+            time.sleep(0.05)
+
+    def log(self, job_id: str, attempt: int, rank: int) -> str:
+        path = self.jobs.log_path(job_id, attempt, rank)
+        assert path is not None
+        return path.read_text() if path.exists() else ""

@@ -7,8 +7,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from portal.jobs.spec import JobSpec
 from portal.store.records import WorkloadState
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import gpus, hgx, wl
-from tests.portal.jobs.conftest import H100
+from tests.portal.jobs.conftest import H100, LiveJobs
 
 # A member: writes checkpoints step-1..3 (rank 0 marks each complete, after a barrier-free
 # write of its own part: enough for the contract's order here), rank 1 fails once in its
@@ -62,12 +61,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@dataclass
-class Local:
-    alloc: Allocator
-    jobs: JobController
-    tmp: Path
-
+class Local(LiveJobs):
     def spec(self, mode: str, members: int = 2, count: int = 4, tenant: str = "team-a") -> JobSpec:
         script = self.tmp / "member.py"
         script.write_text(SCRIPT)
@@ -83,20 +77,6 @@ class Local:
             checkpoint_dir=str(self.tmp / "ckpt"),
             restart=RestartPolicy(max_restarts=1, backoff_s=0, backoff_cap_s=0),
         )
-
-    def until(self, what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            self.alloc.tick()
-            self.jobs.step()
-            time.sleep(0.05)
-
-    def log(self, job_id: str, attempt: int, rank: int) -> str:
-        path = self.jobs.log_path(job_id, attempt, rank)
-        assert path is not None
-        return path.read_text() if path.exists() else ""
 
 
 @pytest.fixture

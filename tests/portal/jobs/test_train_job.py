@@ -11,8 +11,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,31 +26,13 @@ from portal.jobs.controller import JobController
 from portal.jobs.spec import JobSpec
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import hgx
-from tests.portal.jobs.conftest import H100
+from tests.portal.jobs.conftest import H100, LiveJobs
 from tests.portal.jobs.test_example_train import EVERY, EXAMPLE, RESUMED, START_S, STEPS
 
 pytestmark = pytest.mark.slow
 
 
-@dataclass
-class Train:
-    alloc: Allocator
-    jobs: JobController
-    tmp: Path
-
-    def until(self, what: str, check: Callable[[], bool], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            self.alloc.tick()
-            self.jobs.step()
-            time.sleep(0.05)
-
-    def log(self, job_id: str, attempt: int, rank: int) -> str:
-        path = self.jobs.log_path(job_id, attempt, rank)
-        assert path is not None
-        return path.read_text() if path.exists() else ""
+Train = LiveJobs
 
 
 @pytest.fixture
