@@ -111,8 +111,11 @@ class Queued(Protocol):
 QueuedT = TypeVar("QueuedT", bound=Queued)
 
 
+def queue_key(item: Queued, shares: Mapping[str, float]) -> tuple[int, float, float, int]:
+    """Where ``item`` sorts: priority desc, tenant share asc (missing: 0), enqueue time, seq."""
+    return (-item.priority, shares.get(item.tenant, 0.0), item.enqueued_at, item.seq)
+
+
 def queue_order(items: Iterable[QueuedT], shares: Mapping[str, float]) -> list[QueuedT]:
-    """Items sorted by priority desc, tenant share asc (missing: 0), enqueue time, seq."""
-    return sorted(
-        items, key=lambda i: (-i.priority, shares.get(i.tenant, 0.0), i.enqueued_at, i.seq)
-    )
+    """Items sorted by ``queue_key``."""
+    return sorted(items, key=lambda i: queue_key(i, shares))

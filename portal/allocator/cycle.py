@@ -61,11 +61,16 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         draft.set_scalars(reserved=frozenset(), reserved_for=None)
     reserved: set[str] = set(draft.scalars.reserved)
     holder = draft.scalars.reserved_for
+    # Work ordered before the holder is not bound by its reservation, and the first of it
+    # blocked by capacity reserves instead — what a full cycle, which starts with none, does.
+    ahead = holder is not None and holder in draft.queued
     budget = PARTIAL_CYCLE_TRIES if freed is not None else None
     failed_shapes: set[tuple[object, ...]] = set()
     tried: set[str] = set()
     for queued in draft.order(now):
         lv = draft.live[queued.rec.id]
+        if ahead and lv.rec.id == draft.scalars.reserved_for:
+            ahead = False
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
             continue
@@ -82,15 +87,15 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         if lv.rec.id == holder:
             reserved, holder = set(), None  # the holder itself may use its reserved node
         tried.add(lv.rec.id)
-        blocked = try_start(draft, lv, frozenset(reserved))
+        blocked = try_start(draft, lv, frozenset() if ahead else frozenset(reserved))
         if blocked is None:
             continue
         if blocked.reason in _CAPACITY_REASONS:
             failed_shapes.add(shape)
-            if not reserved and blocked.capacity_model is not None:
+            if (ahead or not reserved) and blocked.capacity_model is not None:
                 node = reserve_for(draft, lv, blocked.capacity_model)
                 if node is not None:
-                    reserved, holder = {node}, lv.rec.id
+                    reserved, holder, ahead = {node}, lv.rec.id, False
         note_blocked(draft, lv, blocked)
     draft.set_scalars(reserved=frozenset(reserved), reserved_for=holder)
     if fresh is not None and fresh in draft.queued and fresh not in tried:
@@ -100,9 +105,22 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
 def _try_fresh(draft: Draft, lv: Live) -> None:
     """Try one new workload against the current reservation."""
     _drop_stale_reservation(draft)
-    blocked: Blocked | None = try_start(draft, lv, draft.scalars.reserved)
+    holder = draft.scalars.reserved_for
+    # A workload ordered before the holder is not bound by its reservation (see ``schedule``).
+    first = (
+        holder is not None
+        and holder in draft.queued
+        and draft.precedes(lv, draft.live[holder], draft.now)
+    )
+    reserved = frozenset() if first else draft.scalars.reserved
+    blocked: Blocked | None = try_start(draft, lv, reserved)
+    if blocked is None and first and holder is not None:
+        # It went before the holder and took what it could: the holder's verdict (and what
+        # it should reserve) may have changed, as a full cycle would find.
+        draft.set_scalars(reserved=frozenset(), reserved_for=None)
+        _try_fresh(draft, draft.live[holder])
     if blocked is not None:
-        if not draft.scalars.reserved and blocked.capacity_model is not None:
+        if (first or not draft.scalars.reserved) and blocked.capacity_model is not None:
             node = reserve_for(draft, lv, blocked.capacity_model)
             if node is not None:
                 draft.set_scalars(reserved=frozenset({node}), reserved_for=lv.rec.id)

@@ -25,7 +25,7 @@ from portal.allocator.views import QueueEntry
 
 
 def eta(mem: Memory, lv: Live, ahead: list[Live], now: datetime) -> float | None:
-    """Estimated wait (policies.eta) in the unit of the workload's first candidate flavor;
+    """Estimated wait (policies.eta): the soonest over the flavors the workload may use;
     None: no estimate (only a release it cannot foresee admits it)."""
     walk = QueueEtas(mem, now, bulk=False)
     for other in ahead:
@@ -62,10 +62,13 @@ class QueueEtas:
                 self._ahead[key] = self._ahead.get(key, 0) + amount
 
     def eta(self, lv: Live) -> float | None:
-        flavors = self._flavors(lv)
-        if not flavors:
-            return None
-        fl = flavors[0]
+        """The soonest wait over the flavors ``lv`` may use (it starts on whichever frees
+        first); None when none of them has an estimate."""
+        waits = [self._eta_on(lv, fl) for fl in dict.fromkeys(self._flavors(lv))]
+        known = [w for w in waits if w is not None]
+        return min(known) if known else None
+
+    def _eta_on(self, lv: Live, fl: str) -> float | None:
         mem = self._mem
         tenant = lv.rec.tenant if lv.rec.reason == quota.QueueReason.QUOTA.value else None
         if tenant is not None:

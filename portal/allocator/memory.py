@@ -314,11 +314,14 @@ class Memory:
         live = self.live
         pending = [live[w] for w in self.queued]
         shares = {t: self.share(t, now) for t in {lv.rec.tenant for lv in pending}}
-        items = [
-            _Queued(lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv)
-            for lv in pending
-        ]
+        items = [_Queued.of(lv) for lv in pending]
         return [item.live for item in fairness.queue_order(items, shares)]
+
+    def precedes(self, a: Live, b: Live, now: datetime) -> bool:
+        """Whether queued ``a`` comes before queued ``b`` in ``order``."""
+        shares = {t: self.share(t, now) for t in {a.rec.tenant, b.rec.tenant}}
+        key = fairness.queue_key
+        return key(_Queued.of(a), shares) < key(_Queued.of(b), shares)
 
     def grace_for(self, kind: str) -> timedelta:
         """How long a preempted workload of ``kind`` may keep its devices."""
@@ -340,6 +343,10 @@ class _Queued:
     enqueued_at: float
     seq: int
     live: Live
+
+    @staticmethod
+    def of(lv: Live) -> _Queued:
+        return _Queued(lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv)
 
 
 def month_start(at: datetime) -> datetime:

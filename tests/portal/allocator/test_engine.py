@@ -333,3 +333,21 @@ def test_a_mig_instance_discovered_with_its_uuid_is_handed_out_by_that_uuid(
     # Releasing gives the instance back (it was refused as "not held" when compared by UUID).
     assert a.release(first.id).state is WorkloadState.RELEASED
     assert a.request(wl("team-a", mig)).allocations[0].gpu_uuids == ("MIG-aaa",)
+
+
+def test_a_reservation_holds_back_only_work_ordered_after_its_holder(make_allocator: Make) -> None:
+    """The node reserved for the first workload blocked by capacity keeps later, smaller work
+    off it (no starving of the large request) — but work the queue orders before the holder
+    (higher priority) is not held back by it, as a full cycle would decide."""
+    a = make_allocator([hgx("n1")])
+    a.set_tenant("team-a")
+    a.set_quota("team-a", "H100-80GB", guaranteed=8, limit=8)
+    a.request(wl("team-a", gpus(1, cpu_milli=60_000), name="running"))
+    holder = a.request(wl("team-a", gpus(1, cpu_milli=100_000), name="needs-the-cpus"))
+    assert holder.state is WorkloadState.QUEUED and holder.reason == "capacity"
+    later = a.request(wl("team-a", gpus(1, cpu_milli=1000), name="backfill"))
+    assert later.state is WorkloadState.QUEUED  # it would delay the holder on its node
+    urgent = a.request(wl("team-a", gpus(1, cpu_milli=1000), name="urgent", priority=10))
+    assert urgent.state is WorkloadState.RUNNING
+    assert a.status(holder.id).state is WorkloadState.QUEUED
+    assert a.status(later.id).state is WorkloadState.QUEUED

@@ -7,12 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
+from policies.flavors import FlavorKind
 from policies.inventory import Node
+from policies.requests import DeviceRequest
 from portal.allocator import Allocator
 from portal.allocator.releases import LiveTable
 from portal.allocator.state import State
 from portal.store.records import WorkloadState
-from tests.portal.allocator.conftest import ManualClock, gpus, hgx, wl
+from tests.portal.allocator.conftest import ManualClock, gpus, hgx, t4, wl
 
 Make = Callable[[list[Node]], Allocator]
 
@@ -72,3 +74,20 @@ def test_a_live_table_refuses_changes_that_would_bypass_its_index() -> None:
     for change in (table.clear, lambda: table.pop("w"), lambda: table.update({}), table.popitem):
         with pytest.raises(TypeError, match="only by assignment and del"):
             change()
+
+
+def test_a_workload_that_may_use_two_models_waits_for_the_sooner_one(
+    make_allocator: Make, clock: ManualClock
+) -> None:
+    """An H100-or-T4 request starts when the first of either frees: its ETA is the sooner
+    of the two, not the one of the model it happens to list first."""
+    a = make_allocator([hgx("n1", gpus=2), t4("t1")])
+    a.set_tenant("team-a")
+    for flavor in ("H100-80GB", "T4"):
+        a.set_quota("team-a", flavor, guaranteed=2, limit=4)
+    a.request(wl("team-a", gpus(2), name="h100-long"), expected_duration_s=7200)
+    a.request(wl("team-a", gpus(2, model="T4"), name="t4-short"), expected_duration_s=600)
+    either = DeviceRequest(FlavorKind.GPU, count=1, models=frozenset({"H100-80GB", "T4"}))
+    waiting = a.request(wl("team-a", either, name="either"))
+    assert waiting.state is WorkloadState.QUEUED
+    assert a.status(waiting.id).eta_s == pytest.approx(600)
