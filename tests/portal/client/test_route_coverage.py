@@ -67,7 +67,7 @@ def client_operations() -> list[core.Op[object]]:
         jobs.get("j"),
         jobs.listed(1, None, None),
         jobs.cancel("j"),
-        jobs.attempts("j"),
+        jobs.attempts("j", 1),
         jobs.logs("j", None, 0, 0),
     ]
 
