@@ -229,21 +229,8 @@ def job_out(v: JobView, gpu_hours: float) -> JobOut:
 
 
 def attempt_out(a: AttemptRecord) -> AttemptOut:
-    return AttemptOut(
-        number=a.number,
-        workload_id=a.workload_id,
-        queued_at=a.queued_at,
-        started_at=a.started_at,
-        ended_at=a.ended_at,
-        queue_wait_s=a.queue_wait_s,
-        nodes=list(a.nodes),
-        topology=a.topology,
-        exit_reason=a.exit_reason,
-        exit_code=a.exit_code,
-        counted=a.counted,
-        resume_from=a.resume_from,
-        resume_step=a.resume_step,
-    )
+    # Same field names: read as attributes, as portal/api/convert.py does.
+    return AttemptOut.model_validate(a, from_attributes=True)
 
 
 def spec_of(body: JobIn, owner: str) -> JobSpec:
