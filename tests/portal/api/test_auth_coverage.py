@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from portal.api.app import PUBLIC_PATHS
 from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
-from tests.portal.api.conftest import TOKENS, auth, gpu_request, job_body
+from tests.portal.api.conftest import TOKENS, auth, gpu_request, job_body, service_body
 
 # A real value for every path parameter any route uses; a new one must be added here.
 PATH_VALUES = {
@@ -20,12 +20,15 @@ PATH_VALUES = {
     "node": "n1",
     "workload_id": None,
     "job_id": None,
+    "service_id": None,
 }
 BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},
     ("PUT", "/api/v1/tenants/{tenant}/quotas/{flavor}"): {"guaranteed": 1, "limit": 2},
     ("POST", "/api/v1/workloads"): gpu_request(),
     ("POST", "/api/v1/jobs"): job_body(),
+    ("POST", "/api/v1/services"): service_body(),
+    ("PATCH", "/api/v1/services/{service_id}"): {"replicas": {"min": 1, "max": 1}},
     ("POST", "/api/v1/telemetry/samples"): {"node": "n1", "source": "nvml", "samples": []},
 }
 PORTAL_SCOPES = {s.value for s in Scope}
@@ -69,6 +72,8 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
 ) -> None:
     wid = client.post("/api/v1/workloads", json=gpu_request(), headers=auth("alice")).json()["id"]
     jid = client.post("/api/v1/jobs", json=job_body(), headers=auth("alice")).json()["id"]
+    first = service_body(name="first")
+    sid = client.post("/api/v1/services", json=first, headers=auth("alice")).json()["id"]
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
@@ -82,7 +87,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         others = frozenset(PORTAL_SCOPES - {*scopes, Scope.ADMIN.value})
         lacking = Caller("mallory", CallerKind.USER, others, frozenset({"team-a"}))
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
-        url = fill(path, {"workload_id": wid, "job_id": jid})
+        url = fill(path, {"workload_id": wid, "job_id": jid, "service_id": sid})
         body = BODIES.get((method, path))
         query = queries.get((method, path), {})
         tries = {
