@@ -33,6 +33,8 @@ from portal.api.auth import Authenticator
 from portal.api.deps import allocator
 from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
 from portal.inference.controller import ServiceController
+from portal.inference.gateway import Gateway
+from portal.inference.gateway import router as gateway_router
 from portal.jobs.controller import JobController
 
 PREFIX = "/api/v1"
@@ -69,6 +71,8 @@ def create_app(
     app.state.metrics = metrics or ServiceMetrics(alloc)
     app.state.jobs = job_controller or JobController(alloc)
     app.state.services = service_controller or ServiceController(alloc)
+    app.state.gateway = Gateway(app.state.services)
+    app.state.metrics.registry.register(app.state.gateway.book)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
     for module in (
@@ -87,6 +91,7 @@ def create_app(
     app.include_router(telemetry_routes.router, prefix=PREFIX)
     app.include_router(alert_routes.router, prefix=PREFIX)
     app.include_router(service_metrics.router)
+    app.include_router(gateway_router)
 
     @app.get("/", tags=["health"], summary="What this service is and where its API lives")
     def index() -> dict[str, str]:

@@ -38,6 +38,7 @@ from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, Workl
 from portal.api.workloads import charge
 from portal.inference.controller import ServiceController, ServiceView
 from portal.inference.spec import MAX_ARGS, Engine, Hold, Preset, ServiceSpec
+from portal.inference.traffic import Traffic, TrafficBook
 from portal.jobs.spec import device_request
 from portal.store.records import EventRecord, ReplicaRecord
 
@@ -167,6 +168,13 @@ class ServiceOut(Model):
     spec: dict[str, Any]
     replicas: list[ReplicaOut] = Field(description="Live replicas (not ended).")
     gateway: str = Field(description="The OpenAI base path, relative to the portal's root.")
+    traffic: dict[str, float | int | None] = Field(
+        description=(
+            "The gateway's counts since the portal started: held (waiting for a ready "
+            "replica), in_flight, served, refused (503), failed (replica unreachable), "
+            "first_byte_p50_s and first_byte_p99_s (arrival to the replica's first byte)."
+        )
+    )
 
 
 class EventOut(Model):
@@ -201,8 +209,9 @@ def replica_out(r: ReplicaRecord, workload: WorkloadOut | None = None) -> Replic
     )
 
 
-def service_out(v: ServiceView) -> ServiceOut:
+def service_out(v: ServiceView, book: TrafficBook) -> ServiceOut:
     s = v.service
+    traffic = book.get(s.id) or Traffic()
     return ServiceOut(
         id=s.id,
         tenant=s.tenant,
@@ -221,6 +230,7 @@ def service_out(v: ServiceView) -> ServiceOut:
             for r in v.replicas
         ],
         gateway=f"gateway/{s.tenant}/{s.name}/v1",
+        traffic=traffic.summary(),
     )
 
 
@@ -272,7 +282,7 @@ def deploy_service(
     """Created with its first replicas requested: see each replica's `workload` for its
     queue reason, position and ETA."""
     charge(caller, body.tenant)
-    return service_out(controller.deploy(spec_of(body, caller.name)))
+    return service_out(controller.deploy(spec_of(body, caller.name)), controller.traffic)
 
 
 @router.get(
@@ -291,7 +301,7 @@ def list_services(
 ) -> Page[ServiceOut]:
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     views = [v for v in controller.services(shown) if state is None or v.service.state is state]
-    return page.page_of(views, service_out)
+    return page.page_of(views, lambda v: service_out(v, controller.traffic))
 
 
 def _readable(caller: Caller, controller: ServiceController, service_id: str) -> ServiceView:
@@ -306,7 +316,7 @@ def get_service(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     controller: Annotated[ServiceController, Depends(services)],
 ) -> ServiceOut:
-    return service_out(_readable(caller, controller, service_id))
+    return service_out(_readable(caller, controller, service_id), controller.traffic)
 
 
 @router.patch(
@@ -327,7 +337,7 @@ def scale_service(
         replicas=_replicas(body.replicas) if body.replicas else None,
         scaling=_scaling(body.scaling) if body.scaling else None,
     )
-    return service_out(view)
+    return service_out(view, controller.traffic)
 
 
 @router.delete(
@@ -342,7 +352,7 @@ def delete_service(
     controller: Annotated[ServiceController, Depends(services)],
 ) -> ServiceOut:
     charge(caller, controller.get(service_id).tenant)
-    return service_out(controller.delete(service_id))
+    return service_out(controller.delete(service_id), controller.traffic)
 
 
 @router.get(

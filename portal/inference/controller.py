@@ -43,7 +43,8 @@ from policies.services import (
 from portal.allocator import Allocator, WorkloadStatus
 from portal.inference.backend import ServiceBackend, replica_launch
 from portal.inference.spec import Backend as BackendKind
-from portal.inference.spec import ServiceSpec
+from portal.inference.spec import Hold, ServiceSpec
+from portal.inference.traffic import TrafficBook
 from portal.jobs.runner import MemberExit, RunnerError
 from portal.store import services as stored
 from portal.store.records import (
@@ -107,7 +108,9 @@ class ServiceController:
         # Exits seen by the runner, not yet acted on: (service id, replica) -> exit.
         self._exits: dict[tuple[str, int], MemberExit] = {}
         self._last_request: dict[str, datetime] = {}
-        self.wakeup = threading.Event()  # set by ``touch``: the loop should run a round now
+        # Read by the gateway without a lock: (tenant, name) -> (service id, its hold).
+        self._routes: dict[tuple[str, str], tuple[str, Hold]] = {}
+        self.traffic = TrafficBook()  # the gateway's counts, per service
 
     @property
     def now(self) -> datetime:
@@ -254,6 +257,8 @@ class ServiceController:
                     svc, state=ServiceState.DELETED, desired=0, deleted_at=self.now
                 )
                 self._commit([new], [], "service.deleted", new, f"{svc.name}: deleted")
+                self._routes.pop((svc.tenant, svc.name), None)
+                self._ready.pop(svc.id, None)
                 self._reconcile(new)
             return self.view(service_id)
 
@@ -263,19 +268,34 @@ class ServiceController:
         """Base URLs of the service's ready replicas (no lock, no database read)."""
         return self._ready.get(service_id, ())
 
-    def touch(self, service_id: str) -> None:
-        """A request came for the service: remember when (the idle timer, kept in memory and
-        written by the loop), and bring a service scaled to zero back to one replica."""
+    def route(self, tenant: str, name: str) -> tuple[str, Hold] | None:
+        """The active service ``name`` of ``tenant`` as the gateway needs it, from memory
+        (None when not known there: ask ``find_route``)."""
+        return self._routes.get((tenant, name))
+
+    def find_route(self, tenant: str, name: str) -> tuple[str, Hold] | None:
+        svc = self.find(tenant, name)
+        if svc is None:
+            return None
+        route = (svc.id, self.spec_of(svc).hold)
+        self._routes[(tenant, name)] = route
+        return route
+
+    def note_request(self, service_id: str) -> None:
+        """A request came (the idle timer): memory only, written by the loop."""
         self._last_request[service_id] = self.now
-        if self._ready.get(service_id):
-            return
+
+    def touch(self, service_id: str) -> None:
+        """A request came for a service without a ready replica: bring a service scaled to
+        zero back to one replica at once (not at the loop's next round)."""
+        self.note_request(service_id)
         with self._lock:
             svc = self.get(service_id)
             if svc.state is not ServiceState.ACTIVE or svc.desired > 0:
                 return
             new = self._versioned(svc, desired=1, last_request_at=self.now)
             self._commit([new], [], "service.woken", new, f"{svc.name}: a request came")
-            self.wakeup.set()
+            self._reconcile(new)
 
     def last_request(self, svc: ServiceRecord) -> datetime | None:
         """When the service last got a request (this process's memory, else the store's)."""
@@ -442,10 +462,12 @@ class ServiceController:
     # ---------------------------------------------------------------- helpers
 
     def _refresh_ready(self) -> None:
-        if self.backend is None:
-            return
         ready: dict[str, tuple[str, ...]] = {}
+        routes: dict[tuple[str, str], tuple[str, Hold]] = {}
         for svc in stored.active_services(self._alloc.store):
+            routes[(svc.tenant, svc.name)] = (svc.id, self.spec_of(svc).hold)
+            if self.backend is None:
+                continue
             urls = tuple(
                 self.backend.url(r.port)
                 for r in stored.replicas(self._alloc.store, svc.id, live=True)
@@ -454,6 +476,7 @@ class ServiceController:
             if urls:
                 ready[svc.id] = urls
         self._ready = ready
+        self._routes = routes
 
     def _workload(self, r: ReplicaRecord) -> WorkloadStatus | None:
         try:
