@@ -50,14 +50,17 @@ from portal.store import services as stored
 from portal.store.records import (
     ChangeSet,
     EventRecord,
+    QuotaRecord,
     ReplicaRecord,
     ServiceRecord,
     WorkloadState,
 )
+from portal.store.writer import Store
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STOP_GRACE_S = 10.0
+LAST_REQUEST_WRITE_S = 5.0
 LOST_AT_RESTART = "engine process gone while the portal restarted"
 
 
@@ -300,6 +303,52 @@ class ServiceController:
     def last_request(self, svc: ServiceRecord) -> datetime | None:
         """When the service last got a request (this process's memory, else the store's)."""
         return self._last_request.get(svc.id, svc.last_request_at)
+
+    # ---------------------------------------------------------------- the autoscaler's side
+
+    @property
+    def store(self) -> Store:
+        return self._alloc.store
+
+    def models(self) -> frozenset[str]:
+        return self._alloc.read(lambda s: s.facts().models)
+
+    def quotas(self, tenant: str) -> list[QuotaRecord]:
+        return self._alloc.quotas(tenant)
+
+    def record_scaling(
+        self, svc: ServiceRecord, want: int, idle_for_s: float, value: float | None
+    ) -> None:
+        """The autoscaler's verdict: ``want`` replicas (and the last request's time, when
+        memory knows a newer one than the store by more than ``LAST_REQUEST_WRITE_S``)."""
+        with self._lock:
+            svc = self.get(svc.id)
+            if svc.state is not ServiceState.ACTIVE:
+                return
+            seen = self._last_request.get(svc.id)
+            stale = seen is not None and (
+                svc.last_request_at is None
+                or (seen - svc.last_request_at).total_seconds() > LAST_REQUEST_WRITE_S
+            )
+            if want == svc.desired:
+                if stale:
+                    self.store.commit(
+                        ChangeSet(services=[self._versioned(svc, last_request_at=seen)])
+                    )
+                return
+            new = self._versioned(
+                svc, desired=want, last_request_at=seen if stale else svc.last_request_at
+            )
+            metric = self.spec_of(svc).scaling.metric.value
+            if want == 0:
+                why = f"no request for {idle_for_s:.0f} s: scaled to zero"
+            else:
+                shown = "n/a" if value is None else f"{value:.2f}"
+                why = f"{metric} {shown} per replica: {svc.desired} -> {want} replicas"
+            kind = "service.scaled_up" if want > svc.desired else "service.scaled_down"
+            self._commit([new], [], kind, new, f"{svc.name}: {why}")
+            self._reconcile(new)
+            self._refresh_ready()
 
     # ---------------------------------------------------------------- the loop's side
 

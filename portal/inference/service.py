@@ -5,6 +5,7 @@ loop."""
 from __future__ import annotations
 
 from portal.allocator import Allocator
+from portal.inference.autoscaler import EVALUATE_EVERY_S, Autoscaler
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
 from portal.inference.spec import Backend as BackendKind
@@ -39,3 +40,4 @@ def build_for_service(allocator: Allocator, settings: Settings) -> ServiceContro
 def register_for_service(loops: Loops, controller: ServiceController) -> None:
     if controller.backend is not None:
         loops.add("services", SERVICES_INTERVAL_S, controller.step)
+        loops.add("autoscaler", EVALUATE_EVERY_S, Autoscaler(controller).evaluate)

@@ -180,3 +180,43 @@ def test_requests_are_held_while_a_replica_starts_and_beyond_the_bound_get_503(
         assert (traffic["held"], traffic["refused"], traffic["served"]) == (0, 1, 1)
         c.delete(f"/api/v1/services/{sid}")
     assert svc.terminate() == 0
+
+
+def test_after_the_idle_time_a_service_goes_to_zero_and_the_next_request_is_held_not_failed(
+    service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
+) -> None:
+    svc = service_factory()
+    svc.start()
+    gateway = f"{svc.url}/gateway/team-a/llm/v1"
+    body = service(
+        model_dir,
+        "--load-seconds",
+        "3",
+        replicas={"min": 0, "max": 1},
+        scaling={"idle_s": 1.5, "down_window_s": 1},
+    )
+    with svc.client(ALICE) as c:
+        sid = c.post("/api/v1/services", json=body).json()["id"]
+        # Loading takes longer than the idle time: the idle timer leaves a starting replica.
+        wait_ready(c, sid)
+        deadline = time.monotonic() + 30
+        while (now := c.get(f"/api/v1/services/{sid}").json())["desired"] != 0:
+            assert time.monotonic() < deadline, now
+            time.sleep(0.1)
+        while c.get("/api/v1/workloads").json()["items"]:  # its quota is released
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert c.get(f"/api/v1/services/{sid}").json()["replicas"] == []
+        # From zero: the request is held while a replica starts, then answered.
+        started = time.monotonic()
+        r = httpx.post(f"{gateway}/chat/completions", json=chat("wake"), headers=bearer(ALICE),
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == " ".join(
+            reply_words("user: wake", 6)
+        )
+        assert time.monotonic() - started >= 2.5
+        kinds = [e["kind"] for e in c.get(f"/api/v1/services/{sid}/events").json()["items"]]
+        assert "service.scaled_down" in kinds and "service.woken" in kinds
+        c.delete(f"/api/v1/services/{sid}")
+    assert svc.terminate() == 0
