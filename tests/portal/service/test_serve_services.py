@@ -220,3 +220,57 @@ def test_after_the_idle_time_a_service_goes_to_zero_and_the_next_request_is_held
         assert "service.scaled_down" in kinds and "service.woken" in kinds
         c.delete(f"/api/v1/services/{sid}")
     assert svc.terminate() == 0
+
+
+def test_under_load_replicas_follow_the_waiting_requests_up_to_the_tenants_limit(
+    service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
+) -> None:
+    svc = service_factory()
+    svc.start()
+    gateway = f"{svc.url}/gateway/team-a/llm/v1"
+    # 4 GPUs a replica on team-a's limit of 8: at most 2 replicas, whatever max says.
+    body = service(
+        model_dir,
+        "--max-running",
+        "1",
+        "--token-seconds",
+        "0.05",
+        devices={"kind": "gpu", "count": 4},
+        replicas={"min": 1, "max": 3},
+        scaling={"target": 1, "up_window_s": 1, "down_window_s": 600},
+    )
+    with svc.client(ALICE) as c:
+        sid = c.post("/api/v1/services", json=body).json()["id"]
+        wait_ready(c, sid)
+        url = f"{gateway}/completions"
+        codes: list[int] = []
+
+        def call() -> None:
+            r = httpx.post(url, json={"prompt": "p", "max_tokens": 40}, headers=bearer(ALICE),
+                           timeout=120)  # fmt: skip
+            codes.append(r.status_code)
+
+        load = [threading.Thread(target=call) for _ in range(12)]  # 2 s each, one at a time
+        for t in load:
+            t.start()
+        seen: set[int] = set()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            now = c.get(f"/api/v1/services/{sid}").json()
+            seen.add(now["desired"])
+            gpus = sum(len(a["gpus"]) for w in c.get("/api/v1/workloads").json()["items"]
+                       for a in w["allocations"])  # fmt: skip
+            assert gpus <= 8
+            if now["ready"] == 2:
+                break
+            time.sleep(0.2)
+        assert now["ready"] == 2, now
+        for t in load:
+            t.join(120)
+        assert codes == [200] * 12
+        assert max(seen) == 2  # never above the tenant's limit
+        events = c.get(f"/api/v1/services/{sid}/events").json()["items"]
+        (up,) = [e for e in events if e["kind"] == "service.scaled_up"]
+        assert "1 -> 2 replicas" in up["message"] and "waiting_requests" in up["message"]
+        c.delete(f"/api/v1/services/{sid}")
+    assert svc.terminate() == 0
