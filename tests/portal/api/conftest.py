@@ -30,6 +30,7 @@ def member_of(tenant: str) -> tuple[str, ...]:
         f"{S.QUEUE_READ}!group={tenant}",
         f"{S.QUOTAS_READ}!group={tenant}",
         f"{S.USAGE_READ}!group={tenant}",
+        f"{S.SERVICES_CALL}!group={tenant}",
     )
 
 
