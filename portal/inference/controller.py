@@ -134,7 +134,7 @@ class ServiceController:
             adopted = set(self.backend.runner.adopt())
             store = self._alloc.store
             recorded: set[str] = set()
-            for svc in stored.services(store):
+            for svc in stored.unsettled_services(store):
                 for r in stored.replicas(store, svc.id, live=True):
                     recorded.add(r.workload_id)
                     running = r.state in (ReplicaState.STARTING, ReplicaState.READY)
@@ -361,7 +361,7 @@ class ServiceController:
                 self.start()
             for e in self.backend.runner.poll():
                 self._exits[(e.job_id, e.attempt)] = e
-            for svc in stored.services(self._alloc.store):
+            for svc in stored.unsettled_services(self._alloc.store):
                 try:
                     self._reconcile(svc)
                 except PortalError as exc:

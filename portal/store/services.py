@@ -76,6 +76,19 @@ def services(
         return [service_record(r) for r in conn.execute(query).mappings()]
 
 
+def unsettled_services(store: Store) -> list[ServiceRecord]:
+    """Services the controller must look at: active ones, and ended ones with replicas that
+    have not ended yet (still stopping after a delete)."""
+    live = select(REPLICAS.c.service_id).where(REPLICAS.c.state != ReplicaState.ENDED.value)
+    query = (
+        select(SERVICES)
+        .where((SERVICES.c.state == ServiceState.ACTIVE.value) | SERVICES.c.id.in_(live))
+        .order_by(SERVICES.c.created_at, SERVICES.c.id)
+    )
+    with store.engine.connect() as conn:
+        return [service_record(r) for r in conn.execute(query).mappings()]
+
+
 def active_services(store: Store) -> list[ServiceRecord]:
     return services(store, states=[ServiceState.ACTIVE])
 

@@ -8,7 +8,9 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from policies.errors import Forbidden, InvalidRequest
+from policies.services import MAX_START_FAILURES
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
@@ -125,3 +128,22 @@ def test_the_cli_deploys_shows_scales_and_deletes(
     assert code != 0 and "model.digest" in err
     code, out, _ = gp("services", "delete", sid)
     assert code == 0 and "deleted" in out
+
+
+def test_an_engine_that_never_starts_fails_the_service_after_a_few_tries(
+    url: str, model_dir: Path, allocator: Allocator
+) -> None:
+    digest = read_model(model_dir)[1]
+    with Portal(url, token="alice") as p:
+        broken = p.services.deploy(
+            "team-a", "broken", model_uri=model_dir.as_uri(), digest=digest, flavor="H100-80GB",
+            preset="custom", command=[sys.executable, "-c", "import sys; sys.exit(3)", "{port}"],
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while (info := broken.refresh()).state.value == "active":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.1)
+        assert info.state.value == "failed" and "engine exited with code 3" in info.message
+        every = p.services.replicas(broken.id)
+        assert [r.state.value for r in every] == ["ended"] * MAX_START_FAILURES
+        assert allocator.workloads("team-a") == []  # nothing left holding devices

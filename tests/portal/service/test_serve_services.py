@@ -18,7 +18,14 @@ import httpx
 import pytest
 
 from portal.inference.testengine import read_model, reply_words
-from tests.portal.service.conftest import ALICE, BOB, Service, ServiceFactory, bearer
+from tests.portal.service.conftest import (
+    ALICE,
+    BOB,
+    Service,
+    ServiceFactory,
+    bearer,
+    database_url,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -79,10 +86,16 @@ def chat(text: str, **extra: object) -> dict[str, object]:
     }
 
 
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_service_is_served_through_the_gateway_and_survives_a_portal_restart(
-    service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
+    service_factory: ServiceFactory,
+    model_dir: Path,
+    replicas_killed: None,
+    db: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
-    svc = service_factory()
+    svc = service_factory(database_url=database_url(db, request, tmp_path))
     svc.start()
     gateway = f"{svc.url}/gateway/team-a/llm/v1"
     with svc.client(ALICE) as c:
