@@ -384,7 +384,9 @@ class ServiceController:
             extra = sorted(keep, key=lambda r: (order[r.state], -r.number))[: len(keep) - want]
             for r in extra:
                 self._stop(svc, r, "scaled down" if want else f"service {svc.state.value}")
-        for _ in range(want - len(keep)):
+        # A replica still stopping holds its devices: its replacement is requested once it
+        # has ended, so it does not compete with the claimant that preempted it.
+        for _ in range(want - len(live)):
             svc = self._add_replica(svc)
 
     def _advance(self, svc: ServiceRecord, r: ReplicaRecord) -> ServiceRecord:
@@ -405,7 +407,11 @@ class ServiceController:
             return self._end(svc, r, reason, failed=r.state is ReplicaState.STARTING)
         if st is not None and st.state is WorkloadState.PREEMPTING:
             if r.state is not ReplicaState.STOPPING:
-                self._stop(svc, r, f"preempted: {st.message}")
+                # The grace the allocator gave, not ours: the claimant waits for exactly it.
+                grace = self._stop_grace_s
+                if st.preempt_deadline is not None:
+                    grace = max(0.0, (st.preempt_deadline - self.now).total_seconds())
+                self._stop(svc, r, f"preempted: {st.message}", grace)
             return svc
         if r.state is ReplicaState.STARTING and self.backend is not None and r.port is not None:
             health = self.spec_of(svc).engine.resolved.health_path
@@ -472,14 +478,17 @@ class ServiceController:
         )  # fmt: skip
         return svc
 
-    def _stop(self, svc: ServiceRecord, r: ReplicaRecord, reason: str) -> None:
+    def _stop(
+        self, svc: ServiceRecord, r: ReplicaRecord, reason: str, grace_s: float | None = None
+    ) -> None:
         """A queued replica leaves the queue at once; a running one is told to stop and
         keeps its devices until its process has ended."""
         if r.state is ReplicaState.QUEUED or self.backend is None:
             self._end(svc, r, reason, failed=False)
             return
         try:
-            self.backend.runner.stop(svc.id, r.number, self._stop_grace_s, wait=False)
+            grace = self._stop_grace_s if grace_s is None else grace_s
+            self.backend.runner.stop(svc.id, r.number, grace, wait=False)
         except RunnerError:
             self._end(svc, r, reason, failed=False)
             return
