@@ -27,6 +27,7 @@ from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import Jobs
+from portal.client.services import Services
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ class Portal:
         )
         self.jobs = Jobs(self)
         """Training jobs: ``submit``, ``get``, ``list``, ``cancel`` (``portal.client.jobs``)."""
+        self.services = Services(self)
+        """Inference services: ``deploy``, ``get``, ``list``, ``scale``, ``delete``
+        (``portal.client.services``)."""
 
     def __repr__(self) -> str:
         return f"Portal({self.url!r})"
