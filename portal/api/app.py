@@ -22,6 +22,7 @@ from portal.api import (
     offers,
     queue,
     quotas,
+    ray,
     tenants,
     usage,
     workloads,
@@ -32,6 +33,7 @@ from portal.api.auth import Authenticator
 from portal.api.deps import allocator
 from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
 from portal.jobs.controller import JobController
+from portal.ray.controller import RayController
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
@@ -44,13 +46,15 @@ def create_app(
     *,
     metrics: ServiceMetrics | None = None,
     job_controller: JobController | None = None,
+    ray_controller: RayController | None = None,
 ) -> FastAPI:
     """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
 
     ``metrics`` (default: new ones over ``alloc``) are served at ``/metrics``; the service
     passes its own so the allocator's commits can count decisions into them.
     ``job_controller`` runs ``/jobs`` (default: one without a backend, which takes, lists
-    and cancels jobs but launches nothing: the service passes the one its loop drives).
+    and cancels jobs but launches nothing: the service passes the one its loop drives);
+    ``ray_controller`` runs ``/ray`` the same way.
     """
     app = FastAPI(
         title="gpuportal",
@@ -64,9 +68,10 @@ def create_app(
     app.state.authenticator = authenticator
     app.state.metrics = metrics or ServiceMetrics(alloc)
     app.state.jobs = job_controller or JobController(alloc)
+    app.state.ray = ray_controller or RayController(alloc)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
-    for module in (tenants, quotas, workloads, jobs, queue, usage, inventory, cost, offers):
+    for module in (tenants, quotas, workloads, jobs, ray, queue, usage, inventory, cost, offers):
         app.include_router(module.router, prefix=PREFIX)
     app.include_router(telemetry_routes.router, prefix=PREFIX)
     app.include_router(alert_routes.router, prefix=PREFIX)

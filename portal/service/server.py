@@ -52,6 +52,7 @@ from portal.errors import Unavailable
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.jobs import service as job_service
+from portal.ray import service as ray_service
 from portal.kube import service as kube_loops
 from portal.service import hubsync, logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
@@ -219,7 +220,14 @@ def _run(
     metrics = ServiceMetrics(allocator)
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
     job_controller = job_service.build_for_service(allocator, settings)
-    app = create_app(allocator, where.authenticator, metrics=metrics, job_controller=job_controller)
+    ray_controller = ray_service.build_for_service(allocator, settings)
+    app = create_app(
+        allocator,
+        where.authenticator,
+        metrics=metrics,
+        job_controller=job_controller,
+        ray_controller=ray_controller,
+    )
     accounting = cost_api.configure(app, settings)
     # Price the month at once, then keep it priced: no viewer pays for a cold month.
     loops.add("cost-warm", COST_WARM_INTERVAL_S, accounting.warm, first_after_s=0)
@@ -228,6 +236,7 @@ def _run(
     # Money budgets (the pricing file's) feed the budget_burn rule.
     register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
     job_service.register_for_service(loops, job_controller)
+    ray_service.register_for_service(loops, ray_controller)
     # Once every setting was read and accepted (a bad one stops the service with one line).
     given = settings_report(settings, alerts)
     log.info(
