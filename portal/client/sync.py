@@ -27,6 +27,7 @@ from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import Jobs
+from portal.client.ray import Ray
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ class Portal:
         )
         self.jobs = Jobs(self)
         """Training jobs: ``submit``, ``get``, ``list``, ``cancel`` (``portal.client.jobs``)."""
+        self.ray = Ray(self)
+        """Ray clusters: ``up``, ``list``, ``scale``, ``down`` (``portal.client.ray``)."""
 
     def __repr__(self) -> str:
         return f"Portal({self.url!r})"

@@ -337,6 +337,8 @@ class RayController:
                 key = worker_key(cluster.id, s.number, a.member)
                 wanted += 1
                 if key not in self._running and head_ready and cluster.address:
+                    if self._starting(cluster.id):
+                        continue
                     self._start_node(
                         key,
                         lambda k, n, a=a: self.backend.start_worker(  # type: ignore[union-attr]
@@ -391,6 +393,14 @@ class RayController:
         if (key, start) not in self._ready and self.backend.ready(key, start):
             self._ready.add((key, start))
         return (key, start) in self._ready
+
+    def _starting(self, cluster_id: str) -> bool:
+        """Whether a node of the cluster was started and has not joined yet. Nodes start one
+        at a time: ``ray start`` gives a node 30 s to register, which simultaneous starts
+        on a small host overrun."""
+        return any(
+            cluster_of(key) == cluster_id and not self._is_ready(key) for key in list(self._running)
+        )
 
     def _joined(self, cluster_id: str) -> int:
         return sum(
