@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -339,12 +339,8 @@ class RayController:
                 if key not in self._running and head_ready and cluster.address:
                     if self._starting(cluster.id):
                         continue
-                    self._start_node(
-                        key,
-                        lambda k, n, a=a: self.backend.start_worker(  # type: ignore[union-attr]
-                            k, n, cluster.address or "", visible_devices(a), spec.worker_cpus
-                        ),
-                    )
+                    address = cluster.address
+                    self._start_worker(key, address, visible_devices(a), spec.worker_cpus)
         joined = self._joined(cluster.id)
         queued = [s for s in slices if s.state is SliceState.QUEUED]
         if head_ready and joined >= wanted:
@@ -376,12 +372,12 @@ class RayController:
         self._running[key] = start
         return new
 
-    def _start_node(self, key: str, launch: Callable[[str, int], None]) -> None:
+    def _start_worker(self, key: str, address: str, devices: Sequence[str], cpus: int) -> None:
         assert self.backend is not None
         start = self.backend.next_start(key)
         try:
-            launch(key, start)
-        except RunnerError as exc:
+            self.backend.start_worker(key, start, address, devices, cpus)
+        except RunnerError as exc:  # tried again next round
             log.warning("Ray node %s: %s", key, exc.message)
             return
         self._running[key] = start
@@ -429,7 +425,9 @@ class RayController:
 
     def _view(self, cluster: RayClusterRecord) -> RayView:
         views = tuple(
-            SliceView(s, self._workload(s.workload_id) if s.state is not SliceState.RELEASED else None)
+            SliceView(
+                s, self._workload(s.workload_id) if s.state is not SliceState.RELEASED else None
+            )
             for s in stored.slices(self._alloc.store, cluster.id)
         )
         joined = 0 if cluster.state.terminal else self._joined(cluster.id)

@@ -15,7 +15,6 @@ so several clusters share one host.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import tempfile
@@ -80,7 +79,7 @@ class LocalRay:
     def _temp_dir(self, cluster_id: str) -> str:
         # Ray's sockets live under its temp dir and a socket path may not pass 107 bytes:
         # a short folder of the system's temporary directory, not the state directory.
-        return os.path.join(tempfile.gettempdir(), f"gpuportal-ray-{cluster_id[:16]}")
+        return str(Path(tempfile.gettempdir()) / f"gpuportal-ray-{cluster_id[:16]}")
 
     def _common(self, cluster_id: str, cpus: int) -> list[str]:
         args = [

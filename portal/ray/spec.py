@@ -139,7 +139,9 @@ def candidate_flavors(devices: DeviceRequest, models: Collection[str]) -> list[s
     )
 
 
-def check_tenant_flavors(devices: DeviceRequest, facts: ClusterFacts, quotas: Collection[str]) -> None:
+def check_tenant_flavors(
+    devices: DeviceRequest, facts: ClusterFacts, quotas: Collection[str]
+) -> None:
     """The worker's flavor is one the tenant has quota for (a flavor it may not use would
     wait forever)."""
     flavors = candidate_flavors(devices, facts.models)

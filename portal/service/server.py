@@ -52,8 +52,8 @@ from portal.errors import Unavailable
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.jobs import service as job_service
-from portal.ray import service as ray_service
 from portal.kube import service as kube_loops
+from portal.ray import service as ray_service
 from portal.service import hubsync, logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory

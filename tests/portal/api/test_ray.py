@@ -46,7 +46,11 @@ BAD: list[tuple[str, object, str]] = [
         {"kind": "mig", "mig_profile": "3g.40gb", "models": ["H100-80GB"]},
         "workers.devices.models",
     ),
-    ("workers.devices", {"kind": "gpu", "count": 1, "models": ["X100-1GB"]}, "workers.devices.models"),
+    (
+        "workers.devices",
+        {"kind": "gpu", "count": 1, "models": ["X100-1GB"]},
+        "workers.devices.models",
+    ),
     ("workers.devices", {"kind": "gpu", "count": 0}, "workers.devices.count"),
     ("ray_version", "1.0.0", "ray_version"),
     ("head.cpus", 0, "head.cpus"),
@@ -99,7 +103,11 @@ def test_the_first_workers_are_one_gang_and_growth_a_slice_that_waits_for_quota(
     # Back to 2: the waiting slice goes at once, the gang stays.
     r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 2}, headers=auth("alice"))
     gang, grown = r.json()["slices"]
-    assert (gang["state"], grown["state"], grown["reason"]) == ("running", "released", "scaled down")
+    assert (gang["state"], grown["state"], grown["reason"]) == (
+        "running",
+        "released",
+        "scaled down",
+    )
     assert [w.id for w in allocator.workloads()] == [first.id]
 
     r = client.delete(f"/api/v1/ray/{cid}", headers=auth("alice"))

@@ -107,7 +107,9 @@ def allocated(alloc: Allocator, view: RayView) -> set[str]:
     devices: set[str] = set()
     for s in view.slices:
         if s.slice.state is SliceState.RUNNING:
-            devices |= {str(g) for a in alloc.status(s.slice.workload_id).allocations for g in a.gpus}
+            devices |= {
+                str(g) for a in alloc.status(s.slice.workload_id).allocations for g in a.gpus
+            }
     return devices
 
 

@@ -40,9 +40,7 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_ray_clusters"),
     )
-    op.create_index(
-        "ix_ray_clusters_tenant_created_at", "ray_clusters", ["tenant", "created_at"]
-    )
+    op.create_index("ix_ray_clusters_tenant_created_at", "ray_clusters", ["tenant", "created_at"])
     op.create_index("ix_ray_clusters_state", "ray_clusters", ["state"])
     op.create_table(
         "ray_slices",
