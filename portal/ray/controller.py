@@ -192,7 +192,13 @@ class RayController:
                 message=f"scaled from {before} to {workers} workers",
             )
             self._commit([new], [], "ray.scaled", new, new.message)
-            self._plan(new)
+            try:
+                self._plan(new)
+            except PortalError:
+                # Refused (an increase the tenant's limit can never give): keep the old count.
+                back = self._versioned(new, spec=cluster.spec, message=cluster.message)
+                self._commit([back], [], "ray.scaled", back, f"scale to {workers} refused")
+                raise
             if self.backend is not None:
                 self._reconcile(self.get(cluster_id))
             return self.view(cluster_id)

@@ -20,12 +20,20 @@ PATH_VALUES = {
     "node": "n1",
     "workload_id": None,
     "job_id": None,
+    "cluster_id": None,
+}
+RAY_BODY: dict[str, object] = {
+    "tenant": "team-a",
+    "name": "rl",
+    "workers": {"devices": {"kind": "gpu", "count": 1}, "min": 1, "max": 2},
 }
 BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},
     ("PUT", "/api/v1/tenants/{tenant}/quotas/{flavor}"): {"guaranteed": 1, "limit": 2},
     ("POST", "/api/v1/workloads"): gpu_request(),
     ("POST", "/api/v1/jobs"): job_body(),
+    ("POST", "/api/v1/ray"): RAY_BODY,
+    ("PATCH", "/api/v1/ray/{cluster_id}"): {"workers": 1},
     ("POST", "/api/v1/telemetry/samples"): {"node": "n1", "source": "nvml", "samples": []},
 }
 PORTAL_SCOPES = {s.value for s in Scope}
@@ -69,6 +77,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
 ) -> None:
     wid = client.post("/api/v1/workloads", json=gpu_request(), headers=auth("alice")).json()["id"]
     jid = client.post("/api/v1/jobs", json=job_body(), headers=auth("alice")).json()["id"]
+    cid = client.post("/api/v1/ray", json=RAY_BODY, headers=auth("alice")).json()["id"]
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
@@ -82,7 +91,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         others = frozenset(PORTAL_SCOPES - {*scopes, Scope.ADMIN.value})
         lacking = Caller("mallory", CallerKind.USER, others, frozenset({"team-a"}))
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
-        url = fill(path, {"workload_id": wid, "job_id": jid})
+        url = fill(path, {"workload_id": wid, "job_id": jid, "cluster_id": cid})
         body = BODIES.get((method, path))
         query = queries.get((method, path), {})
         tries = {

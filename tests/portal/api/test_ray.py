@@ -156,3 +156,16 @@ def test_another_tenant_cannot_list_read_scale_or_delete(
     assert len(allocator.workloads("team-a")) == 1
     r = client.post("/api/v1/ray", json=ray_body(), headers=auth("bob"))
     assert r.status_code == 403, r.text
+
+
+def test_growth_the_limit_can_never_give_is_refused_and_the_count_kept(
+    client: TestClient, allocator: Allocator
+) -> None:
+    body = with_(ray_body(workers=1), "workers.max", 4)
+    cid = client.post("/api/v1/ray", json=body, headers=auth("alice")).json()["id"]
+    # +3 in one slice: team-a's limit is 2.
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 4}, headers=auth("alice"))
+    assert r.status_code == 403, r.text
+    view = client.get(f"/api/v1/ray/{cid}", headers=auth("alice")).json()
+    assert (view["workers"], len(view["slices"])) == (1, 1)
+    assert len(allocator.workloads("team-a")) == 1

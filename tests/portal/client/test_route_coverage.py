@@ -15,7 +15,7 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.schemas import DevicesIn
-from portal.client import core, jobs
+from portal.client import core, jobs, ray
 from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
@@ -69,6 +69,11 @@ def client_operations() -> list[core.Op[object]]:
         jobs.cancel("j"),
         jobs.attempts("j", 1),
         jobs.logs("j", None, 0, 0),
+        ray.create({}),
+        ray.get("r"),
+        ray.listed(1, None),
+        ray.scale("r", 1),
+        ray.delete("r"),
     ]
 
 
