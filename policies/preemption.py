@@ -115,7 +115,8 @@ class PreemptionPolicy:
         """The notice for one victim, chosen at ``now``."""
         if kind is WorkloadKind.NOTEBOOK:
             action, grace = PreemptionAction.WARN, self.notebook_grace_s
-        elif kind is WorkloadKind.JOB:
+        elif kind in (WorkloadKind.JOB, WorkloadKind.RAY):
+            # A Ray worker is stopped like a job member: SIGTERM, then the job grace.
             action, grace = PreemptionAction.SIGNAL, self.job_grace_s
         else:
             action, grace = PreemptionAction.DRAIN, self.inference_grace_s

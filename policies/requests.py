@@ -38,6 +38,7 @@ class WorkloadKind(StrEnum):
     NOTEBOOK = "notebook"
     JOB = "job"
     INFERENCE = "inference"
+    RAY = "ray"
 
 
 @dataclass(frozen=True, slots=True)

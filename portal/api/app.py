@@ -22,6 +22,7 @@ from portal.api import (
     offers,
     queue,
     quotas,
+    ray,
     services,
     tenants,
     usage,
@@ -36,6 +37,7 @@ from portal.inference.controller import ServiceController
 from portal.inference.gateway import Gateway
 from portal.inference.gateway import router as gateway_router
 from portal.jobs.controller import JobController
+from portal.ray.controller import RayController
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
@@ -49,6 +51,7 @@ def create_app(
     metrics: ServiceMetrics | None = None,
     job_controller: JobController | None = None,
     service_controller: ServiceController | None = None,
+    ray_controller: RayController | None = None,
 ) -> FastAPI:
     """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
 
@@ -57,6 +60,7 @@ def create_app(
     ``job_controller`` runs ``/jobs`` (default: one without a backend, which takes, lists
     and cancels jobs but launches nothing: the service passes the one its loop drives);
     ``service_controller`` likewise runs ``/services`` and the gateway.
+    ``ray_controller`` runs ``/ray`` the same way.
     """
     app = FastAPI(
         title="gpuportal",
@@ -73,6 +77,7 @@ def create_app(
     app.state.services = service_controller or ServiceController(alloc)
     app.state.gateway = Gateway(app.state.services)
     app.state.metrics.registry.register(app.state.gateway.book)
+    app.state.ray = ray_controller or RayController(alloc)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
     for module in (
@@ -81,6 +86,7 @@ def create_app(
         workloads,
         jobs,
         services,
+        ray,
         queue,
         usage,
         inventory,

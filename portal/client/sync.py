@@ -27,6 +27,7 @@ from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import Jobs
+from portal.client.ray import Ray
 from portal.client.services import Services
 from portal.store.records import WorkloadState
 
@@ -74,6 +75,8 @@ class Portal:
         self.services = Services(self)
         """Inference services: ``deploy``, ``get``, ``list``, ``scale``, ``delete``
         (``portal.client.services``)."""
+        self.ray = Ray(self)
+        """Ray clusters: ``up``, ``list``, ``scale``, ``down`` (``portal.client.ray``)."""
 
     def __repr__(self) -> str:
         return f"Portal({self.url!r})"

@@ -17,13 +17,27 @@ from portal.commands import (
     offers,
     queue,
     quotas,
+    ray,
     services,
     tenants,
     usage,
     workloads,
 )
 
-NOUNS = (tenants, quotas, workloads, jobs, services, queue, usage, cost, offers, nodes, alerts)
+NOUNS = (
+    tenants,
+    quotas,
+    workloads,
+    jobs,
+    services,
+    ray,
+    queue,
+    usage,
+    cost,
+    offers,
+    nodes,
+    alerts,
+)
 
 
 def register(commands: Any) -> None:

@@ -55,6 +55,7 @@ from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.jobs import service as job_service
 from portal.kube import service as kube_loops
+from portal.ray import service as ray_service
 from portal.service import hubsync, logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
@@ -242,12 +243,14 @@ def _run(
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
     job_controller = job_service.build_for_service(allocator, settings)
     service_controller = inference_service.build_for_service(allocator, settings)
+    ray_controller = ray_service.build_for_service(allocator, settings)
     app = create_app(
         allocator,
         where.authenticator,
         metrics=metrics,
         job_controller=job_controller,
         service_controller=service_controller,
+        ray_controller=ray_controller,
     )
     accounting = cost_api.configure(app, settings)
     # Price the month at once, then keep it priced: no viewer pays for a cold month.
@@ -258,6 +261,7 @@ def _run(
     register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
     job_service.register_for_service(loops, job_controller)
     inference_service.register_for_service(loops, service_controller)
+    ray_service.register_for_service(loops, ray_controller)
     # Once every setting was read and accepted (a bad one stops the service with one line).
     given = settings_report(settings, alerts)
     log.info(

@@ -365,3 +365,46 @@ class ServiceReplica(Base):
     ready_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     reason: Mapped[str] = mapped_column(Text)
+
+
+class RayCluster(Base):
+    """A Ray cluster (``portal.ray``): its spec and where it stands. Its workers' devices are
+    held by slices, each an allocator workload of kind ``ray``."""
+
+    __tablename__ = "ray_clusters"
+    __table_args__ = (
+        Index("ix_ray_clusters_tenant_created_at", "tenant", "created_at"),
+        Index("ix_ray_clusters_state", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    owner: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    spec: Mapped[dict[str, object]]
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    address: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    head: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class RaySlice(Base):
+    """Workers of a Ray cluster held by one allocator workload."""
+
+    __tablename__ = "ray_slices"
+
+    cluster_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("ray_clusters.id"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    workers: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    requested_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    released_at: Mapped[datetime | None]
+    reason: Mapped[str] = mapped_column(Text)

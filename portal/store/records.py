@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from policies.jobs import JobState
+from policies.ray import RayState, SliceState
 from policies.services import ReplicaState, ServiceState
 
 
@@ -211,6 +212,44 @@ class EventRecord:
     data: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class RayClusterRecord:
+    """A Ray cluster: its spec (``portal.ray.spec.RaySpec.to_dict``, ``workers`` the count
+    it should have now) and where it stands. ``address``: the head's ``host:port`` for
+    ``ray.init`` (None until the head was started); ``head`` counts the head's starts."""
+
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    spec: dict[str, object]
+    state: RayState
+    created_at: datetime
+    updated_at: datetime
+    message: str = ""
+    address: str | None = None
+    head: int = 0
+    ended_at: datetime | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RaySliceRecord:
+    """Workers of a cluster held by one allocator workload: slice 1 is the gang admitted
+    with the head (the ``min`` workers), each later one an increase. ``reason``: why it was
+    released."""
+
+    cluster_id: str
+    number: int
+    workload_id: str
+    workers: int
+    state: SliceState
+    requested_at: datetime
+    started_at: datetime | None = None
+    released_at: datetime | None = None
+    reason: str = ""
+
+
 @dataclass(slots=True)
 class ChangeSet:
     """Everything one allocator decision changes, committed atomically by the store.
@@ -232,6 +271,8 @@ class ChangeSet:
     attempts: list[AttemptRecord] = field(default_factory=list)  # upserts by (job, number)
     services: list[ServiceRecord] = field(default_factory=list)  # versioned upserts by id
     replicas: list[ReplicaRecord] = field(default_factory=list)  # upserts by (service, number)
+    ray_clusters: list[RayClusterRecord] = field(default_factory=list)  # versioned upserts
+    ray_slices: list[RaySliceRecord] = field(default_factory=list)  # upserts by (cluster, number)
 
     def empty(self) -> bool:
         return not (
@@ -248,6 +289,8 @@ class ChangeSet:
             or self.attempts
             or self.services
             or self.replicas
+            or self.ray_clusters
+            or self.ray_slices
         )
 
 

@@ -37,6 +37,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
 from portal.store import jobs as job_rows
+from portal.store import ray as ray_rows
 from portal.store import services as service_rows
 from portal.store.convert import Claim
 from portal.store.db import (
@@ -202,7 +203,14 @@ class Store:
         self._insert_new: dict[str, RawStatement] = {}
         self._update_versioned: dict[str, RawStatement] = {}
         self._current_version: dict[str, RawStatement] = {}
-        for table in (TENANTS, QUOTAS, WORKLOADS, job_rows.JOBS, service_rows.SERVICES):
+        for table in (
+            TENANTS,
+            QUOTAS,
+            WORKLOADS,
+            job_rows.JOBS,
+            service_rows.SERVICES,
+            ray_rows.CLUSTERS,
+        ):
             key = table.primary_key.columns
             self._insert_new[table.name] = raw(
                 # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT inserts.
@@ -288,6 +296,18 @@ class Store:
                 },
             ),
             service_rows.REPLICAS,
+        )
+        slice_insert = self._insert_factory(ray_rows.SLICES)
+        self._upsert_slice = raw(
+            slice_insert.on_conflict_do_update(
+                index_elements=["cluster_id", "number"],
+                set_={
+                    c.name: slice_insert.excluded[c.name]
+                    for c in ray_rows.SLICES.columns
+                    if not c.primary_key
+                },
+            ),
+            ray_rows.SLICES,
         )
         usage_insert = self._insert_factory(USAGE)
         self._upsert_usage = raw(
@@ -403,6 +423,11 @@ class Store:
             tx.executemany(
                 self._upsert_replica, [service_rows.replica_row(r) for r in changes.replicas]
             )
+        # Clusters before their slices (the slices' foreign key).
+        for c in changes.ray_clusters:
+            self._versioned(tx, ray_rows.CLUSTERS, ray_rows.cluster_row(c), f"Ray cluster {c.id!r}")
+        if changes.ray_slices:
+            tx.executemany(self._upsert_slice, [ray_rows.slice_row(r) for r in changes.ray_slices])
         if changes.events:
             tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:

@@ -22,6 +22,12 @@ PATH_VALUES = {
     "job_id": None,
     "service_id": None,
     "service": "called",
+    "cluster_id": None,
+}
+RAY_BODY: dict[str, object] = {
+    "tenant": "team-a",
+    "name": "rl",
+    "workers": {"devices": {"kind": "gpu", "count": 1}, "min": 1, "max": 2},
 }
 BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},
@@ -32,6 +38,8 @@ BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PATCH", "/api/v1/services/{service_id}"): {"replicas": {"min": 1, "max": 1}},
     ("POST", "/gateway/{tenant}/{service}/v1/chat/completions"): {"messages": []},
     ("POST", "/gateway/{tenant}/{service}/v1/completions"): {"prompt": "x"},
+    ("POST", "/api/v1/ray"): RAY_BODY,
+    ("PATCH", "/api/v1/ray/{cluster_id}"): {"workers": 1},
     ("POST", "/api/v1/telemetry/samples"): {"node": "n1", "source": "nvml", "samples": []},
 }
 PORTAL_SCOPES = {s.value for s in Scope}
@@ -80,6 +88,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
     client.post("/api/v1/services", json=called, headers=auth("alice"))
     first = service_body(name="first")
     sid = client.post("/api/v1/services", json=first, headers=auth("alice")).json()["id"]
+    cid = client.post("/api/v1/ray", json=RAY_BODY, headers=auth("alice")).json()["id"]
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
@@ -93,7 +102,7 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         others = frozenset(PORTAL_SCOPES - {*scopes, Scope.ADMIN.value})
         lacking = Caller("mallory", CallerKind.USER, others, frozenset({"team-a"}))
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
-        url = fill(path, {"workload_id": wid, "job_id": jid, "service_id": sid})
+        url = fill(path, {"workload_id": wid, "job_id": jid, "service_id": sid, "cluster_id": cid})
         body = BODIES.get((method, path))
         query = queries.get((method, path), {})
         tries = {

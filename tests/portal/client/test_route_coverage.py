@@ -15,7 +15,7 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.schemas import DevicesIn
-from portal.client import core, jobs, services
+from portal.client import core, jobs, ray, services
 from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
@@ -80,6 +80,11 @@ def client_operations() -> list[core.Op[object]]:
         services.replicas("s", 1),
         services.events("s", 1),
         services.logs("s", 1, 0),
+        ray.create({}),
+        ray.get("r"),
+        ray.listed(1, None),
+        ray.scale("r", 1),
+        ray.delete("r"),
     ]
 
 

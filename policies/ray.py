@@ -1,0 +1,84 @@
+"""Rules of Ray clusters that need no I/O: the states of a cluster and its slices, and which
+slices a change of the worker count releases or requests.
+
+A Ray cluster's workers are held in **slices**: the first (the ``min`` workers) is admitted
+with the head as one gang; every increase after it is a slice of its own, an allocator
+workload charged and queued on its own, so an increase that quota does not allow waits with a
+reason while the running part keeps running. The Ray controller (``portal.ray.controller``)
+applies these rules; they take every fact as an argument and return values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from policies.errors import InvalidRequest
+
+
+class RayState(StrEnum):
+    """Life of a Ray cluster. Terminal: stopped."""
+
+    QUEUED = "queued"  # its first slice (head + min workers) waits in the allocator's queue
+    STARTING = "starting"  # admitted; the head or some admitted workers have not joined yet
+    RUNNING = "running"  # the head is up and every admitted worker has joined
+    STOPPED = "stopped"  # taken down: every process stopped, every slice released
+
+    @property
+    def terminal(self) -> bool:
+        return self is RayState.STOPPED
+
+
+class SliceState(StrEnum):
+    """A slice's workload: waiting, holding devices, or given back."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True, slots=True)
+class SliceFacts:
+    """What the plan needs of a slice: its number (creation order) and its workers."""
+
+    number: int
+    workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePlan:
+    """Slices to release (newest first) and workers to request as one new slice (0: none)."""
+
+    release: tuple[int, ...]
+    request: int
+
+
+def check_bounds(field: str, value: int, minimum: int, maximum: int) -> None:
+    """``value`` workers within ``minimum..maximum`` (``field`` names it for the error)."""
+    if isinstance(value, bool) or not minimum <= value <= maximum:
+        raise InvalidRequest(field, value, f"{minimum} to {maximum} workers")
+
+
+def plan_scale(live: Sequence[SliceFacts], target: int) -> ScalePlan:
+    """How to go from the ``live`` (queued or running) slices to ``target`` workers.
+
+    Growing requests the difference as one new slice. Shrinking releases whole slices,
+    newest first, while what is left still holds at least ``target``; a shrink that ends
+    inside a slice releases that slice too and requests the remainder as a new one (a
+    workload cannot give back part of its gang). Slice 1 (the gang with the head) is never
+    released by a plan: ``target`` is never below ``min``, which is its size.
+    """
+    if target < 0:
+        raise InvalidRequest("workers", target, "0 or more")
+    total = sum(s.workers for s in live)
+    if target >= total:
+        return ScalePlan((), target - total)
+    release: list[int] = []
+    left = total
+    for s in sorted(live, key=lambda s: s.number, reverse=True):
+        if left <= target or s.number == 1:
+            break
+        release.append(s.number)
+        left -= s.workers
+    return ScalePlan(tuple(release), max(0, target - left))

@@ -1,0 +1,255 @@
+"""``/api/v1/ray``: Ray clusters per tenant — create, read, scale, delete.
+
+A Ray cluster is charged to a tenant like a workload, and guarded the same way: creating,
+scaling and deleting need ``workloads:write`` on the tenant (and, for users, membership of
+it), reading needs ``workloads:read`` on it; another tenant's token gets 403.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import Field
+
+from policies.errors import InvalidRequest
+from policies.ray import RayState, SliceState
+from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, TopologyRequirement
+from portal.allocator import Allocator
+from portal.api import convert
+from portal.api.auth import Caller, Scope
+from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
+from portal.api.errors import ERROR_RESPONSES, Responses
+from portal.api.inputs import KEY, Label, Text, bounded
+from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, WorkloadOut
+from portal.api.workloads import charge
+from portal.ray.controller import RayController, RayView, SliceView
+from portal.ray.spec import MAX_CPUS, MAX_IDLE_S, RaySpec, worker_devices
+
+router = APIRouter(prefix="/ray", tags=["ray"], responses=ERROR_RESPONSES)
+
+ClusterId = Annotated[Annotated[str, bounded(KEY, 64)], Path(description="The cluster's id.")]
+_404: Responses = {404: {"model": ErrorBody, "description": "no such Ray cluster or tenant"}}
+
+
+def controller(request: Request) -> RayController:
+    found: RayController = request.app.state.ray
+    return found
+
+
+# ------------------------------------------------------------------ bodies
+
+
+class HeadIn(InModel):
+    cpus: int = Field(default=1, ge=1, le=MAX_CPUS, description="The head's CPUs; it holds no GPU.")
+
+
+class WorkersIn(InModel):
+    devices: DevicesIn = Field(description="What each worker holds: one of the tenant's flavors.")
+    min: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_GANG_SIZE,
+        description="Workers admitted with the head as one gang, and never released below.",
+    )
+    max: int = Field(default=1, ge=1, le=MAX_GANG_SIZE, description="The most workers; >= min.")
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GANG_SIZE,
+        description="Workers wanted now (min..max); null: min. Above min, a slice of its own.",
+    )
+    cpus: int = Field(default=1, ge=1, le=MAX_CPUS, description="Each worker's CPUs.")
+
+
+class RayIn(InModel):
+    tenant: Label = Field(description="The tenant charged; the caller must be a member of it.")
+    name: Text = Field(description="A name for people.")
+    head: HeadIn = Field(default_factory=HeadIn, description="The head (CPU only).")
+    workers: WorkersIn = Field(description="The worker group.")
+    ray_version: Annotated[str, bounded(KEY, 64)] | None = Field(
+        default=None, description="The Ray version; only the installed one runs. null: it."
+    )
+    idle_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_IDLE_S,
+        description="Idle time after which workers are released (recorded; not acted on yet).",
+    )
+    priority: int = Field(
+        default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Within the tenant's quota."
+    )
+
+
+class ScaleIn(InModel):
+    workers: int = Field(ge=0, le=MAX_GANG_SIZE, description="Workers wanted (min..max).")
+
+
+class SliceOut(Model):
+    number: int = Field(ge=1, description="1: the gang admitted with the head.")
+    workers: int = Field(ge=1)
+    state: SliceState = Field(description="queued, running or released.")
+    reason: str = Field(description="Why it was released; '' otherwise.")
+    requested_at: datetime
+    started_at: datetime | None
+    released_at: datetime | None
+    workload: WorkloadOut | None = Field(
+        description="Its allocator workload: reason and position while queued; null once released."
+    )
+
+
+class RayOut(Model):
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    state: RayState = Field(description="queued, starting, running or stopped.")
+    message: str = Field(description="Where it stands, as a sentence.")
+    address: str | None = Field(description="The head's host:port for ray.init; null before.")
+    workers: int = Field(ge=0, description="Workers wanted now.")
+    joined: int = Field(ge=0, description="Workers running and joined to the head.")
+    min_workers: int = Field(ge=0)
+    max_workers: int = Field(ge=1)
+    ray_version: str
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    spec: dict[str, Any] = Field(description="The cluster as asked for (defaults filled in).")
+    slices: list[SliceOut] = Field(description="Its slices, oldest first.")
+
+
+def slice_out(v: SliceView) -> SliceOut:
+    s = v.slice
+    return SliceOut(
+        number=s.number,
+        workers=s.workers,
+        state=s.state,
+        reason=s.reason,
+        requested_at=s.requested_at,
+        started_at=s.started_at,
+        released_at=s.released_at,
+        workload=convert.workload_out(v.workload) if v.workload is not None else None,
+    )
+
+
+def ray_out(v: RayView) -> RayOut:
+    c = v.cluster
+    spec = c.spec
+    return RayOut(
+        id=c.id,
+        tenant=c.tenant,
+        owner=c.owner,
+        name=c.name,
+        state=c.state,
+        message=c.message,
+        address=c.address,
+        workers=int(spec["workers"]),  # type: ignore[call-overload]
+        joined=v.joined,
+        min_workers=int(spec["min_workers"]),  # type: ignore[call-overload]
+        max_workers=int(spec["max_workers"]),  # type: ignore[call-overload]
+        ray_version=str(spec["ray_version"]),
+        created_at=c.created_at,
+        updated_at=c.updated_at,
+        ended_at=c.ended_at,
+        spec=spec,
+        slices=[slice_out(s) for s in v.slices],
+    )
+
+
+def spec_of(body: RayIn, owner: str, installed: str | None) -> RaySpec:
+    """The cluster a body describes; rules across fields raise ``InvalidRequest`` naming one."""
+    w = body.workers
+    if w.devices.topology is not TopologyRequirement.ANY:
+        raise InvalidRequest("workers.devices.topology", w.devices.topology.value, "any")
+    return RaySpec(
+        tenant=body.tenant,
+        owner=owner,
+        name=body.name,
+        devices=worker_devices(w.devices.model_dump(mode="json")),
+        min_workers=w.min,
+        max_workers=w.max,
+        workers=w.min if w.replicas is None else w.replicas,
+        ray_version=body.ray_version or installed or "",
+        head_cpus=body.head.cpus,
+        worker_cpus=w.cpus,
+        idle_s=body.idle_s,
+        priority=body.priority,
+    )
+
+
+# ------------------------------------------------------------------ routes
+
+
+@router.post("", response_model=RayOut, status_code=201, responses=_404, summary="Create one")
+def create_cluster(
+    body: RayIn,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    rays: Annotated[RayController, Depends(controller)],
+) -> RayOut:
+    """Created with its slices requested: see each slice's `workload` for its queue reason,
+    and `state`/`address` for when the head is up and the workers have joined."""
+    charge(caller, body.tenant)
+    return ray_out(rays.create(spec_of(body, caller.name, rays.installed)))
+
+
+@router.get(
+    "",
+    response_model=Page[RayOut],
+    responses={404: {"model": ErrorBody, "description": "no such tenant"}},
+    summary="List Ray clusters",
+)
+def list_clusters(
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    rays: Annotated[RayController, Depends(controller)],
+    page: Annotated[Paging, Depends(paging)],
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
+    state: Annotated[RayState | None, Query(description="Only this state.")] = None,
+) -> Page[RayOut]:
+    """Every cluster the caller may see, in creation order, stopped ones included."""
+    shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
+    views = [v for v in rays.clusters(shown) if state is None or v.cluster.state is state]
+    return page.page_of(views, ray_out)
+
+
+@router.get("/{cluster_id}", response_model=RayOut, responses=_404, summary="Read one")
+def get_cluster(
+    cluster_id: ClusterId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    rays: Annotated[RayController, Depends(controller)],
+) -> RayOut:
+    view = rays.view(cluster_id)
+    caller.require(Scope.WORKLOADS_READ, view.cluster.tenant)
+    return ray_out(view)
+
+
+@router.patch(
+    "/{cluster_id}",
+    response_model=RayOut,
+    responses=_404,
+    summary="Scale: an increase is a new charged slice, a decrease releases slices",
+)
+def scale_cluster(
+    cluster_id: ClusterId,
+    body: ScaleIn,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    rays: Annotated[RayController, Depends(controller)],
+) -> RayOut:
+    charge(caller, rays.get(cluster_id).tenant)
+    return ray_out(rays.scale(cluster_id, body.workers))
+
+
+@router.delete(
+    "/{cluster_id}",
+    response_model=RayOut,
+    responses=_404,
+    summary="Delete: stop every node and release every slice (idempotent)",
+)
+def delete_cluster(
+    cluster_id: ClusterId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    rays: Annotated[RayController, Depends(controller)],
+) -> RayOut:
+    charge(caller, rays.get(cluster_id).tenant)
+    return ray_out(rays.delete(cluster_id))

@@ -1,0 +1,203 @@
+"""Ray clusters from Python: ``Portal().ray.up(...)`` returns the address for ``ray.init``.
+
+::
+
+    address = Portal().ray.up("team-a", workers=2, flavor="H100-80GB", max_workers=4)
+    import ray
+    ray.init(address=address)
+    Portal().ray.scale(cluster_id, 4)   # +2 as a charged slice; waits with a reason if over quota
+    Portal().ray.down(cluster_id)       # every worker stopped, every GPU given back
+
+The operations are built as the other client calls are (``portal.client.core``); ``up`` adds
+waiting, which polls.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from typing import TYPE_CHECKING, Any
+
+from portal.client import core
+from portal.client.core import API, Call, Op, _filters, _seg
+from portal.errors import PortalError
+
+if TYPE_CHECKING:
+    from portal.api.ray import RayOut
+    from portal.api.schemas import DevicesIn
+    from portal.client.sync import Portal
+
+
+# ------------------------------------------------------------------ operations (no I/O)
+
+
+def create(body: dict[str, Any]) -> Op[RayOut]:
+    from portal.api.ray import RayOut
+
+    # Not retried: a lost answer may have created the cluster.
+    return (yield from core.one(Call("POST", f"{API}/ray", body=body), RayOut))
+
+
+def get(cluster_id: str) -> Op[RayOut]:
+    from portal.api.ray import RayOut
+
+    call = Call("GET", f"{API}/ray/{_seg(cluster_id)}", idempotent=True)
+    return (yield from core.one(call, RayOut))
+
+
+def listed(page_size: int, tenant: str | None) -> Op[list[RayOut]]:
+    from portal.api.ray import RayOut
+
+    return (yield from core.every_page(f"{API}/ray", RayOut, page_size, _filters(tenant=tenant)))
+
+
+def scale(cluster_id: str, workers: int) -> Op[RayOut]:
+    from portal.api.ray import RayOut
+
+    call = Call(
+        "PATCH", f"{API}/ray/{_seg(cluster_id)}", body={"workers": workers}, idempotent=True
+    )
+    return (yield from core.one(call, RayOut))
+
+
+def delete(cluster_id: str) -> Op[RayOut]:
+    from portal.api.ray import RayOut
+
+    call = Call("DELETE", f"{API}/ray/{_seg(cluster_id)}", idempotent=True)
+    return (yield from core.one(call, RayOut))
+
+
+def body(
+    tenant: str,
+    *,
+    workers: int,
+    max_workers: int | None,
+    devices: DevicesIn,
+    name: str | None,
+    head_cpus: int,
+    worker_cpus: int,
+    ray_version: str | None,
+    idle_s: float | None,
+    priority: int,
+) -> dict[str, Any]:
+    """The ``POST /ray`` body; the server checks every value and names the one wrong."""
+    return {
+        "tenant": tenant,
+        "name": name or "ray",
+        "head": {"cpus": head_cpus},
+        "workers": {
+            "devices": devices.model_dump(mode="json"),
+            "min": workers,
+            "max": max(1, workers) if max_workers is None else max_workers,
+            "cpus": worker_cpus,
+        },
+        "ray_version": ray_version,
+        "idle_s": idle_s,
+        "priority": priority,
+    }
+
+
+# ------------------------------------------------------------------ the blocking API
+
+
+class RayNotReady(PortalError):
+    """``up`` gave up waiting: the cluster is still queued or starting (it keeps its place)."""
+
+    code = "ray_not_ready"
+
+
+class Ray:
+    """``Portal().ray``: bring Ray clusters up, list, scale and take them down."""
+
+    def __init__(self, portal: Portal) -> None:
+        self._portal = portal
+
+    def create(
+        self,
+        tenant: str,
+        *,
+        workers: int = 1,
+        flavor: str | None = None,
+        count: int = 1,
+        milli: int = 0,
+        gpu_memory_mib: int = 0,
+        devices: DevicesIn | None = None,
+        max_workers: int | None = None,
+        name: str | None = None,
+        head_cpus: int = 1,
+        worker_cpus: int = 1,
+        ray_version: str | None = None,
+        idle_s: float | None = None,
+        priority: int = 0,
+    ) -> RayOut:
+        """Ask for a cluster of ``workers`` workers (admitted with the head as one gang), each
+        with ``count`` GPUs of ``flavor`` (or a MIG instance, a share, or any ``devices``),
+        growing up to ``max_workers`` (default ``workers``). Returns at once."""
+        want = core.devices_for(
+            flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
+        )
+        sent = body(
+            tenant,
+            workers=workers,
+            max_workers=max_workers,
+            devices=want,
+            name=name,
+            head_cpus=head_cpus,
+            worker_cpus=worker_cpus,
+            ray_version=ray_version,
+            idle_s=idle_s,
+            priority=priority,
+        )
+        return self._portal._run(create(sent))
+
+    def up(
+        self,
+        tenant: str,
+        *,
+        workers: int = 1,
+        flavor: str | None = None,
+        timeout_s: float | None = 600.0,
+        poll_s: float = 2.0,
+        **options: Any,
+    ) -> str:
+        """Create a cluster (``create``'s options) and wait until its head is up and every
+        admitted worker has joined; returns the address for ``ray.init(address=...)``.
+
+        Raises:
+            RayNotReady: not usable within ``timeout_s`` (queued: see ``get(id).slices``).
+        """
+        info = self.create(tenant, workers=workers, flavor=flavor, **options)
+        return self.wait(info.id, timeout_s=timeout_s, poll_s=poll_s)
+
+    def wait(self, cluster_id: str, *, timeout_s: float | None = 600.0, poll_s: float = 2.0) -> str:
+        """Poll until the cluster runs; returns its address."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            info = self.get(cluster_id)
+            if info.state.value == "running" and info.address:
+                return info.address
+            if info.state.terminal:
+                raise RayNotReady(f"Ray cluster {cluster_id} is {info.state.value}: {info.message}")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RayNotReady(
+                    f"Ray cluster {cluster_id} is not usable after {timeout_s:g} s: "
+                    f"{info.state.value}, {info.message}"
+                )
+            time.sleep(poll_s if left is None else min(poll_s, left))
+
+    def get(self, cluster_id: str) -> RayOut:
+        return self._portal._run(get(cluster_id))
+
+    def list(self, tenant: str | None = None) -> builtins.list[RayOut]:
+        """Every cluster the token may read, in creation order."""
+        return self._portal._run(listed(self._portal._page_size, tenant))
+
+    def scale(self, cluster_id: str, workers: int) -> RayOut:
+        """Set the worker count: an increase is one new charged slice (it may wait with its
+        reason), a decrease releases slices."""
+        return self._portal._run(scale(cluster_id, workers))
+
+    def down(self, cluster_id: str) -> RayOut:
+        """Stop every node and release every slice (idempotent)."""
+        return self._portal._run(delete(cluster_id))

@@ -1,0 +1,2 @@
+"""Ray clusters per tenant: a head and workers whose devices the allocator chose, under the
+tenant's quota (``docs/ray.md``)."""

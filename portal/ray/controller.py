@@ -1,0 +1,477 @@
+"""The Ray controller: runs each Ray cluster as a head plus workers held in slices, each
+slice one allocator workload of kind ``ray``.
+
+Because a slice is an ordinary workload (``gang_size`` = its workers), quota, queue
+position and reason, fairness, cost and alerts apply to Ray clusters unchanged:
+
+1. **create**: slice 1 (the ``min`` workers) is requested as one gang; the head starts only
+   once it is placed, so the head and its first workers start together or not at all (a
+   cluster with ``min`` 0 starts its head at once). Workers asked for above ``min`` are a
+   slice of their own.
+2. **scale**: an increase is requested as a new slice (it waits with its reason when quota
+   does not allow it, and nothing running is touched for it); a decrease releases whole
+   slices, newest first, within the round (``policies.ray.plan_scale``).
+3. **reconcile** (``step``, the service's ``ray`` loop): each placed worker runs pinned to its
+   allocation's devices; a worker whose process ended is started again on the same
+   allocation (its devices are still the cluster's); a head that ended is started again and
+   every worker with it. A slice preempted or lost is released and its workers requested again.
+4. **delete**: every node is stopped and every slice released at once.
+
+Every change is committed through the store (``ChangeSet.ray_clusters``/``ray_slices``)
+before memory changes; the controller is the only writer of Ray clusters, under its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from policies.errors import InvalidRequest, NotFound, PortalError, Unavailable
+from policies.ray import RayState, SliceFacts, SliceState, check_bounds, plan_scale
+from policies.requests import WorkloadKind, WorkloadRequest
+from portal.allocator import Allocator, WorkloadStatus
+from portal.jobs.launch import visible_devices
+from portal.jobs.runner import RunnerError
+from portal.jobs.spec import ClusterFacts
+from portal.ray.local import LocalRay, cluster_of, head_key, worker_key
+from portal.ray.spec import (
+    RaySpec,
+    _worker_field,
+    check_tenant_flavors,
+    check_version,
+    fits_cluster,
+    installed_ray_version,
+)
+from portal.store import ray as stored
+from portal.store.records import (
+    ChangeSet,
+    EventRecord,
+    RayClusterRecord,
+    RaySliceRecord,
+    WorkloadState,
+)
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SliceView:
+    slice: RaySliceRecord
+    workload: WorkloadStatus | None
+
+
+@dataclass(frozen=True, slots=True)
+class RayView:
+    """A cluster as its owner sees it: the record, its slices with their workloads (queue
+    reason and position while one waits), and how many workers have joined."""
+
+    cluster: RayClusterRecord
+    slices: tuple[SliceView, ...]
+    joined: int
+
+
+class RayController:
+    """Ray clusters over one allocator. Thread-safe. Without a ``backend`` it takes, lists,
+    scales and deletes clusters and holds their slices, but starts no process."""
+
+    def __init__(
+        self,
+        alloc: Allocator,
+        *,
+        backend: LocalRay | None = None,
+        refuse: str | None = None,
+        installed: str | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self._alloc = alloc
+        self.backend = backend
+        self._refuse = refuse
+        self.installed = installed if installed is not None else installed_ray_version()
+        self._clock = clock
+        self._lock = threading.RLock()
+        # Node name -> the start of it that runs now (launched, or adopted after a restart).
+        self._running: dict[str, int] = {}
+        self._ready: set[tuple[str, int]] = set()
+        self._started = False
+        self._last_created: datetime | None = None
+
+    @property
+    def now(self) -> datetime:
+        return (self._clock or self._alloc.clock)()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Re-adopt the nodes that still run after a portal restart; stop those of clusters
+        that were deleted meanwhile."""
+        with self._lock:
+            if self._started or self.backend is None:
+                self._started = True
+                return
+            self._started = True
+            active = {c.id for c in stored.clusters(self._alloc.store, active=True)}
+            for key, start in self.backend.adopt():
+                if cluster_of(key) in active:
+                    self._running[key] = max(start, self._running.get(key, 0))
+                else:
+                    self._stop_node(key, start)
+
+    # ---------------------------------------------------------------- the API's side
+
+    def create(self, spec: RaySpec) -> RayView:
+        """Take a cluster and request its slices. Bad input raises before anything is
+        created (the allocator's own checks included)."""
+        check_version(spec.ray_version, self.installed)
+        facts = self._alloc.read(ClusterFacts.of)
+        quotas = {q.flavor for q in self._alloc.quotas(spec.tenant) if q.limit > 0}
+        check_tenant_flavors(spec.devices, facts, quotas)
+        fits_cluster(spec, facts)
+        if self._refuse is not None:
+            raise Unavailable(self._refuse)
+        with self._lock:
+            now = self.now
+            if self._last_created is not None and now <= self._last_created:
+                now = self._last_created + timedelta(microseconds=1)
+            self._last_created = now
+            cluster = RayClusterRecord(
+                id=uuid.uuid4().hex,
+                tenant=spec.tenant,
+                owner=spec.owner,
+                name=spec.name,
+                spec=spec.to_dict(),
+                state=RayState.QUEUED if spec.min_workers else RayState.STARTING,
+                created_at=now,
+                updated_at=now,
+                message="requested",
+                version=1,
+            )
+            sizes = [n for n in (spec.min_workers, spec.workers - spec.min_workers) if n]
+            requested: list[RaySliceRecord] = []
+            try:
+                for number, workers in enumerate(sizes, start=1):
+                    requested.append(self._request_slice(cluster, spec, number, workers))
+                self._commit([cluster], requested, "ray.created", cluster, "requested")
+            except BaseException:
+                for s in requested:
+                    self._alloc.release(s.workload_id, reason="Ray cluster not recorded")
+                raise
+            if self.backend is not None:
+                self._reconcile(cluster)
+            return self.view(cluster.id)
+
+    def get(self, cluster_id: str) -> RayClusterRecord:
+        found = stored.cluster(self._alloc.store, cluster_id)
+        if found is None:
+            raise NotFound("Ray cluster", cluster_id)
+        return found
+
+    def view(self, cluster_id: str) -> RayView:
+        return self._view(self.get(cluster_id))
+
+    def clusters(self, tenants: Collection[str] | None = None) -> list[RayView]:
+        return [self._view(c) for c in stored.clusters(self._alloc.store, tenants=tenants)]
+
+    def scale(self, cluster_id: str, workers: int) -> RayView:
+        """Set the worker count: an increase is one new slice, a decrease releases slices."""
+        with self._lock:
+            cluster = self.get(cluster_id)
+            if cluster.state.terminal:
+                raise InvalidRequest("state", cluster.state.value, "a cluster not stopped")
+            spec = self._spec(cluster)
+            check_bounds("workers", workers, spec.min_workers, spec.max_workers)
+            before = spec.workers
+            new = self._versioned(
+                cluster,
+                spec={**cluster.spec, "workers": workers},
+                message=f"scaled from {before} to {workers} workers",
+            )
+            self._commit([new], [], "ray.scaled", new, new.message)
+            try:
+                self._plan(new)
+            except PortalError:
+                # Refused (an increase the tenant's limit can never give): keep the old count.
+                back = self._versioned(new, spec=cluster.spec, message=cluster.message)
+                self._commit([back], [], "ray.scaled", back, f"scale to {workers} refused")
+                raise
+            if self.backend is not None:
+                self._reconcile(self.get(cluster_id))
+            return self.view(cluster_id)
+
+    def delete(self, cluster_id: str) -> RayView:
+        """Stop every node and release every slice. Idempotent."""
+        with self._lock:
+            cluster = self.get(cluster_id)
+            if not cluster.state.terminal:
+                for key, start in list(self._running.items()):
+                    if cluster_of(key) == cluster_id:
+                        self._stop_node(key, start)
+                released = [
+                    self._release_slice(s, "Ray cluster deleted")
+                    for s in stored.slices(self._alloc.store, cluster_id)
+                    if s.state is not SliceState.RELEASED
+                ]
+                new = self._versioned(
+                    cluster, state=RayState.STOPPED, message="deleted", ended_at=self.now
+                )
+                self._commit([new], released, "ray.stopped", new, "deleted")
+            return self.view(cluster_id)
+
+    # ---------------------------------------------------------------- the loop's side
+
+    def step(self) -> None:
+        """One round: collect node exits, then reconcile every active cluster."""
+        with self._lock:
+            if not self._started:
+                self.start()
+            if self.backend is not None:
+                for e in self.backend.poll():
+                    if self._running.get(e.key) == e.start:
+                        del self._running[e.key]
+                        self._ready.discard((e.key, e.start))
+                        log.info("Ray node %s start %d ended (%s)", e.key, e.start, e.code)
+            for cluster in stored.clusters(self._alloc.store, active=True):
+                try:
+                    self._plan(cluster)
+                    if self.backend is not None:
+                        self._reconcile(self.get(cluster.id))
+                except PortalError as exc:
+                    log.warning("Ray cluster %s: %s", cluster.id, exc.message)
+
+    # ---------------------------------------------------------------- slices
+
+    def _plan(self, cluster: RayClusterRecord) -> None:
+        """Bring the slices in line with the allocator and the wanted count: record slices
+        placed or ended outside, release the slices a decrease gives back, request one for
+        an increase."""
+        spec = self._spec(cluster)
+        changed: list[RaySliceRecord] = []
+        live: list[RaySliceRecord] = []
+        for s in stored.slices(self._alloc.store, cluster.id):
+            if s.state is SliceState.RELEASED:
+                continue
+            st = self._workload(s.workload_id)
+            if st is None or st.state.terminal or st.state is WorkloadState.PREEMPTING:
+                why = "workload gone" if st is None else (st.reason or st.state.value)
+                self._stop_slice_nodes(cluster.id, s)
+                changed.append(self._release_slice(s, why))
+                continue
+            if st.state is WorkloadState.RUNNING and s.state is SliceState.QUEUED:
+                s = replace(s, state=SliceState.RUNNING, started_at=self.now)
+                changed.append(s)
+            live.append(s)
+        plan = plan_scale([SliceFacts(s.number, s.workers) for s in live], spec.workers)
+        for s in live:
+            if s.number in plan.release:
+                self._stop_slice_nodes(cluster.id, s)
+                changed.append(self._release_slice(s, "scaled down"))
+        if plan.request:
+            numbers = [s.number for s in stored.slices(self._alloc.store, cluster.id)]
+            changed.append(
+                self._request_slice(cluster, spec, max(numbers, default=0) + 1, plan.request)
+            )
+        if changed:
+            self._commit([], changed, "ray.slices", cluster, _slices_note(changed))
+
+    def _request_slice(
+        self, cluster: RayClusterRecord, spec: RaySpec, number: int, workers: int
+    ) -> RaySliceRecord:
+        request = WorkloadRequest(
+            tenant=cluster.tenant,
+            owner=cluster.owner,
+            name=f"{cluster.name} slice {number}",
+            devices=spec.devices,
+            kind=WorkloadKind.RAY,
+            gang_size=workers,
+            priority=spec.priority,
+            labels={"ray_cluster": cluster.id},
+        )
+        try:
+            status = self._alloc.request(request)
+        except InvalidRequest as exc:
+            raise _worker_field(exc) from None
+        running = status.state is WorkloadState.RUNNING
+        return RaySliceRecord(
+            cluster_id=cluster.id,
+            number=number,
+            workload_id=status.id,
+            workers=workers,
+            state=SliceState.RUNNING if running else SliceState.QUEUED,
+            requested_at=self.now,
+            started_at=self.now if running else None,
+        )
+
+    def _release_slice(self, s: RaySliceRecord, reason: str) -> RaySliceRecord:
+        self._alloc.release(s.workload_id, reason=f"Ray slice released: {reason}")
+        return replace(s, state=SliceState.RELEASED, released_at=self.now, reason=reason)
+
+    # ---------------------------------------------------------------- processes
+
+    def _reconcile(self, cluster: RayClusterRecord) -> None:
+        """Start what should run and is not: the head once slice 1 is placed, then every
+        placed worker; and say where the cluster stands."""
+        assert self.backend is not None
+        spec = self._spec(cluster)
+        slices = [
+            s
+            for s in stored.slices(self._alloc.store, cluster.id)
+            if s.state is not SliceState.RELEASED
+        ]
+        running = [s for s in slices if s.state is SliceState.RUNNING]
+        # The gang is the oldest live slice (slice 1, or the one requested again in its
+        # place): the head waits for it, and nothing starts before the head.
+        gang = slices[0] if slices else None
+        if spec.min_workers and (gang is None or gang.state is not SliceState.RUNNING):
+            st = self._workload(gang.workload_id) if gang else None
+            self._set_state(cluster, RayState.QUEUED, st.message if st else "queued")
+            return
+        head = head_key(cluster.id)
+        if head not in self._running:
+            cluster = self._start_head(cluster, spec)
+        head_ready = self._is_ready(head)
+        wanted = 0
+        for s in running:
+            st = self._workload(s.workload_id)
+            if st is None:
+                continue
+            for a in st.allocations:
+                key = worker_key(cluster.id, s.number, a.member)
+                wanted += 1
+                if key not in self._running and head_ready and cluster.address:
+                    if self._starting(cluster.id):
+                        continue
+                    address = cluster.address
+                    self._start_worker(key, address, visible_devices(a), spec.worker_cpus)
+        joined = self._joined(cluster.id)
+        queued = [s for s in slices if s.state is SliceState.QUEUED]
+        if head_ready and joined >= wanted:
+            note = f"{joined} workers joined"
+            if queued:
+                st = self._workload(queued[0].workload_id)
+                note += f"; +{queued[0].workers} waiting: {st.message if st else 'queued'}"
+            self._set_state(cluster, RayState.RUNNING, note)
+        else:
+            self._set_state(
+                cluster,
+                RayState.STARTING,
+                f"head {'up' if head_ready else 'starting'}, {joined} of {wanted} workers joined",
+            )
+
+    def _start_head(self, cluster: RayClusterRecord, spec: RaySpec) -> RayClusterRecord:
+        assert self.backend is not None
+        # Workers of the previous head cannot join the new one: start them again with it.
+        for key, start in list(self._running.items()):
+            if cluster_of(key) == cluster.id:
+                self._stop_node(key, start)
+        key = head_key(cluster.id)
+        start = self.backend.next_start(key)
+        address = self.backend.start_head(cluster.id, start, spec.head_cpus)
+        new = self._versioned(
+            cluster, address=address, head=cluster.head + 1, message="head starting"
+        )
+        self._commit([new], [], "ray.head", new, f"{cluster.name}: head started at {address}")
+        self._running[key] = start
+        return new
+
+    def _start_worker(self, key: str, address: str, devices: Sequence[str], cpus: int) -> None:
+        assert self.backend is not None
+        start = self.backend.next_start(key)
+        try:
+            self.backend.start_worker(key, start, address, devices, cpus)
+        except RunnerError as exc:  # tried again next round
+            log.warning("Ray node %s: %s", key, exc.message)
+            return
+        self._running[key] = start
+
+    def _is_ready(self, key: str) -> bool:
+        start = self._running.get(key)
+        if start is None or self.backend is None:
+            return False
+        if (key, start) not in self._ready and self.backend.ready(key, start):
+            self._ready.add((key, start))
+        return (key, start) in self._ready
+
+    def _starting(self, cluster_id: str) -> bool:
+        """Whether a node of the cluster was started and has not joined yet. Nodes start one
+        at a time: ``ray start`` gives a node 30 s to register, which simultaneous starts
+        on a small host overrun."""
+        return any(
+            cluster_of(key) == cluster_id and not self._is_ready(key) for key in list(self._running)
+        )
+
+    def _joined(self, cluster_id: str) -> int:
+        return sum(
+            1
+            for key in list(self._running)
+            if cluster_of(key) == cluster_id and ".s" in key and self._is_ready(key)
+        )
+
+    def _stop_slice_nodes(self, cluster_id: str, s: RaySliceRecord) -> None:
+        prefix = f"{cluster_id}.s{s.number}."
+        for key, start in list(self._running.items()):
+            if key.startswith(prefix):
+                self._stop_node(key, start)
+
+    def _stop_node(self, key: str, start: int) -> None:
+        self._running.pop(key, None)
+        self._ready.discard((key, start))
+        if self.backend is None:
+            return
+        try:
+            self.backend.stop(key, start, STOP_GRACE_S)
+        except RunnerError as exc:  # it ended already
+            log.info("Ray node %s: %s", key, exc.message)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _view(self, cluster: RayClusterRecord) -> RayView:
+        views = tuple(
+            SliceView(
+                s, self._workload(s.workload_id) if s.state is not SliceState.RELEASED else None
+            )
+            for s in stored.slices(self._alloc.store, cluster.id)
+        )
+        joined = 0 if cluster.state.terminal else self._joined(cluster.id)
+        return RayView(cluster, views, joined)
+
+    def _set_state(self, cluster: RayClusterRecord, state: RayState, message: str) -> None:
+        if cluster.state is state and cluster.message == message:
+            return
+        new = self._versioned(cluster, state=state, message=message)
+        kind = f"ray.{state.value}"
+        self._commit([new], [], kind, new, f"{cluster.name}: {message}")
+
+    def _workload(self, workload_id: str) -> WorkloadStatus | None:
+        try:
+            return self._alloc.status(workload_id)
+        except NotFound:
+            return None
+
+    @staticmethod
+    def _spec(cluster: RayClusterRecord) -> RaySpec:
+        return RaySpec.from_dict(cluster.tenant, cluster.owner, cluster.name, cluster.spec)
+
+    def _versioned(self, cluster: RayClusterRecord, **changes: object) -> RayClusterRecord:
+        return replace(cluster, updated_at=self.now, version=cluster.version + 1, **changes)  # type: ignore[arg-type]
+
+    def _commit(
+        self,
+        clusters: list[RayClusterRecord],
+        slices: list[RaySliceRecord],
+        kind: str,
+        cluster: RayClusterRecord,
+        message: str,
+    ) -> None:
+        event = EventRecord(self.now, kind, cluster.tenant, None, message, {"ray": cluster.id})
+        self._alloc.store.commit(
+            ChangeSet(ray_clusters=clusters, ray_slices=slices, events=[event])
+        )
+
+
+def _slices_note(changed: list[RaySliceRecord]) -> str:
+    return "; ".join(f"slice {s.number} ({s.workers} workers) {s.state.value}" for s in changed)

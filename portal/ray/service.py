@@ -1,0 +1,40 @@
+"""The Ray controller inside ``gpuportal serve``: over the service's allocator, with the
+local backend when the inventory is this host's and ray is installed, driven by the ``ray``
+loop."""
+
+from __future__ import annotations
+
+from portal.allocator import Allocator
+from portal.ray.controller import RayController
+from portal.ray.local import LocalRay
+from portal.ray.spec import installed_ray_version
+from portal.service.loops import Loops
+from portal.settings import Settings
+
+RAY_INTERVAL_S = 1.0
+"""Seconds between rounds of the ``ray`` loop: how soon a placed slice's workers start, a
+dead worker is replaced, or a shrink's slice is released."""
+
+NO_KUBERNETES_BACKEND = (
+    "Ray clusters run on the local backend only in this version: the Kubernetes backend "
+    "(KubeRay) is not available yet"
+)
+NO_RAY = "the ray package is not installed beside the portal: pip install ray"
+
+
+def build_for_service(allocator: Allocator, settings: Settings) -> RayController:
+    """The service's Ray controller, started (running nodes re-adopted). Where no backend
+    can run Ray, it still lists and deletes clusters and answers a create with 503."""
+    if settings.inventory == "kubernetes":
+        controller = RayController(allocator, refuse=NO_KUBERNETES_BACKEND)
+    elif installed_ray_version() is None:
+        controller = RayController(allocator, refuse=NO_RAY)
+    else:
+        controller = RayController(allocator, backend=LocalRay(settings.state_dir / "ray"))
+    controller.start()
+    return controller
+
+
+def register_for_service(loops: Loops, controller: RayController) -> None:
+    if controller.backend is not None:
+        loops.add("ray", RAY_INTERVAL_S, controller.step)

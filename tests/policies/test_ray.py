@@ -1,0 +1,39 @@
+"""Scale plans of Ray clusters: which slices a new worker count releases or requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.errors import InvalidRequest
+from policies.ray import ScalePlan, SliceFacts, check_bounds, plan_scale
+
+BASE = SliceFacts(1, 2)
+
+
+def test_growing_requests_the_difference_as_one_slice() -> None:
+    assert plan_scale([BASE], 4) == ScalePlan((), 2)  # 2 -> 4: +2 only
+
+
+def test_the_same_count_changes_nothing() -> None:
+    assert plan_scale([BASE, SliceFacts(2, 2)], 4) == ScalePlan((), 0)
+
+
+def test_shrinking_releases_whole_slices_newest_first() -> None:
+    # 2 + 2 + 1 = 5 -> 2: slices 3 (1) and 2 (2) go, nothing is requested.
+    assert plan_scale([BASE, SliceFacts(2, 2), SliceFacts(3, 1)], 2) == ScalePlan((3, 2), 0)
+
+
+def test_a_shrink_inside_a_slice_requests_the_remainder() -> None:
+    # 2 + 3 = 5 -> 3: slice 2 goes (left 2), +1 is requested again.
+    assert plan_scale([BASE, SliceFacts(2, 3)], 3) == ScalePlan((2,), 1)
+
+
+def test_the_first_slice_is_never_released() -> None:
+    assert plan_scale([BASE, SliceFacts(2, 1)], 0) == ScalePlan((2,), 0)
+
+
+def test_bounds_name_the_field() -> None:
+    with pytest.raises(InvalidRequest) as e:
+        check_bounds("workers.replicas", 5, 1, 4)
+    assert e.value.field == "workers.replicas"
+    assert "1 to 4" in e.value.valid

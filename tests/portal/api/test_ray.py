@@ -1,0 +1,171 @@
+"""``/api/v1/ray`` over a real allocator and store, SQLite and PostgreSQL, with no process
+started (the controller without a backend still holds and releases the slices): bad input is
+a 422 naming the field with nothing created, growth is a charged slice of its own, and
+tenants cannot see each other's clusters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from portal.allocator import Allocator
+from portal.ray.spec import installed_ray_version
+from portal.store import ray as stored
+from portal.store.records import WorkloadState
+from tests.portal.api.conftest import auth
+from tests.portal.api.test_jobs import with_
+
+
+@pytest.fixture
+def store_url(db_url: str) -> str:
+    return db_url
+
+
+def ray_body(tenant: str = "team-a", workers: int = 2, most: int = 4) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "name": "rl",
+        "workers": {
+            "devices": {"kind": "gpu", "count": 1, "models": ["H100-80GB"]},
+            "min": workers,
+            "max": most,
+        },
+    }
+
+
+BAD: list[tuple[str, object, str]] = [
+    ("workers.max", 1, "workers.max"),  # max < min (2)
+    ("workers.min", -1, "workers.min"),
+    ("workers.replicas", 5, "workers.replicas"),  # above max
+    ("workers.max", 9, "workers.max"),  # 9 x 1 GPU: the whole cluster holds 8
+    # A MIG flavor of the model: team-a has quota for whole GPUs only.
+    (
+        "workers.devices",
+        {"kind": "mig", "mig_profile": "3g.40gb", "models": ["H100-80GB"]},
+        "workers.devices.models",
+    ),
+    (
+        "workers.devices",
+        {"kind": "gpu", "count": 1, "models": ["X100-1GB"]},
+        "workers.devices.models",
+    ),
+    ("workers.devices", {"kind": "gpu", "count": 0}, "workers.devices.count"),
+    ("ray_version", "1.0.0", "ray_version"),
+    ("head.cpus", 0, "head.cpus"),
+    ("idle_s", -5, "idle_s"),
+    ("nonsense", 1, "nonsense"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field"), BAD, ids=[f"{b[0]}={b[1]}" for b in BAD])
+def test_bad_input_is_a_422_naming_the_field_and_creates_nothing(
+    client: TestClient, allocator: Allocator, path: str, value: object, field: str
+) -> None:
+    r = client.post("/api/v1/ray", json=with_(ray_body(), path, value), headers=auth("alice"))
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field, r.json()
+    assert stored.clusters(allocator.store) == []
+    assert allocator.workloads() == []
+    assert not [e for e in allocator.store.events() if e.kind.startswith(("ray.", "workload."))]
+
+
+def test_the_installed_version_is_the_default_and_valid(client: TestClient) -> None:
+    body = with_(ray_body(), "ray_version", installed_ray_version())
+    r = client.post("/api/v1/ray", json=body, headers=auth("alice"))
+    assert r.status_code == 201, r.text
+    assert r.json()["ray_version"] == installed_ray_version()
+
+
+def test_the_first_workers_are_one_gang_and_growth_a_slice_that_waits_for_quota(
+    client: TestClient, allocator: Allocator
+) -> None:
+    # team-a may hold 2 GPUs: the gang of 2 fits, the +2 does not.
+    r = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice"))
+    assert r.status_code == 201, r.text
+    cid = r.json()["id"]
+    [gang] = r.json()["slices"]
+    assert (gang["number"], gang["workers"], gang["state"]) == (1, 2, "running")
+    first = allocator.status(gang["workload"]["id"])
+    assert (first.kind, len(first.allocations)) == ("ray", 2)
+
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 4}, headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    gang, grown = r.json()["slices"]
+    assert (grown["number"], grown["workers"], grown["state"]) == (2, 2, "queued")
+    assert grown["workload"]["reason"] == "quota", grown["workload"]
+    assert allocator.status(grown["workload"]["id"]).kind == "ray"
+    # The running part is untouched.
+    assert allocator.status(first.id).state is WorkloadState.RUNNING
+    assert allocator.status(first.id).allocations == first.allocations
+
+    # Back to 2: the waiting slice goes at once, the gang stays.
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 2}, headers=auth("alice"))
+    gang, grown = r.json()["slices"]
+    assert (gang["state"], grown["state"], grown["reason"]) == (
+        "running",
+        "released",
+        "scaled down",
+    )
+    assert [w.id for w in allocator.workloads()] == [first.id]
+
+    r = client.delete(f"/api/v1/ray/{cid}", headers=auth("alice"))
+    assert (r.status_code, r.json()["state"]) == (200, "stopped")
+    assert allocator.workloads() == []
+    assert [s["state"] for s in r.json()["slices"]] == ["released", "released"]
+
+
+def test_a_shrink_releases_its_slice_in_the_same_call(
+    client: TestClient, allocator: Allocator
+) -> None:
+    # team-b may hold 4: 2 + 2 both run; back to 2 gives the second slice back.
+    r = client.post("/api/v1/ray", json=ray_body("team-b"), headers=auth("bob"))
+    cid = r.json()["id"]
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 4}, headers=auth("bob"))
+    assert [s["state"] for s in r.json()["slices"]] == ["running", "running"]
+    assert sum(len(w.allocations) for w in allocator.workloads("team-b")) == 4
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 2}, headers=auth("bob"))
+    assert [s["state"] for s in r.json()["slices"]] == ["running", "released"]
+    assert sum(len(w.allocations) for w in allocator.workloads("team-b")) == 2
+
+
+def test_scaling_outside_min_and_max_is_a_422(client: TestClient) -> None:
+    cid = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice")).json()["id"]
+    for workers in (1, 5):
+        r = client.patch(f"/api/v1/ray/{cid}", json={"workers": workers}, headers=auth("alice"))
+        assert (r.status_code, r.json()["field"]) == (422, "workers"), r.text
+
+
+def test_another_tenant_cannot_list_read_scale_or_delete(
+    client: TestClient, allocator: Allocator
+) -> None:
+    cid = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice")).json()["id"]
+    for method, path, body in [
+        ("GET", "/api/v1/ray?tenant=team-a", None),
+        ("GET", f"/api/v1/ray/{cid}", None),
+        ("PATCH", f"/api/v1/ray/{cid}", {"workers": 3}),
+        ("DELETE", f"/api/v1/ray/{cid}", None),
+    ]:
+        r = client.request(method, path, json=body, headers=auth("bob"))
+        assert (r.status_code, r.json()["code"]) == (403, "forbidden"), (method, path, r.text)
+    # Bob's own list does not show it, and nothing changed.
+    assert client.get("/api/v1/ray", headers=auth("bob")).json()["items"] == []
+    [view] = client.get("/api/v1/ray", headers=auth("alice")).json()["items"]
+    assert (view["id"], view["workers"], len(view["slices"])) == (cid, 2, 1)
+    assert len(allocator.workloads("team-a")) == 1
+    r = client.post("/api/v1/ray", json=ray_body(), headers=auth("bob"))
+    assert r.status_code == 403, r.text
+
+
+def test_growth_the_limit_can_never_give_is_refused_and_the_count_kept(
+    client: TestClient, allocator: Allocator
+) -> None:
+    body = with_(ray_body(workers=1), "workers.max", 4)
+    cid = client.post("/api/v1/ray", json=body, headers=auth("alice")).json()["id"]
+    # +3 in one slice: team-a's limit is 2.
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 4}, headers=auth("alice"))
+    assert r.status_code == 403, r.text
+    view = client.get(f"/api/v1/ray/{cid}", headers=auth("alice")).json()
+    assert (view["workers"], len(view["slices"])) == (1, 1)
+    assert len(allocator.workloads("team-a")) == 1
