@@ -397,4 +397,3 @@ def job_logs(
         done=ended and offset + len(data) >= size,
         unavailable=chunk.unavailable,
     )
-

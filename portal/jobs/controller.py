@@ -263,7 +263,7 @@ class JobController:
     def read_log(self, job_id: str, attempt: int, rank: int, offset: int, limit: int) -> LogChunk:
         """Up to ``limit`` bytes of the member's log from ``offset``: from the runner when
         its logs are not files here (``LogReader``), else from ``log_path``."""
-        runner = self.backend.runner if self.backend is not None else None
+        runner: object = self.backend.runner if self.backend is not None else None
         if isinstance(runner, LogReader):
             return runner.read_log(job_id, attempt, rank, offset, limit)
         path = self.log_path(job_id, attempt, rank)

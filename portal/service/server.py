@@ -218,7 +218,7 @@ def _run(
         seed.apply(allocator, seeds)
     metrics = ServiceMetrics(allocator)
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
-    job_controller = job_service.build_for_service(allocator, settings)
+    job_controller = job_service.build_for_service(allocator, settings, isolation)
     app = create_app(allocator, where.authenticator, metrics=metrics, job_controller=job_controller)
     accounting = cost_api.configure(app, settings)
     # Price the month at once, then keep it priced: no viewer pays for a cold month.

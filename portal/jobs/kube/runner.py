@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -72,9 +72,9 @@ def _epoch(stamp: str | None, default: float) -> float:
 
 def _index(pod: Mapping[str, Any]) -> int | None:
     meta = pod.get("metadata") or {}
-    raw = (meta.get("labels") or {}).get(m.COMPLETION_INDEX) or (
-        meta.get("annotations") or {}
-    ).get(m.COMPLETION_INDEX)
+    raw = (meta.get("labels") or {}).get(m.COMPLETION_INDEX) or (meta.get("annotations") or {}).get(
+        m.COMPLETION_INDEX
+    )
     return int(raw) if raw is not None and str(raw).isdigit() else None
 
 
@@ -140,6 +140,10 @@ class KubeRunner:
     def settings(self) -> IsolationSettings:
         return self._settings
 
+    @property
+    def api_client(self) -> client.ApiClient:
+        return self._api
+
     def rendezvous(self, job_id: str, attempt: int) -> tuple[str, int]:
         """Rank 0's stable name and port (``Backend.rendezvous``)."""
         return m.master_addr(job_id, attempt), m.MASTER_PORT
@@ -177,7 +181,9 @@ class KubeRunner:
             raise RunnerError(f"job {first.job_id!r} has no image: the Kubernetes runner runs pods")
         shapes = {(x.allocation.flavor, len(x.allocation.gpus)) for x in members if x.allocation}
         if len(shapes) > 1:
-            raise RunnerError(f"members of job {first.job_id!r} differ in devices: {sorted(shapes)}")
+            raise RunnerError(
+                f"members of job {first.job_id!r} differ in devices: {sorted(shapes)}"
+            )
         return first
 
     def _objects(self, first: MemberLaunch, members: Sequence[MemberLaunch]) -> m.AttemptObjects:
@@ -210,7 +216,7 @@ class KubeRunner:
         where = f"job {first.job_id!r} attempt {first.attempt} (Job {namespace}/{name})"
         try:
             created = _json(
-                self._batch.create_namespaced_job(namespace, job, _preload_content=False)
+                self._batch.create_namespaced_job(namespace, cast(Any, job), _preload_content=False)
             )
         except ApiException as e:
             if e.status != 409:
@@ -225,7 +231,7 @@ class KubeRunner:
             service = m.service_manifest(objects, self._settings, owner)
             self._create_quietly(
                 lambda: self._core.create_namespaced_service(
-                    namespace, service, _preload_content=False
+                    namespace, cast(Any, service), _preload_content=False
                 )
             )
             self._write_workload(namespace, name, objects.members, job["metadata"]["labels"], owner)
@@ -351,7 +357,9 @@ class KubeRunner:
             )
         except ApiException as e:
             if e.status != 404:
-                raise RunnerError(f"cannot suspend Job {t.namespace}/{t.name}: {_message(e)}")
+                raise RunnerError(
+                    f"cannot suspend Job {t.namespace}/{t.name}: {_message(e)}"
+                ) from e
 
     def _delete_pod(self, pod: Mapping[str, Any], grace: int) -> None:
         meta = pod["metadata"]
@@ -361,7 +369,8 @@ class KubeRunner:
             )
         except ApiException as e:
             if e.status != 404:
-                raise RunnerError(f"cannot stop pod {meta['namespace']}/{meta['name']}: {_message(e)}")
+                where = f"{meta['namespace']}/{meta['name']}"
+                raise RunnerError(f"cannot stop pod {where}: {_message(e)}") from e
 
     def _delete_job(self, namespace: str, name: str) -> None:
         try:
@@ -370,7 +379,7 @@ class KubeRunner:
             )
         except ApiException as e:
             if e.status != 404:
-                raise RunnerError(f"cannot delete Job {namespace}/{name}: {_message(e)}")
+                raise RunnerError(f"cannot delete Job {namespace}/{name}: {_message(e)}") from e
 
     # -- poll and adopt --------------------------------------------------------------------
 
@@ -473,26 +482,32 @@ class KubeRunner:
         """The member pod's log through the API (the kubelet serves it)."""
         selector = f"{self._keys.job}={job_id},{self._keys.attempt}={attempt}"
         try:
-            jobs = _json(
-                self._batch.list_job_for_all_namespaces(
-                    label_selector=selector, _preload_content=False
-                )
-            ).get("items") or []
+            jobs = (
+                _json(
+                    self._batch.list_job_for_all_namespaces(
+                        label_selector=selector, _preload_content=False
+                    )
+                ).get("items")
+                or []
+            )
             if not jobs:
                 return LogChunk(b"", 0, f"attempt {attempt} has no Job any more: its log is gone")
             meta = jobs[0]["metadata"]
-            pods = _json(
-                self._core.list_namespaced_pod(
-                    meta["namespace"],
-                    label_selector=f"{m.JOB_NAME_LABEL}={meta['name']},{m.COMPLETION_INDEX}={rank}",
-                    _preload_content=False,
-                )
-            ).get("items") or []
+            pods = (
+                _json(
+                    self._core.list_namespaced_pod(
+                        meta["namespace"],
+                        label_selector=f"{m.JOB_NAME_LABEL}={meta['name']},{m.COMPLETION_INDEX}={rank}",
+                        _preload_content=False,
+                    )
+                ).get("items")
+                or []
+            )
             if not pods:
                 return LogChunk(b"", 0, f"rank {rank} has no pod (yet): no log to read")
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
             name = pod["metadata"]["name"]
-            text = self._core.read_namespaced_pod_log(
+            text = cast(Any, self._core.read_namespaced_pod_log)(
                 name,
                 meta["namespace"],
                 container=m.CONTAINER if _has_member(pod) else None,
@@ -526,11 +541,14 @@ class KubeRunner:
     def _portal_pods(self) -> list[dict[str, Any]]:
         """Pods of the watched attempts: the portal's Jobs' by their label, kubectl Jobs' by
         their Job's uid (one list for each of those)."""
-        pods = _json(
-            self._core.list_pod_for_all_namespaces(
-                label_selector=self._keys.job, _preload_content=False
-            )
-        ).get("items") or []
+        pods = (
+            _json(
+                self._core.list_pod_for_all_namespaces(
+                    label_selector=self._keys.job, _preload_content=False
+                )
+            ).get("items")
+            or []
+        )
         out = list(pods)
         for t in self._attempts.values():
             if t.external:
@@ -578,7 +596,9 @@ def _live(pod: Mapping[str, Any]) -> bool:
 
 
 def _has_member(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("name") == m.CONTAINER for c in (pod.get("spec") or {}).get("containers") or [])
+    return any(
+        c.get("name") == m.CONTAINER for c in (pod.get("spec") or {}).get("containers") or []
+    )
 
 
 def _container_states(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -588,10 +608,11 @@ def _container_states(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _exit_code(status: Mapping[str, Any]) -> int | None:
-    """The failed member's exit code: its container's, else the first non-zero one."""
-    codes = [t.get("exitCode") for t in _container_states(status) if t.get("exitCode") is not None]
-    failing = [int(c) for c in codes if int(c) != 0]
-    return failing[0] if failing else (int(codes[0]) if codes else None)
+    """A failed member's non-zero exit code, or None when no container tells (an evicted
+    pod, say)."""
+    codes = [int(t["exitCode"]) for t in _container_states(status) if t.get("exitCode") is not None]
+    failing = [c for c in codes if c != 0]
+    return failing[0] if failing else None
 
 
 def _terminated_at(status: Mapping[str, Any], default: float) -> float:
