@@ -360,6 +360,11 @@ class JobController:
         if (job.id, job.attempt) in self._lost:
             # The runner saw a member's node go (or stay not ready) before the inventory did.
             self._lost.discard((job.id, job.attempt))
+            try:
+                # Its members count as ended, but their pods may linger on the lost node.
+                self.backend.runner.stop(job.id, job.attempt, 0, wait=False)
+            except RunnerError as exc:
+                log.warning("job %s attempt %d: %s", job.id, job.attempt, exc)
             verdict = after_failure(spec.restart, job.restarts, None)
             self._end(job, verdict, NODE_LOST, None, grace_s=0)
             return

@@ -412,8 +412,8 @@ class KubeRunner:
                     if ended is not None:
                         t.reported.add(rank)
                         exits.append(ended)
-                if len(t.reported) >= t.members:
-                    del self._attempts[key]
+                if len(t.reported) >= t.members and (job is None or _finished(job)):
+                    del self._attempts[key]  # kept until then: a stop may still be due
             exits.sort(key=lambda e: (e[0], e[1].job_id, e[1].attempt, e[1].rank))
             return [e for _, e in exits]
 
