@@ -246,6 +246,10 @@ class JobController:
             JobView(j, self._workload(j)) for j in stored.jobs(self._alloc.store, tenants=tenants)
         ]
 
+    def active_jobs(self) -> list[JobRecord]:
+        """Jobs that have not ended, in submission order."""
+        return stored.active_jobs(self._alloc.store)
+
     def attempts(self, job_id: str) -> list[AttemptRecord]:
         self.get(job_id)
         return stored.attempts(self._alloc.store, job_id)
@@ -360,6 +364,7 @@ class JobController:
         if (job.id, job.attempt) in self._lost:
             # The runner saw a member's node go (or stay not ready) before the inventory did.
             self._lost.discard((job.id, job.attempt))
+            assert self.backend is not None  # only a backend reports exits
             try:
                 # Its members count as ended, but their pods may linger on the lost node.
                 self.backend.runner.stop(job.id, job.attempt, 0, wait=False)

@@ -209,9 +209,8 @@ class Admission:
         under the same name is another Job)."""
         present = {job_id_of((j.get("metadata") or {}).get("uid", "")) for j in jobs}
         cancelled = []
-        for view in self._jobs.jobs():
-            record = view.job
-            if record.state.terminal or not record.spec.get("kube_job"):
+        for record in self._jobs.active_jobs():
+            if not record.spec.get("kube_job"):
                 continue
             if record.id not in present:
                 self._jobs.cancel(record.id)

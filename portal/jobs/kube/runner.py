@@ -511,14 +511,15 @@ class KubeRunner:
                 name,
                 meta["namespace"],
                 container=m.CONTAINER if _has_member(pod) else None,
-                limit_bytes=offset + limit,
+                # One byte more than asked: a log that goes on is not taken as read in full.
+                limit_bytes=offset + limit + 1,
                 _preload_content=False,
             ).data
         except ApiException as e:
             where = f"pod of rank {rank}"
             return LogChunk(b"", 0, f"the log of the {where} cannot be read: {_message(e)}")
         data = bytes(text)
-        return LogChunk(data[offset : offset + limit], len(data))
+        return LogChunk(data[offset : offset + limit], len(data))  # len: known so far
 
     # -- reading the cluster ---------------------------------------------------------------
 

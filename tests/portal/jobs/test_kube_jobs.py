@@ -518,3 +518,55 @@ def test_a_kubectl_job_outside_a_tenant_namespace_is_refused_and_never_charged(
     ours = [e for e in events if e.source.component == "gpuportal-binder"]
     assert [(e.reason, e.involved_object.name) for e in ours] == [("GPUJobRefused", "sneaky")]
     batch.delete_namespaced_job("sneaky", "kj-impostor", propagation_policy="Background")
+
+
+def test_a_restarted_portal_adopts_the_running_attempt_and_sees_it_succeed(
+    loops: Loops, allocator: Allocator, api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    view = loops.jobs.submit(job_spec(2, 4))
+    job_id = view.job.id
+    hold_running(core, job_id, 1, 2)
+    running = loops.until(lambda: all_running(core, job_id, 1), "both members running")
+    loops.until(
+        lambda: True if loops.jobs.get(job_id).state is JobState.RUNNING else None, "running"
+    )
+
+    # A new controller and runner over the same store and cluster: what a restart builds.
+    restarted = Loops(allocator, api)
+    assert (job_id, 1) in restarted.runner.adopt()
+    restarted.step()
+    assert restarted.jobs.get(job_id).state is JobState.RUNNING  # adopted, not lost
+    for pod in running:
+        core.patch_namespaced_pod(
+            pod.metadata.name, NS_A, {"metadata": {"annotations": {RUN_FOR: "0s"}}}
+        )
+    done = restarted.until(
+        lambda: j if (j := restarted.jobs.get(job_id)).state.terminal else None, "the job ending"
+    )
+    assert done.state is JobState.SUCCEEDED, done.message
+    assert [a.exit_reason for a in restarted.jobs.attempts(job_id)] == ["completed"]
+
+
+def test_cancelling_a_running_job_deletes_its_pods_and_job_and_frees_the_gang(
+    loops: Loops, core: client.CoreV1Api, batch: client.BatchV1Api
+) -> None:
+    view = loops.jobs.submit(job_spec(2, 4))
+    job_id = view.job.id
+    hold_running(core, job_id, 1, 2)
+    loops.until(lambda: all_running(core, job_id, 1), "both members running")
+
+    cancelled = loops.jobs.cancel(job_id)
+
+    assert cancelled.job.state is JobState.CANCELLED
+    loops.until(lambda: True if not pods_of(core, job_id, 1) else None, "the pods gone")
+    name = manifests.job_name(job_id, 1)
+    assert name not in {j.metadata.name for j in batch.list_namespaced_job(NS_A).items}
+    loops.until(
+        lambda: (
+            True
+            if loops.alloc.status(view.job.workload_id or "").state is WorkloadState.RELEASED
+            else None
+        ),
+        "the gang released once its members ended",
+    )
+    assert used(loops.alloc, TEAM_A.name) == 0
