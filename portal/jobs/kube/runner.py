@@ -9,7 +9,8 @@ workload (so the binder finds them) and resumes it if it was suspended.
 ``poll`` reads the pods, Jobs and Nodes (three lists a round) and reports each member once:
 ``Succeeded`` exits 0, ``Failed`` with its container's exit code, a pod whose node is gone or
 not ready for ``node_lost_after_s`` as lost (the controller's ``node lost``), and a member
-whose pod is gone with its Job (or that its Job stopped) as killed (SIGKILL). ``stop`` deletes
+whose pod is gone with its Job (or that its Job stopped) as killed (SIGKILL); a kubectl Job
+that its owner deleted is left to the admission pass, which cancels its job. ``stop`` deletes
 the members' pods with the grace period (the kubelet's SIGTERM, then SIGKILL) and then the
 Job (background propagation; its Service and Workload follow it as dependents); a kubectl
 Job is suspended instead, so its object and status stay the user's. ``adopt`` finds the
@@ -96,6 +97,10 @@ class _Attempt:
     external: bool = False
     stopping: bool = False
     reported: set[int] = field(default_factory=set)
+    # A kubectl Job runs every attempt: its pods belong to the attempt whose time they were
+    # created in (seconds since the epoch; pods of a resumed Job are created after the resume).
+    not_before: float = 0.0
+    not_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +261,8 @@ class KubeRunner:
             self._keys.tenant: first.tenant,
         }
         body: Any = {"metadata": {"labels": labels}}
-        if (job.get("spec") or {}).get("suspend"):
+        resumed = bool((job.get("spec") or {}).get("suspend"))
+        if resumed:
             body["spec"] = {"suspend": False}
         try:
             self._batch.patch_namespaced_job(
@@ -273,6 +279,8 @@ class KubeRunner:
             members,
             job["metadata"]["uid"],
             external=True,
+            # Resumed: the pods of earlier attempts (still terminating) are not this one's.
+            not_before=self._clock() if resumed else 0.0,
         )
 
     def workloads_served(self) -> bool:
@@ -329,6 +337,7 @@ class KubeRunner:
             if tracked is None:
                 raise RunnerError(f"no Job of job {job_id!r} attempt {attempt} in the cluster")
             tracked.stopping = True
+            tracked.not_after = self._clock()
             if tracked.external:
                 self._suspend(tracked)
             grace = math.ceil(grace_s)
@@ -399,6 +408,8 @@ class KubeRunner:
                 job = jobs.get((t.namespace, t.name))
                 if job is not None and t.uid and job["metadata"].get("uid") != t.uid:
                     job = None  # a Job of that name made later is not this attempt's
+                if job is None and t.external and not t.stopping:
+                    continue  # its owner deleted it: the admission pass cancels the job
                 over = job is None or _finished(job) or t.stopping
                 by_rank: dict[int, list[Mapping[str, Any]]] = {}
                 for pod in self._pods_of(t, pods):
@@ -412,7 +423,7 @@ class KubeRunner:
                     if ended is not None:
                         t.reported.add(rank)
                         exits.append(ended)
-                if len(t.reported) >= t.members and (job is None or _finished(job)):
+                if len(t.reported) >= t.members and (job is None or _finished(job) or t.stopping):
                     del self._attempts[key]  # kept until then: a stop may still be due
             exits.sort(key=lambda e: (e[0], e[1].job_id, e[1].attempt, e[1].rank))
             return [e for _, e in exits]
@@ -575,6 +586,12 @@ class KubeRunner:
                 continue
             if t.uid and labels.get(m.JOB_UID_LABEL, t.uid) != t.uid:
                 continue
+            if t.external:
+                created = _epoch(meta.get("creationTimestamp"), 0.0)
+                if created < t.not_before - 1 or (
+                    t.not_after is not None and created > t.not_after + 1
+                ):
+                    continue  # another attempt's pod (a second of clock skew allowed)
             out.append(p)
         return out
 

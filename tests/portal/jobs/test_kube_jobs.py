@@ -570,3 +570,55 @@ def test_cancelling_a_running_job_deletes_its_pods_and_job_and_frees_the_gang(
         "the gang released once its members ended",
     )
     assert used(loops.alloc, TEAM_A.name) == 0
+
+
+def test_cancelling_a_kubectl_job_suspends_it_and_leaves_the_object_to_its_owner(
+    loops: Loops, core: client.CoreV1Api, batch: client.BatchV1Api
+) -> None:
+    manifest = kubectl_job("long-kubectl", NS_A, 1, 2)
+    manifest["spec"]["template"]["metadata"]["annotations"] = {RUN_FOR: "1h"}
+    created = batch.create_namespaced_job(NS_A, manifest)
+    job_id = job_id_of(created.metadata.uid)
+    loops.admission.admit()
+    selector = "batch.kubernetes.io/job-name=long-kubectl"
+
+    def running() -> list[client.V1Pod] | None:
+        pods = core.list_namespaced_pod(NS_A, label_selector=selector).items
+        return pods if len(pods) == 2 and all(p.status.phase == "Running" for p in pods) else None
+
+    loops.until(running, "both members running")
+    assert loops.jobs.get(job_id).state is JobState.RUNNING
+
+    loops.jobs.cancel(job_id)
+
+    assert batch.read_namespaced_job("long-kubectl", NS_A).spec.suspend is True
+    loops.until(
+        lambda: True if not core.list_namespaced_pod(NS_A, label_selector=selector).items else None,
+        "the suspended Job's pods gone",
+    )
+    assert loops.jobs.get(job_id).state is JobState.CANCELLED
+    loops.until(lambda: True if used(loops.alloc, TEAM_A.name) == 0 else None, "the gang freed")
+    # Deleting the Job afterwards changes nothing more.
+    batch.delete_namespaced_job("long-kubectl", NS_A, propagation_policy="Background")
+    assert loops.admission.admit().cancelled == ()
+
+
+def test_deleting_a_kubectl_job_cancels_its_portal_job(
+    loops: Loops, batch: client.BatchV1Api
+) -> None:
+    manifest = kubectl_job("deleted-kubectl", NS_A, 1, 1)
+    manifest["spec"]["template"]["metadata"]["annotations"] = {RUN_FOR: "1h"}
+    job_id = job_id_of(batch.create_namespaced_job(NS_A, manifest).metadata.uid)
+    loops.admission.admit()
+    loops.until(
+        lambda: True if loops.jobs.get(job_id).state is JobState.RUNNING else None, "running"
+    )
+
+    batch.delete_namespaced_job("deleted-kubectl", NS_A, propagation_policy="Background")
+    report = loops.until(
+        lambda: r if (r := loops.admission.admit()).cancelled else None, "the deletion seen"
+    )
+
+    assert report.cancelled == (job_id,)
+    assert loops.jobs.get(job_id).state is JobState.CANCELLED
+    loops.until(lambda: True if used(loops.alloc, TEAM_A.name) == 0 else None, "the gang freed")
