@@ -300,23 +300,27 @@ def _report(
     gpu_seconds = 0.0
     last_end = start
     states: dict[str, int] = {}
+    failures: dict[str, int] = {}
     for view in controller.jobs():
         job = view.job
         states[job.state.value] = states.get(job.state.value, 0) + 1
+        if job.state is not JobState.SUCCEEDED:
+            failures[job.message] = failures.get(job.message, 0) + 1
         cls, at = created[job.name]
         attempts = controller.attempts(job.id)
         began = next((a.started_at for a in attempts if a.started_at), None)
         ended = job.ended_at or datetime.now(UTC)
         if began is not None:
             waits[cls].append(began.timestamp() - at)
-            gpus = int(job.spec["devices"]["count"]) * int(job.spec["members"])  # type: ignore[index,call-overload]
-            gpu_seconds += gpus * max(0.0, (ended - began).total_seconds())
+        # What the allocator held for it (every attempt, preempted ones included).
+        gpu_seconds += 3600 * controller.gpu_hours(job.id)
         last_end = max(last_end, ended.timestamp())
     wall = last_end - start
     return {
         "scale": scale,
         "jobs": total,
         "states": states,
+        "not_succeeded": failures,
         "wall_s": wall,
         "gpu_usage_pct": 100 * gpu_seconds / (NODES * NODE_GPUS * wall),
         "mean_admission_s": {k: sum(v) / len(v) if v else None for k, v in waits.items()},

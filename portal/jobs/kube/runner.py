@@ -263,6 +263,9 @@ class KubeRunner:
         body: Any = {"metadata": {"labels": labels}}
         resumed = bool((job.get("spec") or {}).get("suspend"))
         if resumed:
+            # Resuming before the Job controller has taken the suspended pods down would let
+            # them run on as this attempt's, on the last attempt's nodes.
+            self._await_suspended(namespace, name)
             body["spec"] = {"suspend": False}
         try:
             self._batch.patch_namespaced_job(
@@ -282,6 +285,20 @@ class KubeRunner:
             # Resumed: the pods of earlier attempts (still terminating) are not this one's.
             not_before=self._clock() if resumed else 0.0,
         )
+
+    def _await_suspended(self, namespace: str, name: str, timeout_s: float = 30.0) -> None:
+        """Wait until the suspended Job has no active pod left (``RunnerError`` if not)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self._read_job(namespace, name) or {}
+            if not (job.get("status") or {}).get("active"):
+                return
+            if time.monotonic() >= deadline:
+                raise RunnerError(
+                    f"the suspended Job {namespace}/{name} still has active pods after "
+                    f"{timeout_s:g} s: it cannot be resumed yet"
+                )
+            time.sleep(0.2)
 
     def workloads_served(self) -> bool:
         """Whether the cluster serves gang ``Workload`` objects (asked once)."""
@@ -339,13 +356,15 @@ class KubeRunner:
             tracked.stopping = True
             tracked.not_after = self._clock()
             if tracked.external:
+                # The Job controller deletes a suspended Job's pods itself (with their own
+                # grace period) and does not count them as failures; deleting them here would.
                 self._suspend(tracked)
-            grace = math.ceil(grace_s)
-            for pod in self._pods_of(tracked, self._list_pods(tracked)):
-                if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                    continue
-                self._delete_pod(pod, grace)
-            if not tracked.external:
+            else:
+                grace = math.ceil(grace_s)
+                for pod in self._pods_of(tracked, self._list_pods(tracked)):
+                    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                        continue
+                    self._delete_pod(pod, grace)
                 self._delete_job(tracked.namespace, tracked.name)
         if wait:
             deadline = time.monotonic() + grace_s + 10.0
