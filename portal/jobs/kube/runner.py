@@ -570,21 +570,14 @@ class KubeRunner:
         return list(items or [])
 
     def _portal_pods(self) -> list[dict[str, Any]]:
-        """Pods of the watched attempts: the portal's Jobs' by their label, kubectl Jobs' by
-        their Job's uid (one list for each of those)."""
-        pods = (
-            _json(
-                self._core.list_pod_for_all_namespaces(
-                    label_selector=self._keys.job, _preload_content=False
-                )
-            ).get("items")
-            or []
-        )
-        out = list(pods)
-        for t in self._attempts.values():
-            if t.external:
-                out += self._list_pods(t)
-        return out
+        """Pods of the watched attempts, in one list: the portal's Jobs' by their label, or,
+        when a kubectl Job is watched too, every Job's pods (theirs carry no label of ours)."""
+        external = any(t.external for t in self._attempts.values())
+        selector = m.JOB_NAME_LABEL if external else self._keys.job
+        items = _json(
+            self._core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)
+        ).get("items")
+        return list(items or [])
 
     def _list_pods(self, t: _Attempt) -> list[dict[str, Any]]:
         selector = f"{m.JOB_NAME_LABEL}={t.name}"
