@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,12 +41,11 @@ from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from portal.jobs.backend import LogChunk
 from portal.jobs.kube import manifests as m
+from portal.jobs.kube import pods as kpods
 from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("Complete", "Failed")
-"""Job conditions after which the Job controller starts no more pods."""
 NODE_LOST_AFTER_S = 60.0
 """How long a member's node may stay not ready before the gang counts as lost."""
 MERGE_PATCH = "application/merge-patch+json"
@@ -63,25 +61,6 @@ def _message(e: ApiException) -> str:
         return str(json.loads(e.body or "{}").get("message") or e.reason)
     except ValueError:
         return str(e.body or e.reason)
-
-
-def _epoch(stamp: str | None, default: float) -> float:
-    if not stamp:
-        return default
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _index(pod: Mapping[str, Any]) -> int | None:
-    meta = pod.get("metadata") or {}
-    raw = (meta.get("labels") or {}).get(m.COMPLETION_INDEX) or (meta.get("annotations") or {}).get(
-        m.COMPLETION_INDEX
-    )
-    return int(raw) if raw is not None and str(raw).isdigit() else None
-
-
-def _finished(job: Mapping[str, Any]) -> bool:
-    conditions = (job.get("status") or {}).get("conditions") or []
-    return any(c.get("type") in FINISHED and c.get("status") == "True" for c in conditions)
 
 
 @dataclass(slots=True)
@@ -101,12 +80,6 @@ class _Attempt:
     # created in (seconds since the epoch; pods of a resumed Job are created after the resume).
     not_before: float = 0.0
     not_after: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _NodeState:
-    ready: bool
-    since: float  # when the Ready condition last changed
 
 
 class KubeRunner:
@@ -369,7 +342,9 @@ class KubeRunner:
         if wait:
             deadline = time.monotonic() + grace_s + 10.0
             while time.monotonic() < deadline:
-                if not [p for p in self._pods_of(tracked, self._list_pods(tracked)) if _live(p)]:
+                if not [
+                    p for p in self._pods_of(tracked, self._list_pods(tracked)) if kpods.live(p)
+                ]:
                     return
                 time.sleep(0.2)
             raise RunnerError(f"the pods of job {job_id!r} attempt {attempt} did not end")
@@ -429,10 +404,10 @@ class KubeRunner:
                     job = None  # a Job of that name made later is not this attempt's
                 if job is None and t.external and not t.stopping:
                     continue  # its owner deleted it: the admission pass cancels the job
-                over = job is None or _finished(job) or t.stopping
+                over = job is None or kpods.finished(job) or t.stopping
                 by_rank: dict[int, list[Mapping[str, Any]]] = {}
                 for pod in self._pods_of(t, pods):
-                    index = _index(pod)
+                    index = kpods.index(pod)
                     if index is not None:
                         by_rank.setdefault(index, []).append(pod)
                 for rank in range(t.members):
@@ -442,7 +417,9 @@ class KubeRunner:
                     if ended is not None:
                         t.reported.add(rank)
                         exits.append(ended)
-                if len(t.reported) >= t.members and (job is None or _finished(job) or t.stopping):
+                if len(t.reported) >= t.members and (
+                    job is None or kpods.finished(job) or t.stopping
+                ):
                     del self._attempts[key]  # kept until then: a stop may still be due
             exits.sort(key=lambda e: (e[0], e[1].job_id, e[1].attempt, e[1].rank))
             return [e for _, e in exits]
@@ -453,7 +430,7 @@ class KubeRunner:
         rank: int,
         pods: Sequence[Mapping[str, Any]],
         over: bool,
-        nodes: Mapping[str, _NodeState],
+        nodes: Mapping[str, kpods.NodeState],
         now: float,
     ) -> tuple[float, MemberExit] | None:
         """When and how rank ``rank`` ended, or None while it runs or is yet to start."""
@@ -461,21 +438,23 @@ class KubeRunner:
             status = pod.get("status") or {}
             phase = status.get("phase")
             if phase == "Succeeded":
-                return _terminated_at(status, now), MemberExit(t.job_id, t.attempt, rank, 0, None)
+                return kpods.terminated_at(status, now), MemberExit(
+                    t.job_id, t.attempt, rank, 0, None
+                )
             if phase == "Failed":
-                code = _exit_code(status)
-                return _terminated_at(status, now), MemberExit(
+                code = kpods.exit_code(status)
+                return kpods.terminated_at(status, now), MemberExit(
                     t.job_id, t.attempt, rank, code, None if code is not None else signal.SIGKILL
                 )
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
             if node and self._lost(nodes.get(node), now):
                 return now, MemberExit(t.job_id, t.attempt, rank, None, None, node_lost=True)
-        if any(_live(p) for p in pods) or not over:
+        if any(kpods.live(p) for p in pods) or not over:
             return None
         return now, MemberExit(t.job_id, t.attempt, rank, None, signal.SIGKILL)
 
-    def _lost(self, node: _NodeState | None, now: float) -> bool:
+    def _lost(self, node: kpods.NodeState | None, now: float) -> bool:
         if node is None:
             return True  # deleted
         return not node.ready and now - node.since >= self._node_lost_after_s
@@ -497,7 +476,7 @@ class KubeRunner:
                     key,
                     _Attempt(*key, meta["namespace"], meta["name"], members, meta["uid"], external),
                 )
-                if not _finished(job) and not meta.get("deletionTimestamp"):
+                if not kpods.finished(job) and not meta.get("deletionTimestamp"):
                     running.append(key)
             return sorted(running)
 
@@ -540,7 +519,7 @@ class KubeRunner:
             text = cast(Any, self._core.read_namespaced_pod_log)(
                 name,
                 meta["namespace"],
-                container=m.CONTAINER if _has_member(pod) else None,
+                container=m.CONTAINER if kpods.has_member(pod) else None,
                 # One byte more than asked: a log that goes on is not taken as read in full.
                 limit_bytes=offset + limit + 1,
                 _preload_content=False,
@@ -599,7 +578,7 @@ class KubeRunner:
             if t.uid and labels.get(m.JOB_UID_LABEL, t.uid) != t.uid:
                 continue
             if t.external:
-                created = _epoch(meta.get("creationTimestamp"), 0.0)
+                created = kpods.epoch(meta.get("creationTimestamp"), 0.0)
                 if created < t.not_before - 1 or (
                     t.not_after is not None and created > t.not_after + 1
                 ):
@@ -607,44 +586,15 @@ class KubeRunner:
             out.append(p)
         return out
 
-    def _nodes(self) -> dict[str, _NodeState]:
+    def _nodes(self) -> dict[str, kpods.NodeState]:
         now = self._clock()
         out = {}
         for n in _json(self._core.list_node(_preload_content=False)).get("items") or []:
             conditions = (n.get("status") or {}).get("conditions") or []
             ready = next((c for c in conditions if c.get("type") == "Ready"), None)
             if ready is None:
-                out[n["metadata"]["name"]] = _NodeState(False, now)
+                out[n["metadata"]["name"]] = kpods.NodeState(False, now)
                 continue
-            since = _epoch(ready.get("lastTransitionTime"), now)
-            out[n["metadata"]["name"]] = _NodeState(ready.get("status") == "True", since)
+            since = kpods.epoch(ready.get("lastTransitionTime"), now)
+            out[n["metadata"]["name"]] = kpods.NodeState(ready.get("status") == "True", since)
         return out
-
-
-def _live(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-
-
-def _has_member(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("name") == m.CONTAINER for c in (pod.get("spec") or {}).get("containers") or []
-    )
-
-
-def _container_states(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    statuses = status.get("containerStatuses") or []
-    member = [s for s in statuses if s.get("name") == m.CONTAINER]
-    return [(s.get("state") or {}).get("terminated") or {} for s in member or statuses]
-
-
-def _exit_code(status: Mapping[str, Any]) -> int | None:
-    """A failed member's non-zero exit code, or None when no container tells (an evicted
-    pod, say)."""
-    codes = [int(t["exitCode"]) for t in _container_states(status) if t.get("exitCode") is not None]
-    failing = [c for c in codes if c != 0]
-    return failing[0] if failing else None
-
-
-def _terminated_at(status: Mapping[str, Any], default: float) -> float:
-    stamps = [t.get("finishedAt") for t in _container_states(status) if t.get("finishedAt")]
-    return min((_epoch(s, default) for s in stamps), default=default)
