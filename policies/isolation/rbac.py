@@ -87,8 +87,13 @@ def portal_cluster_role(settings: IsolationSettings) -> Manifest:
             _rule([""], ["limitranges", "namespaces", "resourcequotas", "serviceaccounts"], manage),
             _rule(["networking.k8s.io"], ["networkpolicies"], manage),
             _rule([RBAC_GROUP], ["rolebindings", "roles"], manage),
-            _rule([""], ["pods"], [*READ, "create", "delete"]),
+            # patch: the binder writes a job pod's allocation and rank on it before binding.
+            _rule([""], ["pods"], [*READ, "create", "patch", "delete"]),
             _rule([""], ["pods/binding"], ["create"]),
+            # Training jobs: an attempt's indexed Job, headless Service and gang Workload.
+            _rule(["batch"], ["jobs"], [*READ, "create", "patch", "delete"]),
+            _rule([""], ["services"], ["get", "create", "delete"]),
+            _rule(["scheduling.k8s.io"], ["workloads"], ["get", "create", "delete"]),
             _rule([""], ["pods/log"], ["get"]),
             _rule([""], ["nodes"], READ),
             _rule([""], ["events"], [*READ, "create", "patch"]),

@@ -8,7 +8,6 @@ needs ``workloads:read`` on it; another tenant's token gets 403.
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -201,6 +200,13 @@ class LogOut(Model):
     next_offset: int = Field(ge=0, description="Pass it as `offset` to read what follows.")
     text: str = Field(description="The bytes read, decoded as UTF-8 (invalid bytes replaced).")
     done: bool = Field(description="The attempt ended and everything was read: stop following.")
+    unavailable: str = Field(
+        default="",
+        description=(
+            "Why there is no log to read ('' when there is): e.g. the pod's node serves no "
+            "logs, or the attempt's pods are gone."
+        ),
+    )
 
 
 def job_out(v: JobView, gpu_hours: float) -> JobOut:
@@ -379,9 +385,8 @@ def job_logs(
     if rank >= members:
         raise InvalidRequest("rank", rank, f"0 to {members - 1}")
     ended = job.state.terminal or number < job.attempt
-    path = controller.log_path(job_id, number, rank)
-    data = _read(path, offset, limit) if path is not None else b""
-    size = _size(path)
+    chunk = controller.read_log(job_id, number, rank, offset, limit)
+    data, size = chunk.data, chunk.size
     return LogOut(
         job_id=job_id,
         attempt=number,
@@ -390,22 +395,5 @@ def job_logs(
         next_offset=offset + len(data),
         text=data.decode("utf-8", errors="replace"),
         done=ended and offset + len(data) >= size,
+        unavailable=chunk.unavailable,
     )
-
-
-def _read(path: FilePath, offset: int, limit: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(limit)
-    except FileNotFoundError:
-        return b""
-
-
-def _size(path: FilePath | None) -> int:
-    if path is None:
-        return 0
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -33,12 +33,13 @@ from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.inputs import KEY, Label, StringRule, bounded
-from portal.api.jobs import ARG, ENV_NAME, ENV_VALUE, _read, _size
+from portal.api.jobs import ARG, ENV_NAME, ENV_VALUE
 from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, WorkloadOut
 from portal.api.workloads import charge
 from portal.inference.controller import ServiceController, ServiceView
 from portal.inference.spec import MAX_ARGS, Engine, Hold, Preset, ServiceSpec
 from portal.inference.traffic import Traffic, TrafficBook
+from portal.jobs.backend import read_file_log
 from portal.jobs.spec import device_request
 from portal.store.records import EventRecord, ReplicaRecord
 
@@ -410,7 +411,7 @@ def service_logs(
     if replica > max(1, last):
         raise InvalidRequest("replica", replica, f"1 to {max(1, last)}")
     path = controller.log_path(service_id, replica)
-    data = _read(path, offset, limit) if path is not None and _size(path) else b""
+    data = read_file_log(path, offset, limit).data if path is not None else b""
     return LogOut(
         service_id=service_id,
         replica=replica,

@@ -9,10 +9,11 @@ can run a stand-in where no process may be started (exits on a manual clock).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from portal.jobs.runner import LocalRunner, MemberExit, MemberLaunch
 from portal.jobs.spec import Backend as BackendKind
@@ -36,13 +37,46 @@ class Runner(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Up to ``limit`` bytes of a member's log from an offset; ``size`` is the whole log's
+    length as far as it is known; ``unavailable`` says why there is no log to read ('' when
+    there is one)."""
+
+    data: bytes
+    size: int
+    unavailable: str = ""
+
+
+def read_file_log(path: Path, offset: int, limit: int) -> LogChunk:
+    """Up to ``limit`` bytes of a log file from ``offset`` (none yet: empty)."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(offset)
+            return LogChunk(f.read(limit), size)
+    except FileNotFoundError:
+        return LogChunk(b"", 0)
+
+
+@runtime_checkable
+class LogReader(Protocol):
+    """A runner whose logs are not files on this host (a pod's log, read through the API)."""
+
+    def read_log(
+        self, job_id: str, attempt: int, rank: int, offset: int, limit: int
+    ) -> LogChunk: ...
+
+
+@dataclass(frozen=True, slots=True)
 class Backend:
     """What the controller uses of a backend. ``master_addr``: where rank 0 listens
-    (loopback for the local backend)."""
+    (loopback for the local backend); ``rendezvous``, when set, gives it per attempt instead,
+    as ``(address, port)`` from ``(job_id, attempt)`` (a pod's stable name on Kubernetes)."""
 
     kind: BackendKind
     runner: Runner
     master_addr: str = "127.0.0.1"
+    rendezvous: Callable[[str, int], tuple[str, int]] | None = None
 
 
 def local_backend(state_dir: Path) -> Backend:

@@ -55,7 +55,7 @@ from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.allocator.draft import Decision
 from portal.jobs import launch
-from portal.jobs.backend import Backend
+from portal.jobs.backend import Backend, LogChunk, LogReader, read_file_log
 from portal.jobs.checkpoints import newest_complete_checkpoint
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import Backend as BackendKind
@@ -129,6 +129,8 @@ class JobController:
         self._lock = threading.RLock()
         # (job id, attempt) -> rank -> exit code, of attempts that run.
         self._exits: dict[tuple[str, int], dict[int, int]] = {}
+        # Attempts a member of which the runner reported on a lost node.
+        self._lost: set[tuple[str, int]] = set()
         # Workload id -> its ended attempt, still stopping (see ``_Drain``).
         self._draining: dict[str, _Drain] = {}
         # Preempted workload -> the tenant reclaiming (from the allocator's events).
@@ -196,9 +198,10 @@ class JobController:
 
     # ---------------------------------------------------------------- the API's side
 
-    def submit(self, spec: JobSpec) -> JobView:
+    def submit(self, spec: JobSpec, *, job_id: str | None = None) -> JobView:
         """Take a job and request its first attempt. Bad input raises before anything is
-        created (the allocator's own checks included)."""
+        created (the allocator's own checks included). ``job_id``: the id to give it (a Job
+        admitted from Kubernetes keeps one derived from its uid); a new one by default."""
         spec.check_backend(self.kind)
         if self._refuse is not None:
             raise Unavailable(self._refuse)
@@ -211,7 +214,7 @@ class JobController:
                 now = self._last_created + timedelta(microseconds=1)
             self._last_created = now
             job = JobRecord(
-                id=uuid.uuid4().hex,
+                id=job_id or uuid.uuid4().hex,
                 tenant=spec.tenant,
                 owner=spec.owner,
                 name=spec.name,
@@ -242,6 +245,10 @@ class JobController:
             JobView(j, self._workload(j)) for j in stored.jobs(self._alloc.store, tenants=tenants)
         ]
 
+    def active_jobs(self) -> list[JobRecord]:
+        """Jobs that have not ended, in submission order."""
+        return stored.active_jobs(self._alloc.store)
+
     def attempts(self, job_id: str) -> list[AttemptRecord]:
         self.get(job_id)
         return stored.attempts(self._alloc.store, job_id)
@@ -255,6 +262,17 @@ class JobController:
         if self.backend is None:
             return None
         return self.backend.runner.log_path(job_id, attempt, rank)
+
+    def read_log(self, job_id: str, attempt: int, rank: int, offset: int, limit: int) -> LogChunk:
+        """Up to ``limit`` bytes of the member's log from ``offset``: from the runner when
+        its logs are not files here (``LogReader``), else from ``log_path``."""
+        runner: object = self.backend.runner if self.backend is not None else None
+        if isinstance(runner, LogReader):
+            return runner.read_log(job_id, attempt, rank, offset, limit)
+        path = self.log_path(job_id, attempt, rank)
+        if path is None:
+            return LogChunk(b"", 0, "no backend runs jobs here")
+        return read_file_log(path, offset, limit)
 
     def cancel(self, job_id: str) -> JobView:
         """Stop the job's members (SIGTERM, then SIGKILL after the stop grace), release or
@@ -297,12 +315,15 @@ class JobController:
             if (e.job_id, e.attempt) in watched:  # others are old news
                 code = exit_code_of(e.exit_code, e.signal)
                 self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
+                if e.node_lost:
+                    self._lost.add((e.job_id, e.attempt))
         now = self.now
         for wid, d in list(self._draining.items()):
             ended = self._exits.get((d.job_id, d.attempt), {})
             if len(ended) >= d.members or now >= d.until:
                 del self._draining[wid]
                 self._exits.pop((d.job_id, d.attempt), None)
+                self._lost.discard((d.job_id, d.attempt))
                 self._alloc.release(wid, reason="job attempt ended")
 
     def _advance(self, job: JobRecord) -> None:
@@ -332,6 +353,18 @@ class JobController:
             return
         if st.state.terminal:
             self._workload_ended(job, st)
+            return
+        if (job.id, job.attempt) in self._lost:
+            # The runner saw a member's node go (or stay not ready) before the inventory did.
+            self._lost.discard((job.id, job.attempt))
+            assert self.backend is not None  # only a backend reports exits
+            try:
+                # Its members count as ended, but their pods may linger on the lost node.
+                self.backend.runner.stop(job.id, job.attempt, 0, wait=False)
+            except RunnerError as exc:
+                log.warning("job %s attempt %d: %s", job.id, job.attempt, exc)
+            verdict = after_failure(spec.restart, job.restarts, None)
+            self._end(job, verdict, NODE_LOST, None, grace_s=0)
             return
         codes = self._exits.get((job.id, job.attempt), {})
         # The first member to fail is the cause: the runner reports exits in the order the
@@ -551,6 +584,7 @@ class JobController:
                     self._draining[wid] = _Drain(job.id, job.attempt, members, until)
                     return
         self._exits.pop((job.id, job.attempt), None)
+        self._lost.discard((job.id, job.attempt))
         if wid is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
             self._alloc.release(wid, reason=f"job {job.state.value} ended")
 

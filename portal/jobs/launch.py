@@ -56,12 +56,17 @@ def member_launches(
 ) -> list[MemberLaunch]:
     """One launch per rank, in rank order."""
     placed = layout(allocations)
+    if backend.rendezvous is not None:
+        addr, port = backend.rendezvous(job_id, attempt)
+    else:
+        addr = backend.master_addr
+        port = port if port is not None else free_port(addr)
     envs = rendezvous_env(
         job_id,
         attempt,
         [(slot.rank, slot.node) for slot, _a in placed],
-        backend.master_addr,
-        port if port is not None else free_port(backend.master_addr),
+        addr,
+        port,
         spec.checkpoint_dir,
         resume_from,
     )
@@ -76,6 +81,10 @@ def member_launches(
             command=spec.command,
             cwd=spec.cwd or ".",
             env=merged_env(user, env),
+            image=spec.image,
+            tenant=spec.tenant,
+            allocation=a,
+            kube_job=spec.kube_job,
         )
         for (slot, a), env in zip(placed, envs, strict=True)
     ]

@@ -41,6 +41,7 @@ from typing import Any
 from portal.errors import PortalError
 from portal.jobs import member as wrapper
 from portal.jobs.member import boot_id, process_start, write_json
+from portal.store.records import AllocationRecord
 
 __all__ = ["ENV_KEEP", "LocalRunner", "MemberExit", "MemberLaunch", "RunnerError", "member_env"]
 
@@ -86,6 +87,15 @@ class MemberLaunch:
     cwd: str
     env: Mapping[str, str]
     """The member's own variables, the rendezvous ones included; laid over ``ENV_KEEP``."""
+    image: str | None = None
+    """Kubernetes: the container image (the local backend runs ``command`` on this host)."""
+    tenant: str = ""
+    """Kubernetes: the tenant, whose namespace the member runs in."""
+    allocation: AllocationRecord | None = None
+    """Kubernetes: the member's devices, as the allocator placed them."""
+    kube_job: str | None = None
+    """Kubernetes: ``namespace/name`` of a Job created outside the portal (kubectl) that this
+    attempt runs, instead of a Job the runner creates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,9 @@ class MemberExit:
     rank: int
     exit_code: int | None
     signal: int | None
+    node_lost: bool = False
+    """The member's node went away (deleted, or not ready for too long): the gang is lost,
+    whatever the exit code says."""
 
 
 class RunnerError(PortalError):

@@ -1,11 +1,13 @@
 """The job controller inside ``gpuportal serve``: built over the service's allocator, with
-the local process backend when the inventory is this host's, and driven by the ``jobs``
-loop."""
+the local process backend when the inventory is this host's and the Kubernetes backend
+(``portal.jobs.kube``) on the ``kubernetes`` inventory, driven by the ``jobs`` loop (and, on
+Kubernetes, the ``jobs-admission`` loop of kubectl Jobs)."""
 
 from __future__ import annotations
 
 import logging
 
+from policies.isolation import IsolationSettings
 from portal.allocator import Allocator
 from portal.jobs.backend import local_backend
 from portal.jobs.controller import JobController
@@ -19,23 +21,22 @@ JOBS_INTERVAL_S = 0.5
 """Seconds between rounds of the jobs loop: how soon a member's exit, a placement or a
 preemption is acted on."""
 
-NO_KUBERNETES_BACKEND = (
-    "training jobs run on the local backend only in this version: the Kubernetes job "
-    "backend (indexed Jobs) is not available yet"
-)
 NO_LOCAL_RUNNER = "this installation has no local job runner (portal.jobs.runner)"
 
 
-def build_for_service(allocator: Allocator, settings: Settings) -> JobController:
+def build_for_service(
+    allocator: Allocator, settings: Settings, isolation: IsolationSettings | None = None
+) -> JobController:
     """The service's job controller, started (running members re-adopted).
 
     Where no backend can run jobs, the controller still lists and cancels them and answers
     a submit with 503 and why, rather than queueing work nothing would ever start.
     """
-    if settings.inventory == "kubernetes":
-        controller = JobController(
-            allocator, kind=BackendKind.KUBERNETES, refuse=NO_KUBERNETES_BACKEND
-        )
+    if settings.inventory.strip() == "kubernetes":
+        from portal.jobs.kube.service import kube_backend  # the kubernetes client, only here
+
+        backend = kube_backend(isolation or IsolationSettings())
+        controller = JobController(allocator, backend=backend)
     else:
         try:
             backend = local_backend(settings.state_dir / "jobs")
@@ -51,5 +52,10 @@ def build_for_service(allocator: Allocator, settings: Settings) -> JobController
 
 
 def register_for_service(loops: Loops, controller: JobController) -> None:
-    if controller.backend is not None:
-        loops.add("jobs", JOBS_INTERVAL_S, controller.step)
+    if controller.backend is None:
+        return
+    loops.add("jobs", JOBS_INTERVAL_S, controller.step)
+    if controller.backend.kind is BackendKind.KUBERNETES:
+        from portal.jobs.kube.service import register_admission
+
+        register_admission(loops, controller)

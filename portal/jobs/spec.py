@@ -112,6 +112,9 @@ class JobSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     priority: int = 0
     expected_duration_s: float | None = None
+    kube_job: str | None = None
+    """``namespace/name`` of a Job created with kubectl that this job admits and runs (set by
+    the Kubernetes backend's admission, never by the API)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.members, bool) or not 1 <= self.members <= MAX_GANG_SIZE:
@@ -171,6 +174,7 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.restart
+        admitted = {"kube_job": self.kube_job} if self.kube_job is not None else {}
         return {
             "members": self.members,
             "devices": codec.device_request_to_dict(self.devices),
@@ -188,6 +192,7 @@ class JobSpec:
             },
             "priority": self.priority,
             "expected_duration_s": self.expected_duration_s,
+            **admitted,
         }
 
     @classmethod
@@ -213,6 +218,7 @@ class JobSpec:
             ),
             priority=data["priority"],
             expected_duration_s=data["expected_duration_s"],
+            kube_job=data.get("kube_job"),  # absent in jobs stored before it existed
         )
 
 

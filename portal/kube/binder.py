@@ -23,6 +23,10 @@ the next pass.
 The reverse direction, pods deleted behind the hub's back, is ``portal.kube.sweep``;
 ``portal.kube.service`` runs both as loops of ``gpuportal serve``.
 
+Pods of training jobs (indexed Jobs, which name no allocation themselves) are decided by
+``portal.kube.jobpods`` on the same snapshot plus the portal's Jobs, and get their allocation
+and rank written on them just before the bind.
+
 Kubernetes objects become typed views (``PodView``) at the boundary; decisions use only views.
 """
 
@@ -32,7 +36,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -42,6 +46,7 @@ from kubernetes.client.exceptions import ApiException
 
 from policies.errors import NotFound
 from policies.isolation import IsolationSettings
+from portal.kube import jobpods
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME, PodKeys
 from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
 from portal.store.records import WorkloadState
@@ -67,20 +72,25 @@ class HoldReason(StrEnum):
     ALLOCATION_ENDED = "GPUAllocationEnded"
     WRONG_NAMESPACE = "GPUAllocationOfAnotherTenant"
     ALLOCATION_IN_USE = "GPUAllocationInUse"
+    JOB_NOT_ADMITTED = "GPUJobNotAdmitted"
 
     @property
     def event_type(self) -> str:
         # Waiting in the queue is normal; everything else needs someone to act.
-        return "Normal" if self is HoldReason.ALLOCATION_QUEUED else "Warning"
+        waiting = (HoldReason.ALLOCATION_QUEUED, HoldReason.JOB_NOT_ADMITTED)
+        return "Normal" if self in waiting else "Warning"
 
 
 @dataclass(frozen=True, slots=True)
 class Bind:
-    """Bind ``pod`` to ``node``."""
+    """Bind ``pod`` to ``node``, after adding ``labels`` and ``annotations`` to it (a job
+    pod's allocation and rank: ``portal.kube.jobpods``)."""
 
     pod: PodView
     node: str
     workload_id: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +213,8 @@ def _status_message(error: ApiException) -> str:
 class Binder:
     """Binds the portal's pending pods (see the module doc). Thread-safe: one pass at a time.
 
-    Needs, cluster-wide: pods get/list/watch, pods/binding create, events create.
+    Needs, cluster-wide: pods get/list/watch/patch, pods/binding create, events create,
+    jobs list.
     """
 
     def __init__(
@@ -216,6 +227,7 @@ class Binder:
         instance: str = "gpuportal",
     ) -> None:
         self._core = client.CoreV1Api(api_client)
+        self._batch = client.BatchV1Api(api_client)
         self._source = source
         self._settings = settings
         self._keys = PodKeys.of(settings)
@@ -235,20 +247,44 @@ class Binder:
         pods = self._core.list_pod_for_all_namespaces(label_selector=self._keys.selector()).items
         return [pod_view(p) for p in pods]
 
+    def job_refs(self) -> dict[tuple[str, str], jobpods.JobRef]:
+        """The Jobs the portal runs attempts in (labelled with their workload)."""
+        key = PodKeys.of(self._settings).workload
+        response: Any = self._batch.list_job_for_all_namespaces(
+            label_selector=key, _preload_content=False
+        )
+        return jobpods.job_refs(json.loads(response.data).get("items") or [], self._settings)
+
     def decide_all(self) -> list[Decision]:
         """Steps 1 and 2: the decisions for every pending pod, on one snapshot."""
         pending = self.pending()
         if not pending:
             return []
         holders = in_use(self.portal_pods(), self._keys)
+        refs = self.job_refs() if any(jobpods.is_job_pod(p, self._keys) for p in pending) else {}
         decisions: list[Decision] = []
         for pod in sorted(pending, key=lambda p: (p.namespace, p.name)):
-            decision = decide(pod, self._source, self._settings, holders)
+            if jobpods.is_job_pod(pod, self._keys):
+                decision = self._decide_job_pod(pod, refs, holders)
+            else:
+                decision = decide(pod, self._source, self._settings, holders)
             if isinstance(decision, Bind):
                 # Two pending pods naming one allocation: the first (by name) gets it.
-                holders = {**holders, pod.annotations[self._keys.allocation]: pod}
+                allocation = decision.annotations.get(self._keys.allocation)
+                holders = {**holders, allocation or pod.annotations[self._keys.allocation]: pod}
             decisions.append(decision)
         return decisions
+
+    def _decide_job_pod(
+        self,
+        pod: PodView,
+        refs: Mapping[tuple[str, str], jobpods.JobRef],
+        holders: Mapping[str, PodView],
+    ) -> Decision:
+        placed = jobpods.place_job_pod(pod, refs, self._source, self._settings, holders)
+        if isinstance(placed, jobpods.JobHold):
+            return Hold(pod, HoldReason(placed.reason), placed.message)
+        return Bind(pod, placed.node, placed.workload_id, placed.labels, placed.annotations)
 
     def bind_pending(self) -> BindReport:
         """One pass: decide on a snapshot, then act on every decision."""
@@ -278,6 +314,8 @@ class Binder:
 
     def _bind(self, decision: Bind) -> None:
         pod = decision.pod
+        if decision.labels or decision.annotations:
+            self._mark(decision)
         # Plain-dict bodies: the client sends them as they are, its hints name models.
         body: Any = {
             "apiVersion": "v1",
@@ -306,6 +344,25 @@ class Binder:
             self._event(pod, "Scheduled", "Normal", message)
         except ApiException as e:  # the pod is bound; a lost Event is only a lost message
             log.warning("binder: no Scheduled event for %s: %s", pod, _status_message(e))
+
+    def _mark(self, decision: Bind) -> None:
+        """Write a job pod's allocation and rank on it, before the bind (its environment
+        reads them when the container starts, which is after)."""
+        pod = decision.pod
+        patch: Any = {
+            "metadata": {
+                "uid": pod.uid,  # a precondition, as for the Binding
+                "labels": dict(decision.labels),
+                "annotations": dict(decision.annotations),
+            }
+        }
+        self._core.patch_namespaced_pod(
+            pod.name,
+            pod.namespace,
+            patch,
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
 
     def _post_event(self, decision: Hold) -> None:
         if self._event(

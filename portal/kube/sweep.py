@@ -4,7 +4,8 @@ Each sweep lists the portal's pods and releases, through the allocator, every ru
 whose pods are all gone or finished: at once if a pod of it was seen before, or, when none ever
 was (the pod is not created yet, or the portal restarted), once the allocation is older than a
 grace period. A pod being deleted still holds its devices until it is gone. The allocator's
-release is idempotent, so each workload is released once.
+release is idempotent, so each workload is released once. Workloads of kind ``job`` are left to
+the job controller, which releases an attempt when its members end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from kubernetes import client
 
 from policies.isolation import IsolationSettings
+from policies.requests import WorkloadKind
 from portal.allocator.views import WorkloadStatus
 from portal.kube.keys import PodKeys
 from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
@@ -56,6 +58,8 @@ def gone(
     for w in live:
         if w.state not in HOLDING or not w.allocations or w.id in alive:
             continue
+        if w.kind == WorkloadKind.JOB.value:
+            continue  # the job controller watches its pods and ends its attempts itself
         started = w.started_at or w.created_at
         if w.id in seen or (now - started).total_seconds() >= grace_s:
             out.append(w.id)

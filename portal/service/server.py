@@ -241,7 +241,7 @@ def _run(
         seed.apply(allocator, seeds)
     metrics = ServiceMetrics(allocator)
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
-    job_controller = job_service.build_for_service(allocator, settings)
+    job_controller = job_service.build_for_service(allocator, settings, isolation)
     service_controller = inference_service.build_for_service(allocator, settings)
     ray_controller = ray_service.build_for_service(allocator, settings)
     app = create_app(

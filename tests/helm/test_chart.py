@@ -384,7 +384,7 @@ def test_portal_cluster_role_is_exactly_what_policies_isolation_says_the_portal_
 def test_the_role_comparison_notices_a_widened_rule() -> None:
     wanted = portal_cluster_role(IsolationSettings())["rules"]
     widened = [dict(r) for r in wanted]
-    widened[3] = {**widened[3], "verbs": [*widened[3]["verbs"], "patch"]}  # pods: patch
+    widened[3] = {**widened[3], "verbs": [*widened[3]["verbs"], "update"]}  # pods: update
     assert rule_set(widened) != rule_set(wanted)
 
 

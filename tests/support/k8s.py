@@ -34,6 +34,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
+from tests.support import kwok_stages
 from tests.support.ports import LOOPBACK, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -528,7 +529,9 @@ def _start_all(
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={sa_public}",
         f"--service-account-signing-key-file={sa_private}",
-        "--runtime-config=resource.k8s.io/v1=true",
+        # scheduling.k8s.io/v1alpha1 serves the gang Workload objects the job backend writes.
+        "--runtime-config=resource.k8s.io/v1=true,scheduling.k8s.io/v1alpha1=true",
+        "--feature-gates=GenericWorkload=true",
         "--endpoint-reconciler-type=none", "--profiling=false",
     ], logs)  # fmt: skip
     cluster.components.append(apiserver)
@@ -562,12 +565,13 @@ def _start_all(
     # kwok also reads ~/.kwok/kwok.yaml when present; a private HOME keeps the user's out.
     kwok_home = work / "kwok-home"
     kwok_home.mkdir(exist_ok=True)
+    stages = kwok_stages.write_derived(bins / KWOK_STAGES, work / KWOK_STAGES)
     kwok = start_component("kwok", [
         str(bins / "kwok"), f"--kubeconfig={cluster.admin_kubeconfig}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
         f"--node-ip={LOOPBACK}", f"--cidr={POD_CIDR}",
-        f"--server-address={LOOPBACK}:{kwok_port}", f"--config={bins / KWOK_STAGES}",
+        f"--server-address={LOOPBACK}:{kwok_port}", f"--config={stages}",
     ], logs, env={"HOME": str(kwok_home)})  # fmt: skip
     cluster.components.append(kwok)
     wait_until(kwok, lambda: http_ok(f"http://{LOOPBACK}:{kwok_port}/healthz"), "GET /healthz")

@@ -187,6 +187,8 @@ def test_a_sqlite_backup_taken_while_the_portal_writes_is_consistent(
             w = a.request(wl("team-a", gpus(1), name="churn"))
             a.release(w.id)
 
+    w = a.request(wl("team-a", gpus(1), name="first"))  # the backups have something to copy
+    a.release(w.id)
     writer = threading.Thread(target=churn)
     writer.start()
     try:

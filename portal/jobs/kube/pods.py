@@ -1,0 +1,68 @@
+"""Reading the Kubernetes objects of an attempt: how a member pod ended, and the nodes'
+readiness, from the plain JSON the API answers (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from portal.jobs.kube import manifests as m
+
+FINISHED = ("Complete", "Failed")
+"""Job conditions after which the Job controller starts no more pods."""
+
+
+def epoch(stamp: str | None, default: float) -> float:
+    if not stamp:
+        return default
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def index(pod: Mapping[str, Any]) -> int | None:
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("labels") or {}).get(m.COMPLETION_INDEX) or (meta.get("annotations") or {}).get(
+        m.COMPLETION_INDEX
+    )
+    return int(raw) if raw is not None and str(raw).isdigit() else None
+
+
+def finished(job: Mapping[str, Any]) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in FINISHED and c.get("status") == "True" for c in conditions)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    ready: bool
+    since: float  # when the Ready condition last changed
+
+
+def live(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def has_member(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("name") == m.CONTAINER for c in (pod.get("spec") or {}).get("containers") or []
+    )
+
+
+def container_states(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    statuses = status.get("containerStatuses") or []
+    member = [s for s in statuses if s.get("name") == m.CONTAINER]
+    return [(s.get("state") or {}).get("terminated") or {} for s in member or statuses]
+
+
+def exit_code(status: Mapping[str, Any]) -> int | None:
+    """A failed member's non-zero exit code, or None when no container tells (an evicted
+    pod, say)."""
+    codes = [int(t["exitCode"]) for t in container_states(status) if t.get("exitCode") is not None]
+    failing = [c for c in codes if c != 0]
+    return failing[0] if failing else None
+
+
+def terminated_at(status: Mapping[str, Any], default: float) -> float:
+    stamps = [t.get("finishedAt") for t in container_states(status) if t.get("finishedAt")]
+    return min((epoch(s, default) for s in stamps), default=default)

@@ -1,0 +1,27 @@
+"""Smoke test of ``python -m benchmarks.jobs`` at the policy level: it runs, admits every job
+and reports a rate (the Kubernetes path needs the control plane and minutes: not here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import jobs
+
+
+def test_the_policy_level_admits_every_job_and_reports_a_rate(tmp_path: Path) -> None:
+    out = tmp_path / "jobs.json"
+    assert jobs.main(["--policy-only", "--policy-jobs", "60", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["policy"]
+    assert result["jobs"] == 60 and result["admitted"] == 60
+    assert result["per_s"] > 0 and result["seconds"] > 0
+
+
+def test_the_shape_is_kueues() -> None:
+    assert len(jobs.tenants()) == 30 and len({c for _, c in jobs.tenants()}) == 5
+    by_name = {c.name: c for c in jobs.CLASSES}
+    assert [(c.count, c.members * c.gpus, c.runtime_ms, c.every_ms) for c in by_name.values()] == [
+        (350, 1, 200, 100),
+        (100, 5, 500, 500),
+        (50, 20, 1000, 1200),
+    ]
