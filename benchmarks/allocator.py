@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -65,10 +65,10 @@ class TimedStore(Store):
         self.commit_ns = 0
         self.commits = 0
 
-    def commit(self, changes: ChangeSet) -> None:
+    def commit_all(self, batch: Iterable[ChangeSet]) -> None:
         t0 = time.perf_counter_ns()
         try:
-            super().commit(changes)
+            super().commit_all(batch)
         finally:
             self.commit_ns += time.perf_counter_ns() - t0
             self.commits += 1

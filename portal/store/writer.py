@@ -86,6 +86,20 @@ def _app_version() -> str:
         return "unknown"
 
 
+def _merged(work: list[ChangeSet]) -> ChangeSet:
+    """One change set holding every row of ``work`` (to explain a batch's constraint error)."""
+    out = ChangeSet()
+    for c in work:
+        out.workloads.extend(c.workloads)
+        out.allocations.extend(c.allocations)
+        out.released.extend(c.released)
+    return out
+
+
+def _merged_claims(claims: list[dict[str, list[Claim]]]) -> dict[str, list[Claim]]:
+    return {alloc_id: cs for per in claims for alloc_id, cs in per.items()}
+
+
 class Checkpointer:
     """Runs SQLite WAL checkpoints in a daemon thread (automatic ones are off, see ``db``).
 
@@ -320,18 +334,28 @@ class Store:
             Unavailable: the database is unreachable, or this store lost its writer guard
                 (nothing was written).
         """
-        if changes.empty():
+        self.commit_all([changes])
+
+    def commit_all(self, batch: Iterable[ChangeSet]) -> None:
+        """Apply several change sets, each as ``commit`` would and in order, in one
+        transaction, or nothing of any of them (the allocator's group commit: one COMMIT, so
+        one WAL flush, for many decisions). Raises what ``commit`` raises."""
+        work = [c for c in batch if not c.empty()]
+        if not work:
             return
         self.guard.check()
         now = datetime.now(UTC)
-        new_claims = self._new_claims(changes.allocations)
+        claims = [self._new_claims(c.allocations) for c in work]
         try:
             with raw_write(self.engine) as tx:
                 self.guard.fence(tx.cursor)
-                self._apply(tx, changes, new_claims, now)
+                for changes, new_claims in zip(work, claims, strict=True):
+                    self._apply(tx, changes, new_claims, now)
             self._generation = next(self._generations)
         except IntegrityError as err:
-            raise self._explain(changes, new_claims, err) from err
+            if len(work) == 1:
+                raise self._explain(work[0], claims[0], err) from err
+            raise self._explain(_merged(work), _merged_claims(claims), err) from err
         except DBAPIError as err:
             if not database_unreachable(err):
                 raise
