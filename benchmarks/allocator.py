@@ -479,13 +479,62 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--policy", default=None, help="placement policy (default: the allocator's default)"
     )
+    ap.add_argument(
+        "--clients",
+        default=None,
+        help="concurrent mode: comma-separated client thread counts (e.g. 1,4,8), each run "
+        "on SQLite and on PostgreSQL (--db-url or --postgres) side by side",
+    )
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="start a throwaway local PostgreSQL with fsync and synchronous_commit on",
+    )
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="allocator-bench-") as tmp:
-        r = run(args.gpus, args.decisions, args.seed, args.db_url, Path(tmp), args.policy)
+    server = None
+    if args.postgres:
+        from tests.support.postgres import start_server
+
+        server = start_server(durable=True)
+        server.execute('CREATE DATABASE "bench"')
+        args.db_url = server.url("bench")
+    try:
+        with tempfile.TemporaryDirectory(prefix="allocator-bench-") as tmp:
+            if args.clients:
+                return _concurrent(args, Path(tmp), argv)
+            r = run(args.gpus, args.decisions, args.seed, args.db_url, Path(tmp), args.policy)
+    finally:
+        if server is not None:
+            from tests.support.postgres import stop_server
+
+            stop_server(server)
     r["command"] = "python -m benchmarks.allocator " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     print(table(r))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(r, indent=2, default=str) + "\n", encoding="utf-8")
+    return r
+
+
+def _concurrent(args: argparse.Namespace, tmp: Path, argv: Sequence[str] | None) -> dict[str, Any]:
+    from benchmarks import allocator_clients
+
+    urls = {"sqlite": "sqlite://"}
+    if args.db_url:
+        urls["postgresql"] = args.db_url
+    counts = [int(x) for x in args.clients.split(",")]
+    runs = allocator_clients.compare(
+        args.gpus, args.decisions, args.seed, counts, urls, tmp, args.policy
+    )
+    r = {
+        "benchmark": "allocator-clients",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "command": "python -m benchmarks.allocator "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "runs": runs,
+    }
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=2, default=str) + "\n", encoding="utf-8")

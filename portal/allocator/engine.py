@@ -112,7 +112,7 @@ class _Queued:
     """A decided decision waiting for its batch's commit; its caller waits on ``done``."""
 
     decision: Decision
-    done: bool = False
+    done: bool = False  # committed and applied, or failed with ``error``
     error: BaseException | None = None
     redo: bool = False  # decided on top of a batch that failed: decide again
 
@@ -214,7 +214,7 @@ class Allocator:
                 whole = applied < done or (done == 0 and self._batched)
                 failed = len(batch) if whole else applied + 1
                 for q in batch[applied:failed]:
-                    q.error = error
+                    q.error, q.done = error, True
                 for q in batch[failed:] + self._queued:
                     q.redo = True
                 self._queued = []
