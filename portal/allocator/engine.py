@@ -32,7 +32,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from functools import partial
+from typing import TypeVar, cast
 
 from policies import quota
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -112,6 +113,10 @@ class _Queued:
     """A decided decision waiting for its batch's commit; its caller waits on ``done``."""
 
     decision: Decision
+    # The caller's answer, computed right after its decision is applied (before the next one
+    # of the batch is): what the caller would have seen alone.
+    answer: Callable[[], object]
+    result: object = None
     done: bool = False  # committed and applied, or failed with ``error``
     error: BaseException | None = None
     redo: bool = False  # decided on top of a batch that failed: decide again
@@ -161,7 +166,7 @@ class Allocator:
                     self._cond.wait()
                 draft = Draft(self._tip or self._state, self._clock())
                 result = decide(draft)
-                mine = _Queued(draft.decision())
+                mine = _Queued(draft.decision(), partial(then, result))
                 self._queued.append(mine)
                 self._tip = draft
                 self._chain += 1
@@ -174,7 +179,7 @@ class Allocator:
                     continue
                 if mine.error is not None:
                     raise mine.error
-                return then(result)
+                return cast(U, mine.result)
 
     def _commit_queued(self) -> None:
         """Commit every queued decision, apply the committed ones in order, and settle each
@@ -194,6 +199,10 @@ class Allocator:
             for q in batch[:done]:
                 self._state.apply(q.decision)
                 applied += 1
+                try:
+                    q.result = q.answer()
+                except Exception as err:  # the caller's own error (e.g. NotFound)
+                    q.error = err
                 q.done = True
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("decision %s", q.decision.describe())
