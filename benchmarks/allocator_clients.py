@@ -52,7 +52,7 @@ def run_clients(
     try:
         alloc = Allocator(
             store,
-            clock=clock,  # type: ignore[arg-type]
+            clock=clock,
             policy=named_policy(policy_name) if policy_name else None,
         )
         rng = random.Random(seed)

@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -46,9 +46,9 @@ class GateStore(Store):
         super().commit_all(work)
 
 
-def _wait_for(check: object, what: str) -> None:
+def _wait_for(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 20
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
 
@@ -75,13 +75,14 @@ def test_callers_return_only_after_their_batch_commits(db_url: str) -> None:
         store.entered.clear()
         store.batches.clear()
         returned: list[WorkloadStatus] = []
+
+        def ask(tenant: str) -> None:
+            returned.append(a.request(wl(tenant, gpus(1))))
+
         with ThreadPoolExecutor(max_workers=6) as pool:
-            first = pool.submit(lambda: returned.append(a.request(wl("t0", gpus(1)))))
+            first = pool.submit(ask, "t0")
             assert store.entered.wait(20), "the first commit never started"
-            rest = [
-                pool.submit(lambda i=i: returned.append(a.request(wl(f"t{i % 4}", gpus(1)))))
-                for i in range(1, 6)
-            ]
+            rest = [pool.submit(ask, f"t{i % 4}") for i in range(1, 6)]
             # The others decide on top of the first, uncommitted decision and queue.
             _wait_for(lambda: _queued(a) == 5, "callers did not queue behind the commit")
             time.sleep(0.05)
