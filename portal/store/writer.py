@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from importlib import metadata as importlib_metadata
 from typing import Any
 
@@ -84,6 +85,12 @@ def _app_version() -> str:
         return importlib_metadata.version("gpuportal")
     except importlib_metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _one_row(missing: PortalError, cursor: Any) -> None:
+    """The check of a statement that must change exactly one row."""
+    if cursor.rowcount != 1:
+        raise missing
 
 
 def _merged(work: list[ChangeSet]) -> ChangeSet:
@@ -347,8 +354,10 @@ class Store:
         now = datetime.now(UTC)
         claims = [self._new_claims(c.allocations) for c in work]
         try:
-            with raw_write(self.engine) as tx:
-                self.guard.fence(tx.cursor)
+            # Pipelined on PostgreSQL: the batch's statements travel together and their
+            # results come back together before COMMIT (portal.store.db.raw_write).
+            with raw_write(self.engine, pipeline=True) as tx:
+                self.guard.fence(tx)
                 for changes, new_claims in zip(work, claims, strict=True):
                     self._apply(tx, changes, new_claims, now)
             self._generation = next(self._generations)
@@ -393,9 +402,11 @@ class Store:
             if rows:
                 tx.executemany_values(self._insert_claim, rows)
         for tenant, flavor in changes.deleted_quotas:
-            gone = tx.execute(self._delete_quota, {"key_tenant": tenant, "key_flavor": flavor})
-            if gone.rowcount != 1:
-                raise NotFound("quota", f"{tenant}/{flavor}")
+            tx.submit(
+                self._delete_quota,
+                {"key_tenant": tenant, "key_flavor": flavor},
+                partial(_one_row, NotFound("quota", f"{tenant}/{flavor}")),
+            )
         for name in changes.deleted_tenants:
             self._delete_tenant(tx, name)
         # Jobs before their attempts (the attempts' foreign key).
@@ -421,13 +432,21 @@ class Store:
         if version < 1:
             raise Conflict(f"{what} carries version {version}; versions start at 1")
         keys = {f"key_{c.name}": row[c.name] for c in table.primary_key.columns}
+
+        def check(cursor: Any) -> None:
+            done = bool(cursor.fetchall()) if version == 1 else cursor.rowcount == 1
+            if not done:
+                self._stale(tx, table, keys, version, what)
+
         if version == 1:
-            done = bool(tx.execute(self._insert_new[table.name], row).fetchall())
+            tx.submit(self._insert_new[table.name], row, check)
         else:
             params = {**row, **keys, "old_version": version - 1}
-            done = tx.execute(self._update_versioned[table.name], params).rowcount == 1
-        if done:
-            return
+            tx.submit(self._update_versioned[table.name], params, check)
+
+    def _stale(
+        self, tx: RawTransaction, table: Table, keys: dict[str, Any], version: int, what: str
+    ) -> None:
         found = tx.execute(self._current_version[table.name], keys).fetchone()
         expected = (
             "no stored row (version 1 creates one)"
@@ -442,20 +461,28 @@ class Store:
 
     def _apply_releases(self, tx: RawTransaction, released: list[tuple[str, datetime]]) -> None:
         for alloc_id, at in released:
-            if tx.execute(self._release, {"key_id": alloc_id, "at": at}).rowcount == 1:
-                continue
-            found = tx.execute(self._released_at, {"key_id": alloc_id}).fetchone()
-            if found is None:
-                raise NotFound("allocation", alloc_id)
-            # The stored value as SQLAlchemy would hand it back: an aware UTC datetime.
-            to_python = self._released_at_type.result_processor(self.engine.dialect, None)
-            when = found[0] if to_python is None else to_python(found[0])
-            assert when is not None  # the row exists and the UPDATE skipped it: it is released
-            raise Conflict(
-                f"allocation {alloc_id!r} was already released at {when.isoformat()}; "
-                "only active allocations can be released"
+            tx.submit(
+                self._release,
+                {"key_id": alloc_id, "at": at},
+                partial(self._released_once, tx, alloc_id),
             )
         tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
+
+    def _released_once(self, tx: RawTransaction, alloc_id: str, cursor: Any) -> None:
+        """The check of one release: it must have ended exactly one active allocation."""
+        if cursor.rowcount == 1:
+            return
+        found = tx.execute(self._released_at, {"key_id": alloc_id}).fetchone()
+        if found is None:
+            raise NotFound("allocation", alloc_id)
+        # The stored value as SQLAlchemy would hand it back: an aware UTC datetime.
+        to_python = self._released_at_type.result_processor(self.engine.dialect, None)
+        when = found[0] if to_python is None else to_python(found[0])
+        assert when is not None  # the row exists and the UPDATE skipped it: it is released
+        raise Conflict(
+            f"allocation {alloc_id!r} was already released at {when.isoformat()}; "
+            "only active allocations can be released"
+        )
 
     def _delete_tenant(self, tx: RawTransaction, name: str) -> None:
         active = {f"active_{i}": s for i, s in enumerate(ACTIVE_STATES)}
