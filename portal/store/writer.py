@@ -87,6 +87,18 @@ def _app_version() -> str:
         return "unknown"
 
 
+# PostgreSQL, pipelined commits: the claims of a change set in one statement each way.
+_PG_INSERT_CLAIMS = (
+    f"INSERT INTO {CLAIMS.name} (node, gpu, slot, allocation_id) "
+    "SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::text[])"
+)
+_PG_DELETE_CLAIMS = f"DELETE FROM {CLAIMS.name} WHERE allocation_id = ANY(%s::text[])"
+
+
+def _no_check(cursor: Any) -> None:
+    """A statement whose only possible failure is a database error (raised by itself)."""
+
+
 def _one_row(missing: PortalError, cursor: Any) -> None:
     """The check of a statement that must change exactly one row."""
     if cursor.rowcount != 1:
@@ -400,7 +412,13 @@ class Store:
             )
             rows = [(*c, alloc_id) for alloc_id, cs in new_claims.items() for c in cs]
             if rows:
-                tx.executemany_values(self._insert_claim, rows)
+                if tx.pipelined:
+                    # One statement for every claim (an 8-GPU allocation has 8 per GPU on
+                    # MIG-capable models): the rows travel as four arrays.
+                    columns = [list(col) for col in zip(*rows, strict=True)]
+                    tx.submit_sql(_PG_INSERT_CLAIMS, columns, _no_check)
+                else:
+                    tx.executemany_values(self._insert_claim, rows)
         for tenant, flavor in changes.deleted_quotas:
             tx.submit(
                 self._delete_quota,
@@ -466,7 +484,10 @@ class Store:
                 {"key_id": alloc_id, "at": at},
                 partial(self._released_once, tx, alloc_id),
             )
-        tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
+        if tx.pipelined:
+            tx.submit_sql(_PG_DELETE_CLAIMS, ([alloc_id for alloc_id, _ in released],), _no_check)
+        else:
+            tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
 
     def _released_once(self, tx: RawTransaction, alloc_id: str, cursor: Any) -> None:
         """The check of one release: it must have ended exactly one active allocation."""
