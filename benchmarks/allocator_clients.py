@@ -143,6 +143,60 @@ def run_clients(
         store.close()
 
 
+def emptied(url: str) -> str:
+    """``url``, with every portal table of that PostgreSQL database emptied (if it has them),
+    so each run starts from nothing as it does on a new SQLite file."""
+    import psycopg
+
+    from portal.store.models import metadata
+
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        present = {
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            )
+        }
+        tables = [t.name for t in metadata.sorted_tables if t.name in present and t.name != "meta"]
+        if tables:
+            conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE".encode())
+    return url
+
+
+def commit_floor(url: str, commits: int = 1000) -> dict[str, Any]:
+    """The fastest a single client can commit on this server and disk: ``INSERT`` one row and
+    ``COMMIT``, one after the other (each waits for its WAL flush). No decision can commit
+    faster alone; only a batch shares one flush."""
+    import psycopg
+
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    ns: list[int] = []
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_floor (i integer)")
+        conn.commit()
+        try:
+            for i in range(commits):
+                t = time.perf_counter_ns()
+                conn.execute("INSERT INTO bench_commit_floor VALUES (%s)", (i,))
+                conn.commit()
+                ns.append(time.perf_counter_ns() - t)
+        finally:
+            conn.execute("DROP TABLE bench_commit_floor")
+            conn.commit()
+        settings = {
+            name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+            for name in ("fsync", "synchronous_commit", "wal_sync_method")
+        }
+    stats = single._stats(ns)
+    return {
+        "commits_per_s": round(len(ns) / (sum(ns) / 1e9), 1),
+        "p50_ms": stats["p50_ms"],
+        "p99_ms": stats["p99_ms"],
+        **settings,
+    }
+
+
 def row(r: dict[str, Any]) -> str:
     s = r["latency"]
     per_tx = r["decisions"] / r["transactions"] if r["transactions"] else 0.0
@@ -176,6 +230,8 @@ def compare(
             if url.startswith("sqlite"):
                 db = workdir / f"{name}-{n}.db"
                 url = f"sqlite:///{db}"
+            else:
+                url = emptied(url)
             r = run_clients(gpus, decisions, seed, url, n, policy_name)
             r["db"] = name
             print(row(r), flush=True)
