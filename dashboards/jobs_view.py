@@ -30,7 +30,7 @@ def standing(j: JobOut) -> str:
     otherwise."""
     w = j.workload
     if w is not None and w.state == "queued":
-        return queue_line(w.position, w.reason, w.message, w.eta_s)
+        return queue_line(w.position, w.reason, w.message, w.eta_s, w)
     if j.next_start_at is not None and not j.state.terminal:
         return f"restarts at {_when(j.next_start_at)}"
     if w is not None and w.allocations:

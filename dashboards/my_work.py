@@ -24,7 +24,7 @@ def waiting(w: WorkloadOut) -> str:
     the CLI use (``portal.waits``); '' otherwise."""
     if w.state != "queued":
         return ""
-    return queue_line(w.position, w.reason, w.message, w.eta_s)
+    return queue_line(w.position, w.reason, w.message, w.eta_s, w)
 
 
 def _or_nan(value: float | None) -> float:

@@ -170,7 +170,7 @@ class TenantView(Viewer):
                 e.owner,
                 e.reason,
                 e.message,
-                eta_words(e.eta_s),
+                eta_words(e.eta_s, e.eta_low_s, e.eta_high_s),
             )
             for e in self.store.queue
         ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -141,22 +142,43 @@ class RunLengths:
     """Completed run lengths (seconds) per group (tenant and kind), kept sorted, and the
     remaining time of a holder that has run ``elapsed`` so far: the empirical quantiles of
     ``length - elapsed`` over the completed runs longer than ``elapsed``. A holder that has
-    outlived every recorded run of its group gets no estimate from it (None)."""
+    outlived every recorded run of its group gets no estimate from it (None).
 
-    __slots__ = ("_all", "_by")
+    Only the newest ``per_group`` runs of a group (and ``pooled`` of all) are kept: habits
+    change, and a live portal adds a run at every end for as long as it runs."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_all", "_by", "_order", "_per_group", "_pooled")
+
+    def __init__(self, per_group: int = 1000, pooled: int = 20_000) -> None:
+        if per_group < 1 or pooled < 1:
+            raise InvalidRequest("run-length window", (per_group, pooled), "at least 1 run")
+        self._per_group = per_group
+        self._pooled = pooled
         self._by: dict[tuple[str, str], list[float]] = {}
         self._all: list[float] = []
+        # Arrival order, oldest first, to forget the oldest run of a group and of the pool.
+        self._order: dict[tuple[str, str] | None, deque[float]] = {}
 
     def add(self, group: tuple[str, str], length: float) -> None:
         if not (math.isfinite(length) and length >= 0):
             raise InvalidRequest("run length", length, "a finite number of seconds >= 0")
-        bisect.insort(self._by.setdefault(group, []), length)
-        bisect.insort(self._all, length)
+        for key, lengths, cap in ((group, None, self._per_group), (None, self._all, self._pooled)):
+            if lengths is None:
+                lengths = self._by.setdefault(group, [])
+            bisect.insort(lengths, length)
+            order = self._order.setdefault(key, deque())
+            order.append(length)
+            if len(order) > cap:
+                oldest = order.popleft()
+                del lengths[bisect.bisect_left(lengths, oldest)]
 
     def __len__(self) -> int:
         return len(self._all)
+
+    @property
+    def capacity(self) -> int:
+        """The most runs kept in all (the pooled window)."""
+        return self._pooled
 
     def remaining(
         self, group: tuple[str, str], elapsed: float, qs: Sequence[float] = (LOW_Q, POINT_Q, HIGH_Q)

@@ -19,6 +19,7 @@ from portal.commands import register as register_api_commands
 from portal.errors import PortalError, exit_code_of
 from portal.hubroles_command import register as register_hub_roles
 from portal.service import command as service_command
+from portal.store import command as store_command
 
 EXIT_OK = 0
 
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_cmd.set_defaults(handler=_demo)
     service_command.register(commands)
+    store_command.register(commands)
     agent_command.register(commands)
     register_hub_roles(commands)
     register_api_commands(commands)

@@ -171,6 +171,31 @@ class Settings(BaseSettings):
         ),
     )
 
+    leader_election: Literal["off", "lease"] = Field(
+        default="off",
+        description=(
+            "`lease`: replicas elect the one that serves with a Kubernetes Lease; the others "
+            "wait as standbys (`/ready` 503) and one takes over within a lease duration when "
+            "the leader is lost (docs/service.md). `off`: one process, no election."
+        ),
+    )
+    lease_name: str = Field(
+        default="gpuportal-leader", min_length=1, description="Name of the Lease object."
+    )
+    lease_namespace: str | None = Field(
+        default=None,
+        description="Namespace of the Lease. Unset: the pod's own namespace, else `default`.",
+    )
+    lease_duration_s: float = Field(
+        default=10.0,
+        ge=2,
+        le=300,
+        description=(
+            "How long a Lease not renewed stays the leader's: a standby takes over after it. "
+            "The leader renews every fifth of it and stops serving after seven tenths."
+        ),
+    )
+
     @field_validator("placement_policy")
     @classmethod
     def _known_policy(cls, name: str) -> str:

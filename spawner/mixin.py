@@ -361,6 +361,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
                         workload.position,
                         workload.message,
                         workload.eta_s,
+                        workload,
                     )
                     if said != last:
                         self._emit(10, said)

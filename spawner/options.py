@@ -15,7 +15,7 @@ from html import escape
 
 from policies.errors import Forbidden, InvalidRequest
 from portal.api.offers import OfferOut, OfferStateOut
-from portal.waits import wait_words, why_and_when
+from portal.waits import Wait, wait_of, wait_words, why_and_when
 
 USER_OPTION_KEYS = ("tenant", "option")
 CPU_OPTION = "cpu"  # the offer key of a server without GPUs
@@ -78,6 +78,7 @@ def queued_message(
     position: int | None,
     message: str,
     eta_s: float | None,
+    wait: Wait | None = None,
 ) -> str:
     """The spawn page's sentence for a queued request, e.g. ``Queued 3rd in team-a for 1 ×
     H100-80GB: team-a quota for H100-80GB: 4/4 gpus in use, 1 requested (limit 4); estimated
@@ -85,7 +86,10 @@ def queued_message(
     where = f"{ordinal(tenant_position)} in {tenant}" if tenant_position else f"in {tenant}"
     overall = f" ({ordinal(position)} overall)" if position and position != tenant_position else ""
     # The dashboards and the CLI tell the same wait in the same words (portal.waits).
-    why = f": {why_and_when(message, eta_s)}" if message else f"; {wait_words(eta_s)}"
+    if message:
+        why = f": {why_and_when(message, eta_s, wait)}"
+    else:
+        why = f"; {wait_of(wait) if wait is not None else wait_words(eta_s)}"
     return f"Queued {where}{overall} for {label}{why}"
 
 

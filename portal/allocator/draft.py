@@ -78,6 +78,7 @@ class Draft(Memory):
             OverlayNested(base.ledger.holders),
         )
         self.releases = None  # a decision reads no ETAs
+        self.run_lengths = None
         self.history = OverlayDict(base.history)
         self.period = OverlayDict(base.period)
         self.scalars = base.scalars

@@ -26,6 +26,7 @@ store's error and applies none; decisions taken on top of it are decided again.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import uuid
 from collections import Counter
@@ -37,6 +38,7 @@ from typing import TypeVar, cast
 
 from policies import quota
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from policies.eta import Interval
 from policies.flavors import Flavor
 from policies.inventory import Node
 from policies.placement.framework import Policy
@@ -53,6 +55,7 @@ from portal.allocator.state import (
     EndContradiction,
     State,
     released_this_month,
+    remember_runs,
     snapshot,
 )
 from portal.allocator.views import QueueEntry, ReconcileReport, WorkloadStatus, status_of
@@ -82,6 +85,10 @@ def utcnow() -> datetime:
 
 
 CONFLICT_AT_START = "conflict-at-start"
+
+INTERVAL_REFRESH_S = 5.0
+"""How long status reads share one computation of the queue's intervals while nothing
+changes (running work ages: its remaining time by past run lengths shrinks)."""
 
 
 def _end_contradiction(draft: Draft, c: Contradiction) -> None:
@@ -151,6 +158,7 @@ class Allocator:
         self._epoch = uuid.uuid4().hex[:12]
         self._observers: list[Observer] = []
         self._started = False
+        self._intervals_at: tuple[tuple[int, int], dict[str, Interval | None]] | None = None
 
     # ---------------------------------------------------------------- the cycle of every op
 
@@ -276,8 +284,10 @@ class Allocator:
             stored = self._store.load()
             state = State(self._state.policy, self._state.preemption, self._state.half_life_s)
             rebuilt = state.rebuild(nodes, stored, released_this_month(self._store, now))
+            remember_runs(state, self._store, now)
             lost = rebuilt.lost
             self._state = state
+            self._intervals_at = None
 
             def settle(draft: Draft) -> None:
                 for wid in lost:
@@ -528,9 +538,10 @@ class Allocator:
     cancel = release
 
     def status(self, workload_id: str) -> WorkloadStatus:
+        """A workload's status; while queued with its ETA's interval and reason."""
         with self._lock:
             if workload_id in self._state.live:
-                return self._status_of(workload_id)
+                return self._status_of(workload_id, interval=True)
             stored = self._store.workload(workload_id)
             if stored is None:
                 raise NotFound("workload", workload_id)
@@ -540,7 +551,7 @@ class Allocator:
         """Every non-terminal workload (optionally of one tenant)."""
         with self._lock:
             return [
-                self._status_of(lv.rec.id)
+                self._status_of(lv.rec.id, interval=True)
                 for lv in sorted(self._state.live.values(), key=lambda lv: lv.seq)
                 if tenant is None or lv.rec.tenant == tenant
             ]
@@ -658,7 +669,9 @@ class Allocator:
 
     # ================================================================ internals
 
-    def _status_of(self, wid: str) -> WorkloadStatus:
+    def _status_of(self, wid: str, *, interval: bool = False) -> WorkloadStatus:
+        """``interval``: with the ETA's interval and reason (status reads; a decision's
+        answer carries the point alone, which costs no walk over the running work)."""
         state = self._state
         lv = state.live.get(wid)
         if lv is None:
@@ -666,13 +679,38 @@ class Allocator:
             if stored is None:
                 raise NotFound("workload", wid)
             return status_of(stored, stored.message)
-        pos = tpos = eta = None
-        if lv.rec.state is WorkloadState.QUEUED:
-            # Only this workload's entry: building every entry costs an ETA per queued workload.
-            found = estimates.queue_position(state, wid, self._clock())
-            if found is not None:
-                pos, tpos, eta = found
-        return status_of(lv.rec, lv.message, lv.allocations, pos, tpos, eta)
+        if lv.rec.state is not WorkloadState.QUEUED:
+            return status_of(lv.rec, lv.message, lv.allocations)
+        # Only this workload's entry: building every entry costs an ETA per queued workload.
+        found = estimates.queue_position(state, wid, self._clock())
+        if found is None:
+            return status_of(lv.rec, lv.message, lv.allocations)
+        pos, tpos, eta = found
+        if not interval:
+            return status_of(lv.rec, lv.message, lv.allocations, pos, tpos, eta)
+        f = estimates.eta_fields(eta, self._queue_intervals().get(wid))
+        return status_of(
+            lv.rec,
+            lv.message,
+            lv.allocations,
+            pos,
+            tpos,
+            f["eta_s"],
+            (f["eta_low_s"], f["eta_high_s"], f["eta_reason"]),
+        )
+
+    def _queue_intervals(self) -> dict[str, Interval | None]:
+        """Every queued workload's calibrated wait, computed once per applied change (and
+        per ``INTERVAL_REFRESH_S`` as running work ages) for all status reads in between:
+        one walk over the running work answers the whole queue."""
+        state = self._state
+        now = self._clock()
+        key = (state.version, math.floor(now.timestamp() / INTERVAL_REFRESH_S))
+        cached = self._intervals_at
+        if cached is None or cached[0] != key:
+            got = estimates.queue_intervals(state, now, estimates.history_of(state))
+            cached = self._intervals_at = (key, got)
+        return cached[1]
 
     def _by_idempotency(
         self, mem: Memory, req: WorkloadRequest, key: str

@@ -111,8 +111,7 @@ def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
     per_tenant: dict[str, int] = {}
     out = []
     etas = QueueEtas(mem, now)
-    # The allocator keeps no run-length history: intervals come from declared ends alone.
-    intervals = queue_intervals(mem, now, RunLengths()) if ordered else {}
+    intervals = queue_intervals(mem, now, history_of(mem)) if ordered else {}
     for i, lv in enumerate(ordered, start=1):
         per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
         models = mem.models_for(lv.req) or [""]
@@ -130,31 +129,41 @@ def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
                 message=lv.message,
                 enqueued_at=lv.rec.created_at,
                 gpu_equivalent=geq,
-                **_eta_fields(etas.eta(lv), intervals.get(lv.rec.id)),
+                **eta_fields(etas.eta(lv), intervals.get(lv.rec.id)),
             )
         )
         etas.passed(lv)
     return out
 
 
-def _eta_fields(point: float | None, got: Interval | None) -> dict[str, Any]:
-    """``eta_s`` (today's point) with the interval around it and its reason. No point: no
+def history_of(mem: Memory) -> RunLengths:
+    """The run lengths the state has seen end (none on a decision's draft)."""
+    return mem.run_lengths if mem.run_lengths is not None else RunLengths()
+
+
+NO_RELEASE_FORESEEN = "waits for a release; no running workload it waits for has an end time"
+
+
+def eta_fields(point: float | None, got: Interval | None) -> dict[str, Any]:
+    """``eta_s`` with the p20-p80 interval around it and its reason. The calibrated estimate
+    (``got``: declared ends and, for holders without one, their tenant's past run lengths)
+    gives the point when it has one; else ``point`` (declared ends alone). Neither: no
     interval either, and the reason says only a release admits it (portal.waits)."""
+    if got is not None:
+        return {
+            "eta_s": got.point,
+            "eta_low_s": min(got.point, got.low),
+            "eta_high_s": max(got.point, got.high),
+            "eta_reason": got.reason,
+        }
     if point is None:
         return {
             "eta_s": None,
             "eta_low_s": None,
             "eta_high_s": None,
-            "eta_reason": "waits for a release; no running workload it waits for has an end time",
+            "eta_reason": NO_RELEASE_FORESEEN,
         }
-    if got is None:
-        return {"eta_s": point, "eta_low_s": point, "eta_high_s": point, "eta_reason": ""}
-    return {
-        "eta_s": point,
-        "eta_low_s": min(point, got.low),
-        "eta_high_s": max(point, got.high),
-        "eta_reason": got.reason,
-    }
+    return {"eta_s": point, "eta_low_s": point, "eta_high_s": point, "eta_reason": ""}
 
 
 def queue_position(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from policies import fairness, quota
 from policies.capacity import flavor_capacity
 from policies.errors import NotFound
+from policies.eta import RunLengths
 from policies.inventory import Node
 from policies.placement.framework import Policy
 from policies.placement.state import ClusterState, Placement
@@ -161,6 +162,8 @@ class Memory:
     ledger: Ledger
     # When held devices come back, for ETAs; only the applied state keeps it (None: a draft).
     releases: ReleaseIndex | None
+    # How long each tenant's runs of each kind took, for ETAs; the applied state only.
+    run_lengths: RunLengths | None
     history: MutableMapping[str, tuple[float, datetime]]
     # (tenant, flavor, first day of the month) -> GPU-hours of allocations released that month.
     period: MutableMapping[tuple[str, str, datetime], float]
@@ -347,6 +350,18 @@ class _Queued:
     @staticmethod
     def of(lv: Live) -> _Queued:
         return _Queued(lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv)
+
+
+OUTSIDE_ENDS = frozenset({"preempted", "node-lost", "workload-gone", "conflict-at-start"})
+"""End reasons that cut a run short from outside: such a run says nothing about how long the
+tenant's work of its kind takes."""
+
+
+def run_length(rec: WorkloadRecord) -> float | None:
+    """Seconds an ended workload ran, when its length is its own (ETA history); else None."""
+    if rec.started_at is None or rec.ended_at is None or rec.reason in OUTSIDE_ENDS:
+        return None
+    return max(0.0, (rec.ended_at - rec.started_at).total_seconds())
 
 
 def month_start(at: datetime) -> datetime:

@@ -15,7 +15,7 @@ from typing import Protocol
 from policies.inventory import Node
 from policies.placement.state import Placement
 from portal.allocator import codec
-from portal.allocator.memory import Live, Memory, period_hours
+from portal.allocator.memory import Live, Memory, period_hours, run_length
 from portal.store.records import (
     AllocationRecord,
     ChangeSet,
@@ -155,6 +155,10 @@ class Finish:
                 mem.period[key] = mem.period.get(key, 0.0) + a.gpu_equivalent * hours
         del mem.live[wid]
         _index_state(mem, wid, old.rec.state, self.rec.state)
+        if mem.run_lengths is not None:
+            length = run_length(self.rec)
+            if length is not None:
+                mem.run_lengths.add((self.rec.tenant, self.rec.kind), length)
 
     def record(self, out: ChangeSet) -> None:
         out.workloads.append(self.rec)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from policies.errors import Conflict
+from policies.eta import RunLengths
 from policies.inventory import Node
 from policies.placement.framework import Policy
 from policies.placement.state import ClusterState, Placement
@@ -29,6 +30,7 @@ from portal.allocator.memory import (
     Scalars,
     month_start,
     period_hours,
+    run_length,
 )
 from portal.allocator.ops import restored_placement
 from portal.allocator.releases import LiveTable
@@ -50,6 +52,8 @@ class State(Memory):
         self.quotas = {}
         self.live = LiveTable()
         self.releases = self.live.releases
+        self.run_lengths = RunLengths()
+        self.version = 0  # applied decisions: what cached reads of the state are keyed on
         self.queued = set()
         self.preempting = set()
         self.preempting_amount = {}
@@ -68,6 +72,7 @@ class State(Memory):
         for op in decision.ops:
             op.apply(self)
         self.scalars = decision.scalars
+        self.version += 1
 
     def observe(self, dev: DeviceRequest, placement: Placement) -> None:
         self.policy.observe(dev, placement)
@@ -204,6 +209,24 @@ class EndContradiction:
     def record(self, out: ChangeSet) -> None:
         out.workloads.append(self.rec)
         out.released.extend((a.id, self.at) for a in self.allocations)
+
+
+RUN_HISTORY_DAYS = 30
+"""How far back a restarted allocator reads run lengths for its ETAs."""
+
+
+def remember_runs(state: State, store: Store, now: datetime) -> None:
+    """Fill the state's run-length history from the workloads that ended recently, oldest
+    first (the history keeps the newest runs of each group)."""
+    history = state.run_lengths
+    if history is None:
+        return
+    since = now - timedelta(days=RUN_HISTORY_DAYS)
+    ended = store.workloads_ended_since(since, limit=history.capacity)
+    for rec in reversed(ended):
+        length = run_length(rec)
+        if length is not None:
+            history.add((rec.tenant, rec.kind), length)
 
 
 def released_this_month(store: Store, now: datetime) -> list[tuple[str, AllocationRecord]]:

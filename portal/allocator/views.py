@@ -34,6 +34,11 @@ class WorkloadStatus:
     eta_s: float | None = None
     preempt_deadline: datetime | None = None
     flavor: str | None = None
+    # The wait's p20-p80 interval and why, in words; on status reads (not on the answer to a
+    # request, whose decision computes the point alone).
+    eta_low_s: float | None = None
+    eta_high_s: float | None = None
+    eta_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +78,10 @@ def status_of(
     position: int | None = None,
     tenant_position: int | None = None,
     eta_s: float | None = None,
+    interval: tuple[float | None, float | None, str] = (None, None, ""),
 ) -> WorkloadStatus:
-    """A workload's status from its record and what only memory knows."""
+    """A workload's status from its record and what only memory knows; ``interval``: the
+    wait's low and high ends and its reason."""
     return WorkloadStatus(
         id=rec.id,
         tenant=rec.tenant,
@@ -93,4 +100,7 @@ def status_of(
         eta_s=eta_s,
         preempt_deadline=rec.preempt_deadline,
         flavor=allocations[0].flavor if allocations else None,
+        eta_low_s=interval[0],
+        eta_high_s=interval[1],
+        eta_reason=interval[2],
     )

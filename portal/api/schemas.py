@@ -241,7 +241,25 @@ class AllocationOut(Model):
     borrowed: bool = Field(description="Above the tenant's guaranteed quota (preemptible).")
 
 
-class WorkloadOut(Model):
+class WaitOut(Model):
+    """How long a queued workload is expected to wait: one definition for a workload's status
+    and a queue entry."""
+
+    eta_s: float | None = Field(description="Estimated wait, seconds; null: cannot estimate.")
+    eta_low_s: float | None = Field(
+        default=None,
+        description="Low end (p20) of the estimated wait, seconds; null with eta_s, and on the "
+        "answer to a request (read the workload for it).",
+    )
+    eta_high_s: float | None = Field(
+        default=None, description="High end (p80) of the estimated wait, seconds; null likewise."
+    )
+    eta_reason: str = Field(
+        default="", description="Why the wait is what it is, in words (what is ahead, what frees)."
+    )
+
+
+class WorkloadOut(WaitOut):
     id: str
     tenant: str
     owner: str = Field(description="The hub user or service that requested it.")
@@ -258,12 +276,11 @@ class WorkloadOut(Model):
     allocations: list[AllocationOut] = Field(description="Devices held; empty unless running.")
     position: int | None = Field(description="1-based queue position; null unless queued.")
     tenant_position: int | None = Field(description="Position among its tenant's; null likewise.")
-    eta_s: float | None = Field(description="Estimated wait, seconds; null: cannot estimate.")
     preempt_deadline: datetime | None = Field(description="When it is stopped; null: not told.")
     flavor: str | None = Field(description="Flavor of its first allocation; null: none.")
 
 
-class QueueEntryOut(Model):
+class QueueEntryOut(WaitOut):
     workload_id: str
     tenant: str
     owner: str
@@ -275,16 +292,6 @@ class QueueEntryOut(Model):
     message: str
     enqueued_at: datetime
     gpu_equivalent: float = Field(ge=0)
-    eta_s: float | None = Field(description="Estimated wait, seconds; null: cannot estimate.")
-    eta_low_s: float | None = Field(
-        default=None, description="Low end (p20) of the estimated wait, seconds; null with eta_s."
-    )
-    eta_high_s: float | None = Field(
-        default=None, description="High end (p80) of the estimated wait, seconds; null with eta_s."
-    )
-    eta_reason: str = Field(
-        default="", description="Why the wait is what it is, in words (what is ahead, what frees)."
-    )
 
 
 class UsageOut(Model):

@@ -139,7 +139,9 @@ def describe(j: JobOut) -> str:
         pairs.append(("waiting", f"{w.reason}: {why_and_when(w.message, w.eta_s)}"))
         if w.position is not None:
             pairs.append(("position", f"{w.position} ({w.tenant_position} in {w.tenant})"))
-            pairs.append(("eta", eta_words(w.eta_s)))
+            pairs.append(("eta", eta_words(w.eta_s, w.eta_low_s, w.eta_high_s)))
+            if w.eta_reason:
+                pairs.append(("why", w.eta_reason))
     if w is not None and w.allocations:
         pairs.append(("devices", devices(w.allocations)))
     if j.next_start_at is not None:

@@ -45,7 +45,7 @@ def show_queue(args: argparse.Namespace) -> int:
             e.priority,
             e.gpu_equivalent,
             e.reason,
-            eta_words(e.eta_s),
+            eta_words(e.eta_s, e.eta_low_s, e.eta_high_s),
             e.enqueued_at,
             e.message,
         )

@@ -109,7 +109,9 @@ def describe(w: WorkloadOut) -> str:
         pairs.append(("reason", f"{w.reason}: {w.message}" if w.message else w.reason))
     if w.position is not None:
         pairs.append(("position", f"{w.position} ({w.tenant_position} in {w.tenant})"))
-        pairs.append(("eta", eta_words(w.eta_s)))
+        pairs.append(("eta", eta_words(w.eta_s, w.eta_low_s, w.eta_high_s)))
+        if w.eta_reason:
+            pairs.append(("why", w.eta_reason))
     pairs += [("flavor", w.flavor), ("created", w.created_at), ("started", w.started_at)]
     pairs.append(("ended", w.ended_at))
     if w.preempt_deadline is not None:

@@ -350,7 +350,10 @@ class JobController:
         """Request the next attempt's workload and record the attempt."""
         number = job.attempt + 1
         resume = self._resume_point(spec)
-        status = self._alloc.request(self._workload_request(job, spec, spec.devices))
+        status = self._alloc.request(
+            self._workload_request(job, spec, spec.devices),
+            expected_duration_s=spec.expected_duration_s,
+        )
         now = self.now
         attempt = AttemptRecord(
             job_id=job.id,
@@ -399,7 +402,9 @@ class JobController:
         # Leave the queue first: the strict request's place (and any node reserved for it)
         # would otherwise hold the relaxed one back.
         self._alloc.release(st.id, reason="topology relaxed")
-        status = self._alloc.request(self._workload_request(job, spec, relaxed))
+        status = self._alloc.request(
+            self._workload_request(job, spec, relaxed), expected_duration_s=spec.expected_duration_s
+        )
         attempt = replace(
             self._attempt(job), workload_id=status.id, topology=relaxed.topology.value
         )

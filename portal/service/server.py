@@ -21,6 +21,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,9 +57,10 @@ from portal.kube import service as kube_loops
 from portal.service import hubsync, logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
 from portal.service.inventory import Follower, source_factory
+from portal.service.leader import Leadership, lead_or_stand_by
 from portal.service.loops import Loops, LoopsCollector
 from portal.settings import ENV_PREFIX, Settings
-from portal.store.guard import AdvisoryLockGuard
+from portal.store.guard import AdvisoryLockGuard, WriterTaken
 from portal.telemetry.service import Telemetry
 
 log = logging.getLogger("portal.service")
@@ -166,6 +168,17 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
     # loop and the pod binder alike.
     isolation = load_isolation_settings(settings.isolation_file)
     alerts = alerting.load_alerting_settings()  # the rules' settings too: a bad one stops here
+    leadership: Leadership | None = None
+    if settings.leader_election == "lease":
+        # Stand by (/ready 503) until this replica holds the Lease; losing it later stops
+        # the service, which then exits 1 for the platform to restart it as a standby.
+        leadership = lead_or_stand_by(
+            settings, where.ip, where.port, where.prefix, lambda: signals.requested,
+            lambda _why: signals.stop(),
+        )  # fmt: skip
+        if leadership is None:
+            log.info("stopped while standing by")
+            return 0
     follower = Follower(
         source_factory(settings.inventory),
         f"inventory {settings.inventory!r} (GPUPORTAL_INVENTORY)",
@@ -173,10 +186,13 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
     try:
         # The inventory first: a cluster that cannot be listed fails before any migration.
         nodes = follower.start()
-        store = open_store(settings.database_url)
+        store = open_store(
+            settings.database_url,
+            wait_s=settings.lease_duration_s if leadership is not None else 0.0,
+        )
         loops = Loops()
         try:
-            return _run(
+            code = _run(
                 settings, isolation, alerts, where, seeds, store, nodes, follower, loops, signals
             )
         finally:
@@ -186,6 +202,11 @@ def serve(settings: Settings, *, seed_file: Path | None = None) -> int:
             log.info("stopped")
     finally:
         follower.stop()
+        if leadership is not None:
+            leadership.stop()
+    if leadership is not None and leadership.lost is not None:
+        return 1  # memory is not trusted past the Lease: restart as a standby
+    return code
 
 
 def _run(
@@ -327,8 +348,10 @@ def _plain(value: object) -> str:
     return str(value)
 
 
-def open_store(url: str) -> ReportingStore:
+def open_store(url: str, *, wait_s: float = 0.0) -> ReportingStore:
     """Connect to the database (creating a SQLite file's directory) and migrate it.
+    ``wait_s``: how long to retry while another process holds the writer guard (a newly
+    elected leader waits out its predecessor's exit).
 
     Raises:
         Unavailable: the database does not accept connections or cannot be migrated.
@@ -337,9 +360,16 @@ def open_store(url: str) -> ReportingStore:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
     try:
-        # The writer guard: a second serve on this database refuses to start (WriterTaken).
-        return ReportingStore(url, writer_guard=True)
+        while True:
+            try:
+                # The writer guard: a second serve on this database refuses (WriterTaken).
+                return ReportingStore(url, writer_guard=True)
+            except WriterTaken:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
     except SQLAlchemyError as exc:
         shown = parsed.render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]

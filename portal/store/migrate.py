@@ -31,6 +31,11 @@ def head() -> str:
     return revision
 
 
+def known_revisions() -> frozenset[str]:
+    """Every schema revision this version of the portal can migrate from."""
+    return frozenset(s.revision for s in ScriptDirectory.from_config(_config()).walk_revisions())
+
+
 def current(engine: Engine) -> str | None:
     """The revision the database is at, or None for an empty database."""
     with engine.connect() as conn:
@@ -47,8 +52,7 @@ def upgrade(target: str | Engine, revision: str = "head") -> None:
     engine = make_engine(target) if isinstance(target, str) else target
     try:
         at = current(engine)
-        script = ScriptDirectory.from_config(_config())
-        if at is not None and at not in {s.revision for s in script.walk_revisions()}:
+        if at is not None and at not in known_revisions():
             raise Conflict(
                 f"the database is at schema revision {at!r}, which this portal does not know "
                 f"(it knows up to {head()!r}); run a portal at least as new as the one that "

@@ -699,6 +699,18 @@ class Store:
         with self._read() as conn:
             return [convert.allocation_record(r) for r in conn.execute(query).mappings()]
 
+    def workloads_ended_since(self, since: datetime, limit: int) -> list[WorkloadRecord]:
+        """Workloads that started and ended at or after ``since``, newest end first, at most
+        ``limit`` (the run-length history ETAs start from)."""
+        query = (
+            select(WORKLOADS)
+            .where(WORKLOADS.c.ended_at >= since, WORKLOADS.c.started_at.is_not(None))
+            .order_by(WORKLOADS.c.ended_at.desc(), WORKLOADS.c.id)
+            .limit(limit)
+        )
+        with self._read() as conn:
+            return [convert.workload_record(r) for r in conn.execute(query).mappings()]
+
     def meta(self) -> dict[str, str]:
         """Facts about the database: ``schema_version``, ``app_version`` of the last opener."""
         with self._read() as conn:

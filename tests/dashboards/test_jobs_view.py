@@ -107,6 +107,21 @@ def test_lists_only_the_viewers_jobs_with_members_attempt_and_queue_wait(jobs: J
     assert jobs.store("tok-mia", "mia").jobs == []
 
 
+def test_a_waiting_job_shows_its_wait_interval_and_why(jobs: Jobs) -> None:
+    with jobs.client("tok-alice") as alice:
+        alice.jobs.submit(
+            "team-a", ["python", "a.py"], members=3, flavor="H100-80GB", expected_duration_s=720
+        )
+        waits = alice.jobs.submit("team-a", ["python", "b.py"], members=3, flavor="H100-80GB")
+    jobs.step()
+    (job,) = [j for j in jobs.store("tok-alice", "alice").jobs if j.id == waits.id]
+    line = job_row(job)[7]
+    assert job.workload is not None and job.workload.eta_reason
+    # team-a's limit frees when the first job reaches its declared 12 minutes.
+    assert "estimated wait 12 min" in line
+    assert "frees in about 12 min when a job reaches its time limit" in line
+
+
 def test_a_share_job_says_its_share_per_member(jobs: Jobs) -> None:
     with jobs.client("tok-alice") as alice:
         alice.jobs.submit("team-a", ["python", "s.py"], members=2, flavor="T4/share", milli=250)

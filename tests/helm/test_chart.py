@@ -161,7 +161,7 @@ def test_optional_parts_can_be_turned_off(helm: Helm) -> None:
 # --- the portal: one writer, probes, settings ---------------------------------------------------
 
 
-def test_portal_is_one_replica_replaced_with_recreate_and_probed_on_ready_and_health(
+def test_portal_is_one_replica_by_default_replaced_with_recreate_and_probed_on_ready_and_health(
     helm: Helm,
 ) -> None:
     deployment = named(helm.render(), "Deployment", "gpuportal")
@@ -176,6 +176,65 @@ def test_portal_is_one_replica_replaced_with_recreate_and_probed_on_ready_and_he
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert dict(isolation.portal_pod_labels).items() <= labels.items()
     assert c["ports"][0]["containerPort"] == isolation.portal_api_port
+
+
+HA = {
+    "portal.replicas": "2",
+    "portal.leaderElection.enabled": "true",
+    "database.url": '"postgresql+psycopg://gp:pw@db:5432/gpuportal"',
+}
+
+
+def test_replicas_elect_a_leader_with_a_lease_they_alone_may_renew(helm: Helm) -> None:
+    objects = helm.render(sets=HA)
+    deployment = named(objects, "Deployment", "gpuportal")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    env = env_of(deployment["spec"]["template"], "portal")
+    assert env["GPUPORTAL_LEADER_ELECTION"] == "lease"
+    assert (env["GPUPORTAL_LEASE_NAME"], env["GPUPORTAL_LEASE_NAMESPACE"]) == (
+        "gpuportal-leader",
+        "gpuportal",
+    )
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    role = named(objects, "Role", "gpuportal-leader-election")
+    assert rule_set(role["rules"]) == {
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "update"),
+        ("coordination.k8s.io", "leases", "create"),
+    }
+    (renew,) = [r for r in role["rules"] if "update" in r["verbs"]]
+    assert renew["resourceNames"] == ["gpuportal-leader"]
+    binding = named(objects, "RoleBinding", "gpuportal-leader-election")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuportal", "namespace": "gpuportal"}
+    ]
+    # Without the election, neither the variables nor the Role exist.
+    plain = helm.render()
+    assert "GPUPORTAL_LEADER_ELECTION" not in env_of(
+        named(plain, "Deployment", "gpuportal")["spec"]["template"], "portal"
+    )
+    assert ("Role", "gpuportal-leader-election") not in kinds_and_names(plain)
+
+
+@pytest.mark.parametrize(
+    ("drop", "message"),
+    [
+        (
+            "portal.leaderElection.enabled",
+            "at '/portal/leaderElection/enabled': value must be true",
+        ),
+        ("database.url", "at '/database': 'anyOf' failed"),
+    ],
+)
+def test_more_replicas_without_election_or_postgresql_are_refused(
+    helm: Helm, drop: str, message: str
+) -> None:
+    sets = {k: v for k, v in HA.items() if k != drop}
+    proc = helm.template(sets=sets)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert message in proc.stderr, proc.stderr
 
 
 def test_every_gpuportal_variable_the_chart_sets_is_a_setting_of_the_process_it_configures(
@@ -392,7 +451,8 @@ def test_agent_runs_on_gpu_nodes_through_the_nvidia_runtime_without_a_gpu(helm: 
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("portal.replicas", "2", "at '/portal/replicas': value must be 1"),
+        ("portal.replicas", "2", "at '/portal/leaderElection/enabled': value must be true"),
+        ("portal.replicas", "0", "at '/portal/replicas': minimum: got 0, want 1"),
         (
             "portal.settings.inventory",
             '"everything"',

@@ -139,3 +139,16 @@ def test_calibration_learns_a_systematic_underestimate() -> None:
         cal.add(100.0, 300.0)
     got = cal.apply(Interval(50.0, 40.0, 60.0, "r"))
     assert (got.point, got.low, got.high) == (150.0, 120.0, 180.0)
+
+
+def test_history_keeps_the_newest_runs_of_a_group_and_of_the_pool() -> None:
+    h = RunLengths(per_group=MIN_HISTORY, pooled=MIN_HISTORY)
+    for _ in range(MIN_HISTORY):
+        h.add(G, 100.0)
+    for _ in range(MIN_HISTORY):
+        h.add(G, 1000.0)  # the group's habits changed: the old runs are forgotten
+    assert h.remaining(G, 0.0) == (1000.0, 1000.0, 1000.0)
+    assert len(h) == MIN_HISTORY
+    assert h.capacity == MIN_HISTORY
+    with pytest.raises(InvalidRequest, match="run-length window"):
+        RunLengths(per_group=0)

@@ -3,9 +3,20 @@ the CLI all say it so."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from portal.waits import NO_ESTIMATE, duration, eta_words, queue_line, wait_words, why_and_when
+from portal.waits import (
+    NO_ESTIMATE,
+    duration,
+    eta_words,
+    likely,
+    queue_line,
+    wait_of,
+    wait_words,
+    why_and_when,
+)
 
 
 @pytest.mark.parametrize(
@@ -42,3 +53,33 @@ def test_a_message_that_already_says_it_waits_for_a_release_is_not_told_twice() 
     )
     assert why_and_when(msg, None) == f"{msg}; no estimate"
     assert why_and_when(msg, 60.0) == f"{msg}; estimated wait 1 min"
+
+
+@dataclass
+class _Wait:
+    eta_s: float | None
+    eta_low_s: float | None
+    eta_high_s: float | None
+    eta_reason: str
+
+
+def test_an_interval_is_told_when_it_says_more_than_the_point() -> None:
+    assert likely(480.0, 1200.0) == "8 min to 20 min"
+    assert likely(10.0, 1200.0) == "up to 20 min"
+    assert likely(700.0, 720.0) == ""  # both ends read "12 min"
+    assert likely(None, 1200.0) == ""
+    assert eta_words(720.0, 480.0, 1200.0) == "12 min (likely 8 min to 20 min)"
+    assert wait_words(720.0, 480.0, 1200.0) == "estimated wait 12 min (likely 8 min to 20 min)"
+    why = "3 workloads ahead of you; the next H100 frees in about 8 min when a job ends"
+    w = _Wait(720.0, 480.0, 1200.0, why)
+    assert wait_of(w) == f"estimated wait 12 min (likely 8 min to 20 min): {why}"
+    msg = "capacity of H100-80GB: 8/8 in use"
+    assert queue_line(3, "capacity", msg, w.eta_s, w) == (
+        f"#3 · capacity: {msg}; estimated wait 12 min (likely 8 min to 20 min): {why}"
+    )
+
+
+def test_no_estimate_with_an_interval_record_is_still_no_estimate() -> None:
+    w = _Wait(None, None, None, "waits for a release; no running workload has an end time")
+    assert wait_of(w) == NO_ESTIMATE
+    assert why_and_when("", None, w) == NO_ESTIMATE

@@ -46,3 +46,18 @@ def test_a_wait_only_an_unforeseen_release_ends_has_no_interval(
     (entry,) = [e for e in _queue(client) if e["workload_id"] == queued.id]
     assert entry["eta_s"] is None and entry["eta_low_s"] is None and entry["eta_high_s"] is None
     assert str(entry["eta_reason"]).startswith("waits for a release")
+
+
+def test_a_queued_workloads_status_has_the_same_interval_and_reason(
+    allocator: Allocator, client: TestClient
+) -> None:
+    allocator.request(wl("team-b", gpus(4), name="long"), expected_duration_s=720.0)
+    allocator.request(wl("team-a", gpus(2), name="open"))
+    queued = allocator.request(wl("team-b", gpus(2), name="next"))
+    r = client.get(f"/api/v1/workloads/{queued.id}", headers=auth("root"))
+    assert r.status_code == 200, r.text
+    got = r.json()
+    (entry,) = [e for e in _queue(client) if e["workload_id"] == queued.id]
+    for field in ("eta_s", "eta_low_s", "eta_high_s", "eta_reason"):
+        assert got[field] == entry[field], field
+    assert got["eta_reason"].startswith("nothing ahead of you; the next H100-80GB frees")

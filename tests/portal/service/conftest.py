@@ -103,7 +103,10 @@ class Service:
     def command(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "portal.cli", "serve", *args]
 
-    def start(self, *args: str, seed: Mapping[str, object] | None = SEED) -> None:
+    def start(
+        self, *args: str, seed: Mapping[str, object] | None = SEED, wait_for: str = "/ready"
+    ) -> None:
+        """Start and wait until ``wait_for`` answers 200 (``/health`` for a standby)."""
         (self.workdir / "tokens.yaml").write_text(yaml.safe_dump(TOKENS))
         argv = list(args)
         if seed is not None:
@@ -120,7 +123,7 @@ class Service:
             if self.process.poll() is not None:
                 pytest.fail(f"serve exited with {self.process.returncode}:\n{self.tail()}")
             try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{wait_for}", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
