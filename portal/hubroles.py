@@ -9,7 +9,7 @@ Pure: typed, frozen inputs in, plain data (or text) out.
 Roles (``docs/roles.md`` explains each choice), for tenant ``t``:
 
 - ``gpuportal-member-t`` (group ``t``): request, release and read workloads; read the queue,
-  quotas, usage and inventory; all filtered ``!group=t``.
+  quotas, usage and inventory; call the tenant's inference services; all filtered ``!group=t``.
 - ``gpuportal-tenant-admin-t`` (group ``t-admins``): the member's scopes plus ``quotas:write``
   and ``cost:read``, all filtered ``!group=t``; nothing else.
 - ``gpuportal-leadership`` (group ``gpuportal-leadership``): ``cost:read`` and ``usage:read``
@@ -40,6 +40,7 @@ MEMBER_SCOPES: tuple[Scope, ...] = (
     Scope.QUOTAS_READ,
     Scope.USAGE_READ,
     Scope.INVENTORY_READ,
+    Scope.SERVICES_CALL,
 )
 """What a tenant's members may do, each filtered to their tenant's group."""
 

@@ -22,6 +22,7 @@ from portal.api import (
     offers,
     queue,
     quotas,
+    services,
     tenants,
     usage,
     workloads,
@@ -31,6 +32,9 @@ from portal.api import telemetry as telemetry_routes
 from portal.api.auth import Authenticator
 from portal.api.deps import allocator
 from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
+from portal.inference.controller import ServiceController
+from portal.inference.gateway import Gateway
+from portal.inference.gateway import router as gateway_router
 from portal.jobs.controller import JobController
 
 PREFIX = "/api/v1"
@@ -44,13 +48,15 @@ def create_app(
     *,
     metrics: ServiceMetrics | None = None,
     job_controller: JobController | None = None,
+    service_controller: ServiceController | None = None,
 ) -> FastAPI:
     """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
 
     ``metrics`` (default: new ones over ``alloc``) are served at ``/metrics``; the service
     passes its own so the allocator's commits can count decisions into them.
     ``job_controller`` runs ``/jobs`` (default: one without a backend, which takes, lists
-    and cancels jobs but launches nothing: the service passes the one its loop drives).
+    and cancels jobs but launches nothing: the service passes the one its loop drives);
+    ``service_controller`` likewise runs ``/services`` and the gateway.
     """
     app = FastAPI(
         title="gpuportal",
@@ -64,13 +70,28 @@ def create_app(
     app.state.authenticator = authenticator
     app.state.metrics = metrics or ServiceMetrics(alloc)
     app.state.jobs = job_controller or JobController(alloc)
+    app.state.services = service_controller or ServiceController(alloc)
+    app.state.gateway = Gateway(app.state.services)
+    app.state.metrics.registry.register(app.state.gateway.book)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
-    for module in (tenants, quotas, workloads, jobs, queue, usage, inventory, cost, offers):
+    for module in (
+        tenants,
+        quotas,
+        workloads,
+        jobs,
+        services,
+        queue,
+        usage,
+        inventory,
+        cost,
+        offers,
+    ):
         app.include_router(module.router, prefix=PREFIX)
     app.include_router(telemetry_routes.router, prefix=PREFIX)
     app.include_router(alert_routes.router, prefix=PREFIX)
     app.include_router(service_metrics.router)
+    app.include_router(gateway_router)
 
     @app.get("/", tags=["health"], summary="What this service is and where its API lives")
     def index() -> dict[str, str]:

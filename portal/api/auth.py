@@ -41,6 +41,7 @@ class Scope(StrEnum):
     INVENTORY_READ = PREFIX + "inventory:read"
     METRICS_READ = PREFIX + "metrics:read"
     TELEMETRY_WRITE = PREFIX + "telemetry:write"
+    SERVICES_CALL = PREFIX + "services:call"
     ADMIN = PREFIX + "admin"
 
 
@@ -55,6 +56,7 @@ SCOPE_HELP: dict[Scope, str] = {
     Scope.INVENTORY_READ: "read nodes, GPUs, MIG layouts, topology and capacity",
     Scope.METRICS_READ: "scrape the service's Prometheus metrics",
     Scope.TELEMETRY_WRITE: "send GPU samples (node agents, the Prometheus source)",
+    Scope.SERVICES_CALL: "call inference services through the gateway (OpenAI API)",
     Scope.ADMIN: "every portal scope",
 }
 

@@ -53,10 +53,12 @@ class AsyncPortal:
         *,
         timeout: float = 30.0,
         retries: int = 2,
+        unavailable_wait_s: float = core.UNAVAILABLE_WAIT_S,
         page_size: int = MAX_PAGE,
     ) -> None:
         self.url = resolve_url(url)
         self._retries = retries
+        self._unavailable_wait_s = unavailable_wait_s
         self._page_size = core.check_page_size(page_size)
         self._http = httpx.AsyncClient(
             base_url=self.url, **core.http_options(resolve_token(token), timeout)
@@ -80,9 +82,10 @@ class AsyncPortal:
 
     async def _send(self, call: Call) -> httpx.Response:
         attempt = 0
+        waited = 0.0
         while True:
             try:
-                return await self._http.request(
+                response = await self._http.request(
                     call.method,
                     call.path,
                     params=dict(call.params),
@@ -92,6 +95,12 @@ class AsyncPortal:
             except httpx.TransportError as exc:
                 await asyncio.sleep(core.retry_delay(self.url, call, exc, attempt, self._retries))
                 attempt += 1
+                continue
+            delay = core.unavailable_delay(response, call, waited, self._unavailable_wait_s)
+            if delay is None:
+                return response
+            await asyncio.sleep(delay)
+            waited += delay
 
     async def _run(self, op: Op[T]) -> T:
         try:

@@ -116,6 +116,29 @@ def retry_delay(
     return RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
 
 
+UNAVAILABLE_WAIT_S = 30.0
+"""How long in all a call the portal answers 503 with ``Retry-After`` (a standby during a
+failover, a database restart) is sent again before the error reaches the caller."""
+MAX_RETRY_AFTER_S = 10.0
+"""The longest single wait taken from a ``Retry-After``."""
+
+
+def unavailable_delay(
+    response: httpx.Response, call: Call, waited_s: float, budget_s: float
+) -> float | None:
+    """Seconds to wait before sending ``call`` again after ``response``, or None to hand the
+    answer to the caller: only a 503 that says when to retry (``Retry-After``), only for a
+    call that is safe to repeat, and only while the waits stay within ``budget_s``."""
+    if response.status_code != 503 or not call.idempotent:
+        return None
+    try:
+        delay = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    delay = min(max(delay, 0.1), MAX_RETRY_AFTER_S)
+    return delay if waited_s + delay <= budget_s else None
+
+
 def checked(response: httpx.Response) -> Any:
     """The JSON of a successful answer; raises the portal's exception for an error answer."""
     if response.status_code >= 400:

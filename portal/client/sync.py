@@ -27,6 +27,7 @@ from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import Jobs
+from portal.client.services import Services
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -46,7 +47,9 @@ class Portal:
     ``JUPYTERHUB_API_TOKEN``. Errors raise the ``policies.errors`` class the server named
     (``Forbidden``, ``NotFound``, ``InvalidRequest``, ``Conflict``, ...) mixed with
     ``ApiError``; no answer at all raises ``PortalUnreachable``. Lists return every page.
-    Calls that are safe to repeat are retried ``retries`` times after a transport failure.
+    Calls that are safe to repeat are retried ``retries`` times after a transport failure, and
+    for up to ``unavailable_wait_s`` in all while the portal answers 503 with ``Retry-After``
+    (a standby during a failover, a database restart).
     """
 
     def __init__(
@@ -56,16 +59,21 @@ class Portal:
         *,
         timeout: float = 30.0,
         retries: int = 2,
+        unavailable_wait_s: float = core.UNAVAILABLE_WAIT_S,
         page_size: int = MAX_PAGE,
     ) -> None:
         self.url = resolve_url(url)
         self._retries = retries
+        self._unavailable_wait_s = unavailable_wait_s
         self._page_size = core.check_page_size(page_size)
         self._http = httpx.Client(
             base_url=self.url, **core.http_options(resolve_token(token), timeout)
         )
         self.jobs = Jobs(self)
         """Training jobs: ``submit``, ``get``, ``list``, ``cancel`` (``portal.client.jobs``)."""
+        self.services = Services(self)
+        """Inference services: ``deploy``, ``get``, ``list``, ``scale``, ``delete``
+        (``portal.client.services``)."""
 
     def __repr__(self) -> str:
         return f"Portal({self.url!r})"
@@ -85,9 +93,10 @@ class Portal:
 
     def _send(self, call: Call) -> httpx.Response:
         attempt = 0
+        waited = 0.0
         while True:
             try:
-                return self._http.request(
+                response = self._http.request(
                     call.method,
                     call.path,
                     params=dict(call.params),
@@ -97,6 +106,12 @@ class Portal:
             except httpx.TransportError as exc:
                 time.sleep(core.retry_delay(self.url, call, exc, attempt, self._retries))
                 attempt += 1
+                continue
+            delay = core.unavailable_delay(response, call, waited, self._unavailable_wait_s)
+            if delay is None:
+                return response
+            time.sleep(delay)
+            waited += delay
 
     def _run(self, op: Op[T]) -> T:
         try:

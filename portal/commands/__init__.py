@@ -17,12 +17,13 @@ from portal.commands import (
     offers,
     queue,
     quotas,
+    services,
     tenants,
     usage,
     workloads,
 )
 
-NOUNS = (tenants, quotas, workloads, jobs, queue, usage, cost, offers, nodes, alerts)
+NOUNS = (tenants, quotas, workloads, jobs, services, queue, usage, cost, offers, nodes, alerts)
 
 
 def register(commands: Any) -> None:

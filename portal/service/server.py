@@ -50,6 +50,7 @@ from portal.api import create_app
 from portal.api.auth import Authenticator
 from portal.api.metrics import ServiceMetrics
 from portal.errors import Unavailable
+from portal.inference import service as inference_service
 from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.jobs import service as job_service
@@ -240,7 +241,14 @@ def _run(
     metrics = ServiceMetrics(allocator)
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
     job_controller = job_service.build_for_service(allocator, settings)
-    app = create_app(allocator, where.authenticator, metrics=metrics, job_controller=job_controller)
+    service_controller = inference_service.build_for_service(allocator, settings)
+    app = create_app(
+        allocator,
+        where.authenticator,
+        metrics=metrics,
+        job_controller=job_controller,
+        service_controller=service_controller,
+    )
     accounting = cost_api.configure(app, settings)
     # Price the month at once, then keep it priced: no viewer pays for a cold month.
     loops.add("cost-warm", COST_WARM_INTERVAL_S, accounting.warm, first_after_s=0)
@@ -249,6 +257,7 @@ def _run(
     # Money budgets (the pricing file's) feed the budget_burn rule.
     register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
     job_service.register_for_service(loops, job_controller)
+    inference_service.register_for_service(loops, service_controller)
     # Once every setting was read and accepted (a bad one stops the service with one line).
     given = settings_report(settings, alerts)
     log.info(

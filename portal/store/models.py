@@ -317,3 +317,51 @@ class JobAttempt(Base):
     resume_from: Mapped[str | None] = mapped_column(Text)
     resume_step: Mapped[int | None] = mapped_column(BigInteger)
     topology: Mapped[str] = mapped_column(String(16))
+
+
+class Service(Base):
+    """An inference service (``portal.inference``): its spec as submitted and where it stands.
+    Each replica is a workload of kind ``inference`` in the allocator."""
+
+    __tablename__ = "services"
+    __table_args__ = (
+        Index("ix_services_tenant_created_at", "tenant", "created_at"),
+        Index("ix_services_state", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    owner: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    spec: Mapped[dict[str, object]]
+    state: Mapped[str] = mapped_column(String(16))
+    desired: Mapped[int] = mapped_column(Integer)
+    message: Mapped[str] = mapped_column(Text)
+    failures: Mapped[int] = mapped_column(Integer)
+    next_replica: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    last_request_at: Mapped[datetime | None]
+    deleted_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class ServiceReplica(Base):
+    """One replica of a service: one allocator workload, from queued to ended."""
+
+    __tablename__ = "service_replicas"
+
+    service_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("services.id"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    state: Mapped[str] = mapped_column(String(16))
+    queued_at: Mapped[datetime]
+    node: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    devices: Mapped[list[Any]]
+    port: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[datetime | None]
+    ready_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    reason: Mapped[str] = mapped_column(Text)

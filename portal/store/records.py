@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from policies.jobs import JobState
+from policies.services import ReplicaState, ServiceState
 
 
 class WorkloadState(StrEnum):
@@ -159,6 +160,48 @@ class AttemptRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """An inference service: its spec (``portal.inference.spec.ServiceSpec.to_dict``) and
+    where it stands. ``desired``: the replicas the controller keeps (between the spec's min
+    and max); ``failures``: replicas in a row that ended before they were ready."""
+
+    id: str
+    tenant: str
+    owner: str
+    name: str
+    spec: dict[str, object]
+    state: ServiceState
+    created_at: datetime
+    updated_at: datetime
+    desired: int = 1
+    message: str = ""
+    failures: int = 0
+    next_replica: int = 1
+    last_request_at: datetime | None = None
+    deleted_at: datetime | None = None
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """One replica of a service: its allocator workload, and its engine process once placed
+    (``port`` on this host's loopback for the local backend)."""
+
+    service_id: str
+    number: int
+    workload_id: str
+    state: ReplicaState
+    queued_at: datetime
+    node: str | None = None
+    devices: tuple[str, ...] = ()
+    port: int | None = None
+    started_at: datetime | None = None
+    ready_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class EventRecord:
     at: datetime
     kind: str
@@ -187,6 +230,8 @@ class ChangeSet:
     usage_history: dict[str, tuple[float, datetime]] = field(default_factory=dict)
     jobs: list[JobRecord] = field(default_factory=list)  # versioned upserts by id
     attempts: list[AttemptRecord] = field(default_factory=list)  # upserts by (job, number)
+    services: list[ServiceRecord] = field(default_factory=list)  # versioned upserts by id
+    replicas: list[ReplicaRecord] = field(default_factory=list)  # upserts by (service, number)
 
     def empty(self) -> bool:
         return not (
@@ -201,6 +246,8 @@ class ChangeSet:
             or self.usage_history
             or self.jobs
             or self.attempts
+            or self.services
+            or self.replicas
         )
 
 

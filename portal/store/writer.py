@@ -38,6 +38,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
 from portal.store import jobs as job_rows
+from portal.store import services as service_rows
 from portal.store.convert import Claim
 from portal.store.db import (
     WRITE_OPTION,
@@ -234,7 +235,7 @@ class Store:
         self._insert_new: dict[str, RawStatement] = {}
         self._update_versioned: dict[str, RawStatement] = {}
         self._current_version: dict[str, RawStatement] = {}
-        for table in (TENANTS, QUOTAS, WORKLOADS, job_rows.JOBS):
+        for table in (TENANTS, QUOTAS, WORKLOADS, job_rows.JOBS, service_rows.SERVICES):
             key = table.primary_key.columns
             self._insert_new[table.name] = raw(
                 # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT inserts.
@@ -308,6 +309,18 @@ class Store:
                 },
             ),
             job_rows.ATTEMPTS,
+        )
+        replica_insert = self._insert_factory(service_rows.REPLICAS)
+        self._upsert_replica = raw(
+            replica_insert.on_conflict_do_update(
+                index_elements=["service_id", "number"],
+                set_={
+                    c.name: replica_insert.excluded[c.name]
+                    for c in service_rows.REPLICAS.columns
+                    if not c.primary_key
+                },
+            ),
+            service_rows.REPLICAS,
         )
         usage_insert = self._insert_factory(USAGE)
         self._upsert_usage = raw(
@@ -433,6 +446,15 @@ class Store:
         if changes.attempts:
             tx.executemany(
                 self._upsert_attempt, [job_rows.attempt_row(a) for a in changes.attempts]
+            )
+        # Services before their replicas (the replicas' foreign key).
+        for sv in changes.services:
+            self._versioned(
+                tx, service_rows.SERVICES, service_rows.service_row(sv), f"service {sv.id!r}"
+            )
+        if changes.replicas:
+            tx.executemany(
+                self._upsert_replica, [service_rows.replica_row(r) for r in changes.replicas]
             )
         if changes.events:
             tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])

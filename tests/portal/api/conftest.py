@@ -30,6 +30,7 @@ def member_of(tenant: str) -> tuple[str, ...]:
         f"{S.QUEUE_READ}!group={tenant}",
         f"{S.QUOTAS_READ}!group={tenant}",
         f"{S.USAGE_READ}!group={tenant}",
+        f"{S.SERVICES_CALL}!group={tenant}",
     )
 
 
@@ -95,4 +96,17 @@ def job_body(tenant: str = "team-a", members: int = 1, n: int = 1) -> dict[str, 
         "members": members,
         "devices": {"kind": "gpu", "count": n},
         "command": ["python", "train.py"],
+    }
+
+
+def service_body(
+    tenant: str = "team-a", name: str = "llm", min_: int = 1, max_: int = 2
+) -> dict[str, object]:
+    return {
+        "tenant": tenant,
+        "name": name,
+        "engine": {"preset": "test"},
+        "model": {"uri": "file:///models/tiny", "digest": "sha256:" + "ab" * 32},
+        "devices": {"kind": "gpu", "count": 1},
+        "replicas": {"min": min_, "max": max_},
     }

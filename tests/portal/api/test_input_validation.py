@@ -24,7 +24,14 @@ from tests.portal.api.conftest import auth, gpu_request
 NUL = "a\x00b"
 
 # A real value for every path parameter any route uses; a new one must be added here.
-PATH_VALUES = {"tenant": "team-a", "flavor": "H100-80GB", "node": "n1", "workload_id": ""}
+PATH_VALUES = {
+    "tenant": "team-a",
+    "flavor": "H100-80GB",
+    "node": "n1",
+    "workload_id": "",
+    "service_id": "none",
+    "service": "none",
+}
 # A valid body for the routes that take one, so the only error is the parameter under test.
 BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},

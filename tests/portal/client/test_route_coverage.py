@@ -15,7 +15,7 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.schemas import DevicesIn
-from portal.client import core, jobs
+from portal.client import core, jobs, services
 from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
@@ -24,6 +24,9 @@ NOT_IN_CLIENT = {
     ("GET", "/health"): "probes, not clients",
     ("GET", "/ready"): "probes, not clients",
     ("GET", "/metrics"): "Prometheus scrapes it",
+    ("GET", "/gateway/{tenant}/{service}/v1/models"): "OpenAI clients (Service.base_url)",
+    ("POST", "/gateway/{tenant}/{service}/v1/chat/completions"): "OpenAI clients",
+    ("POST", "/gateway/{tenant}/{service}/v1/completions"): "OpenAI clients",
 }
 
 
@@ -69,6 +72,14 @@ def client_operations() -> list[core.Op[object]]:
         jobs.cancel("j"),
         jobs.attempts("j", 1),
         jobs.logs("j", None, 0, 0),
+        services.deploy({}),
+        services.get("s"),
+        services.listed(1, None),
+        services.patch("s", {}),
+        services.delete("s"),
+        services.replicas("s", 1),
+        services.events("s", 1),
+        services.logs("s", 1, 0),
     ]
 
 

@@ -21,6 +21,7 @@ from tests.support.ports import free_port
 ROOT = "root-token-for-tests-0001"
 PROMETHEUS = "prometheus-token-for-tests-01"
 ALICE = "alice-token-for-tests-00001"
+BOB = "bob-token-for-tests-0000001"
 
 TOKENS = {
     "tokens": {
@@ -33,8 +34,22 @@ TOKENS = {
         ALICE: {
             "name": "alice",
             "kind": "user",
-            "scopes": ["custom:gpuportal:workloads:write", "custom:gpuportal:workloads:read"],
+            "scopes": [
+                "custom:gpuportal:workloads:write",
+                "custom:gpuportal:workloads:read",
+                "custom:gpuportal:services:call!group=team-a",
+            ],
             "groups": ["team-a"],
+        },
+        BOB: {
+            "name": "bob",
+            "kind": "user",
+            "scopes": [
+                "custom:gpuportal:workloads:write",
+                "custom:gpuportal:workloads:read!group=team-b",
+                "custom:gpuportal:services:call!group=team-b",
+            ],
+            "groups": ["team-b"],
         },
     }
 }

@@ -14,8 +14,10 @@ import httpx
 import pytest
 from kubernetes import client
 
+from policies.errors import Unavailable
+from portal.client import Portal
 from portal.service.leader import LeaseElector
-from tests.portal.service.conftest import Service, ServiceFactory, gpu
+from tests.portal.service.conftest import ROOT, Service, ServiceFactory, gpu
 from tests.portal.service.test_writer_guard import assert_nothing_twice_or_above_a_limit
 from tests.support.k8s import K8sCluster
 
@@ -170,9 +172,29 @@ def test_a_standby_refuses_until_the_leader_is_killed_then_serves_everything(
         assert c.get("/api/v1/workloads").status_code == 503  # no stale reads either
     assert status(first, "/ready") == 200
 
+    # No waiting allowed: the standby's 503 as it is.
+    with Portal(second.url, ROOT, unavailable_wait_s=0) as c, pytest.raises(Unavailable):
+        c.workloads()
+    # An allocation carries an idempotency key, so it is sent again after each Retry-After
+    # (2 s), until the wait allowed is spent; then the standby's answer comes back.
+    began = time.monotonic()
+    with (
+        Portal(second.url, ROOT, unavailable_wait_s=3) as c,
+        pytest.raises(Unavailable, match="the leader is first"),
+    ):
+        c.request("team-b", "H100-80GB", name="once")
+    assert time.monotonic() - began >= 2.0
+
     assert first.process is not None
     first.process.kill()
-    took = wait_for(lambda: status(second, "/ready") == 200, 60, "the standby taking over")
+    killed = time.monotonic()
+    with Portal(second.url, ROOT, unavailable_wait_s=60) as patient:
+        # Sent to the standby while it takes over: retried after each Retry-After until
+        # the new leader answers, no error reaching the caller.
+        listed = {w.name for w in patient.workloads()}
+    assert listed == {"big-0", "big-1", "big-2"}
+    wait_for(lambda: status(second, "/ready") == 200, 60, "the standby taking over")
+    took = time.monotonic() - killed
     with second.client() as c:
         names = {w["name"]: w["state"] for w in c.get("/api/v1/workloads").json()["items"]}
         assert names == {"big-0": "running", "big-1": "running", "big-2": "queued"}

@@ -25,6 +25,7 @@ from portal.api.schemas import MAX_PAGE
 from portal.jobs.controller import JobController
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
+from tests.portal.api.conftest import service_body
 from tests.portal.api.test_auth_coverage import fill
 from tests.portal.jobs.conftest import FakeRunner, job, make_backend
 
@@ -59,9 +60,13 @@ def app(tmp_path: Path) -> Iterator[FastAPI]:
     jobs = JobController(alloc, backend=make_backend(FakeRunner(tmp_path)))
     jobs.start()
     jobs.submit(job(members=1, gpus=1))
-    yield create_app(
+    app = create_app(
         alloc, StaticAuthenticator({"root": ROOT, "alice": MEMBER}), job_controller=jobs
     )
+    # A service with two replicas, so that its replicas and events are listed too.
+    body = service_body(min_=2, max_=2)
+    assert TestClient(app).post("/api/v1/services", json=body, headers=ROOT_H).status_code == 201
+    yield app
     store.close()
 
 
@@ -90,6 +95,7 @@ def test_every_list_route_pages_the_same_way(app: FastAPI) -> None:
     ids = {
         "workload_id": get(client, "/api/v1/workloads").json()["items"][0]["id"],
         "job_id": get(client, "/api/v1/jobs").json()["items"][0]["id"],
+        "service_id": get(client, "/api/v1/services").json()["items"][0]["id"],
     }
     for template, params in routes:
         path = fill(template, ids)

@@ -1,0 +1,141 @@
+"""The autoscaler: every evaluation, reads each active service's metric, keeps a window of
+readings, and sets the service's desired replicas with ``policies.services.desired_replicas``.
+
+- The metric per replica: ``waiting_requests`` is the engines' own waiting count (vLLM's
+  ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``, TGI's ``tgi_queue_size``,
+  scraped from each ready replica's metrics path) plus the requests the gateway holds;
+  ``concurrency`` the gateway's requests in flight and held; ``time_to_first_token`` the
+  gateway's recent p90 to the first byte. ``gpu_utilization`` is not read yet: a service
+  scaled on it keeps its replicas (and scales to zero when idle).
+- Never above the tenant's limit: the desired count is capped at the replicas the tenant's
+  limit of the replica's flavor can hold (the allocator would queue the rest anyway).
+- Scale-to-zero after ``idle_s`` without a request (``min`` 0), never while a replica is
+  still queued or starting: the request that woke it would otherwise be dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import httpx
+
+from policies.services import (
+    MAX_WINDOW_S,
+    Reading,
+    ReplicaState,
+    ScalingMetric,
+    desired_replicas,
+)
+from portal.inference.controller import ServiceController
+from portal.inference.spec import Preset, ServiceSpec
+from portal.inference.traffic import Traffic, quantile
+from portal.store import services as stored
+from portal.store.records import ServiceRecord
+
+log = logging.getLogger(__name__)
+
+EVALUATE_EVERY_S = 1.0
+SCRAPE_TIMEOUT_S = 0.5
+WAITING_METRIC: Mapping[Preset, str] = {
+    Preset.VLLM: "vllm:num_requests_waiting",
+    Preset.TEST: "vllm:num_requests_waiting",
+    Preset.SGLANG: "sglang:num_queue_reqs",
+    Preset.TGI: "tgi_queue_size",
+    Preset.CUSTOM: "vllm:num_requests_waiting",
+}
+
+Scrape = Callable[[str], str]
+"""The Prometheus text at a URL (raises ``httpx.HTTPError`` when there is none)."""
+
+
+def http_scrape(url: str) -> str:
+    return httpx.get(url, timeout=SCRAPE_TIMEOUT_S).raise_for_status().text
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of ``name`` (any labels) in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return total
+
+
+class Autoscaler:
+    def __init__(self, controller: ServiceController, scrape: Scrape = http_scrape) -> None:
+        self._controller = controller
+        self._scrape = scrape
+        self._readings: dict[str, deque[Reading]] = {}
+
+    def evaluate(self) -> None:
+        """One evaluation of every active service."""
+        c = self._controller
+        for svc in stored.active_services(c.store):
+            try:
+                self._evaluate(svc)
+            except Exception:
+                log.exception("autoscaler: service %s", svc.name)
+
+    def _evaluate(self, svc: ServiceRecord) -> None:
+        c = self._controller
+        spec = c.spec_of(svc)
+        now = c.now.timestamp()
+        current = svc.desired
+        readings = self._readings.setdefault(svc.id, deque())
+        value = self._value(svc, spec, c.traffic.get(svc.id) or Traffic(), max(1, current))
+        if value is not None:
+            readings.append(Reading(now, value))
+        horizon = max(spec.scaling.up_window_s, spec.scaling.down_window_s, 1.0)
+        while readings and readings[0].at < now - min(MAX_WINDOW_S, horizon) - 5:
+            readings.popleft()
+        last = c.last_request(svc) or svc.created_at
+        idle_for = max(0.0, now - last.timestamp())
+        want = desired_replicas(spec.scaling, spec.replicas, current, list(readings), now, idle_for)
+        want = min(want, max(current, self._ceiling(svc, spec)))
+        if want == 0 and current > 0 and self._still_starting(svc):
+            want = current  # the idle timer never kills a replica that is not ready yet
+        c.record_scaling(svc, want, idle_for, value)
+        if want != current:
+            readings.clear()  # the next decision waits for a whole window at the new size
+
+    def _value(
+        self, svc: ServiceRecord, spec: ServiceSpec, traffic: Traffic, replicas: int
+    ) -> float | None:
+        metric = spec.scaling.metric
+        if metric is ScalingMetric.WAITING_REQUESTS:
+            name = WAITING_METRIC[spec.engine.preset]
+            path = spec.engine.resolved.metrics_path
+            waiting = 0.0
+            for url in self._controller.ready_urls(svc.id):
+                try:
+                    waiting += metric_sum(self._scrape(url + path), name)
+                except httpx.HTTPError:
+                    continue
+            return (waiting + traffic.held) / replicas
+        if metric is ScalingMetric.CONCURRENCY:
+            return (traffic.in_flight + traffic.held) / replicas
+        if metric is ScalingMetric.TIME_TO_FIRST_TOKEN:
+            return quantile(list(traffic.first_byte_s)[-100:], 0.9)
+        return None
+
+    def _ceiling(self, svc: ServiceRecord, spec: ServiceSpec) -> int:
+        """The most replicas the tenant's limit holds, over the candidate flavors."""
+        dev = spec.devices
+        models = self._controller.models()
+        limits = {q.flavor: q.limit for q in self._controller.quotas(svc.tenant)}
+        per = max(1, dev.amount())
+        return max(
+            (limits.get(str(dev.flavor(m)), 0) // per for m in sorted(dev.models or models)),
+            default=0,
+        )
+
+    def _still_starting(self, svc: ServiceRecord) -> bool:
+        waiting = (ReplicaState.QUEUED, ReplicaState.STARTING)
+        return any(
+            r.state in waiting for r in stored.replicas(self._controller.store, svc.id, live=True)
+        )

@@ -1,0 +1,98 @@
+"""The local backend of services: each replica is an engine process on this host, pinned
+with ``CUDA_VISIBLE_DEVICES``, listening on a loopback port of its own.
+
+It reuses the jobs' ``LocalRunner`` (``portal.jobs.runner``) unchanged: a replica is run as
+the one member (rank 0) of "attempt" ``number`` of "job" ``service_id``, so it gets the same
+wrapper in a session of its own (its process group is what ``stop`` signals), its log and
+pid records under the state directory, and re-adoption by a restarted portal (``adopt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from portal.inference.spec import Backend as BackendKind
+from portal.inference.spec import ServiceSpec
+from portal.jobs.backend import Runner
+from portal.jobs.launch import free_port, visible_devices
+from portal.jobs.runner import LocalRunner, MemberLaunch
+from portal.store.records import AllocationRecord
+
+LOOPBACK = "127.0.0.1"
+PROBE_TIMEOUT_S = 0.5
+
+Probe = Callable[[str], bool]
+"""Whether the engine at a URL (its health path included) answers 200."""
+
+
+def http_probe(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceBackend:
+    """What the service controller uses of a backend: the runner of engine processes, where
+    they listen, a folder to run them in, and the health probe."""
+
+    kind: BackendKind
+    runner: Runner
+    workdir: Path
+    host: str = LOOPBACK
+    probe: Probe = http_probe
+
+    def url(self, port: int) -> str:
+        return f"http://{self.host}:{port}"
+
+
+def local_backend(state_dir: Path) -> ServiceBackend:
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return ServiceBackend(BackendKind.LOCAL, LocalRunner(state_dir), state_dir)
+
+
+def fill(arg: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg
+
+
+def replica_launch(
+    backend: ServiceBackend,
+    service_id: str,
+    number: int,
+    spec: ServiceSpec,
+    allocation: AllocationRecord,
+    port: int | None = None,
+) -> tuple[MemberLaunch, int]:
+    """The engine process of replica ``number``, and the port it will listen on."""
+    port = port if port is not None else free_port(backend.host)
+    engine = spec.engine.resolved
+    values = {
+        "model": spec.model.local_path or spec.model.uri,
+        "name": spec.served_name,
+        "port": str(port),
+        "host": backend.host,
+    }
+    env = {
+        **dict(spec.engine.env),
+        "GPUPORTAL_SERVICE_ID": service_id,
+        "GPUPORTAL_REPLICA": str(number),
+        "PORT": str(port),
+    }
+    launch = MemberLaunch(
+        job_id=service_id,
+        attempt=number,
+        rank=0,
+        node=allocation.node,
+        devices=visible_devices(allocation),
+        command=tuple(fill(a, values) for a in engine.command),
+        cwd=str(backend.workdir),
+        env=env,
+    )
+    return launch, port

@@ -1,0 +1,561 @@
+"""The service controller: keeps each inference service at its desired number of replicas,
+each replica one allocator workload of kind ``inference`` (gang of one).
+
+Because a replica is an ordinary workload, quota, queue position, reason and ETA, fairness,
+cost and preemption apply unchanged: a replica beyond the tenant's quota waits in the queue
+with the reason, holding nothing, and starts when quota frees.
+
+The life of a replica, advanced by ``step`` (the service's ``services`` loop):
+
+1. **queued**: its workload waits in the allocator's queue;
+2. **starting**: once placed, the engine process is launched on its devices and port; it
+   becomes **ready** when its health path answers 200 (the gateway then sends it requests);
+3. **stopping**: scaled down, the service deleted, or preempted: SIGTERM, then SIGKILL after
+   the grace; its devices are released once the process has ended (**ended**).
+
+A replica whose process ends is replaced by the next round; ``MAX_START_FAILURES`` replicas in
+a row that end before they were ever ready make the service ``failed`` (a wrong command or
+model must not take and free devices forever). Every change is committed through the store
+(``ChangeSet.services``/``replicas``) before the controller's memory changes; the controller is
+the only writer of services, under its own lock, and calls the allocator, never the reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from policies.errors import Conflict, InvalidRequest, NotFound, PortalError, Unavailable
+from policies.jobs import exit_code_of
+from policies.requests import WorkloadKind, WorkloadRequest
+from policies.services import (
+    MAX_START_FAILURES,
+    Replicas,
+    ReplicaState,
+    ScalingRule,
+    ServiceState,
+)
+from portal.allocator import Allocator, WorkloadStatus
+from portal.inference.backend import ServiceBackend, replica_launch
+from portal.inference.spec import Backend as BackendKind
+from portal.inference.spec import Hold, ServiceSpec
+from portal.inference.traffic import TrafficBook
+from portal.jobs.runner import MemberExit, RunnerError
+from portal.store import services as stored
+from portal.store.records import (
+    ChangeSet,
+    EventRecord,
+    QuotaRecord,
+    ReplicaRecord,
+    ServiceRecord,
+    WorkloadState,
+)
+from portal.store.writer import Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STOP_GRACE_S = 10.0
+LAST_REQUEST_WRITE_S = 5.0
+LOST_AT_RESTART = "engine process gone while the portal restarted"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    replica: ReplicaRecord
+    workload: WorkloadStatus | None
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceView:
+    """A service as its owner sees it: the record and its live replicas (each with its
+    workload: queue reason, position and ETA while it waits)."""
+
+    service: ServiceRecord
+    replicas: tuple[ReplicaView, ...]
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for r in self.replicas if r.replica.state is ReplicaState.READY)
+
+
+class ServiceController:
+    """Services over one allocator. Thread-safe. Without a ``backend`` it takes, lists,
+    scales and deletes services but runs nothing (``step`` is then a no-op)."""
+
+    def __init__(
+        self,
+        alloc: Allocator,
+        *,
+        backend: ServiceBackend | None = None,
+        kind: BackendKind = BackendKind.LOCAL,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        clock: Callable[[], datetime] | None = None,
+        refuse: str | None = None,
+    ) -> None:
+        self._alloc = alloc
+        self.backend = backend
+        self.kind = backend.kind if backend is not None else kind
+        self._stop_grace_s = stop_grace_s
+        self._clock = clock
+        self._refuse = refuse
+        self._lock = threading.RLock()
+        self._started = False
+        self._last_created: datetime | None = None
+        # Read by the gateway without the controller's lock: service id -> ready URLs.
+        self._ready: dict[str, tuple[str, ...]] = {}
+        # Exits seen by the runner, not yet acted on: (service id, replica) -> exit.
+        self._exits: dict[tuple[str, int], MemberExit] = {}
+        self._last_request: dict[str, datetime] = {}
+        # Read by the gateway without a lock: (tenant, name) -> (service id, its hold).
+        self._routes: dict[tuple[str, str], tuple[str, Hold]] = {}
+        self.traffic = TrafficBook()  # the gateway's counts, per service
+
+    @property
+    def now(self) -> datetime:
+        return (self._clock or self._alloc.clock)()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Re-adopt the replicas still running after a portal restart; those whose process
+        is gone end (and are replaced); workloads of kind inference no replica records are
+        released."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            if self.backend is None:
+                return
+            adopted = set(self.backend.runner.adopt())
+            store = self._alloc.store
+            recorded: set[str] = set()
+            for svc in stored.unsettled_services(store):
+                for r in stored.replicas(store, svc.id, live=True):
+                    recorded.add(r.workload_id)
+                    running = r.state in (ReplicaState.STARTING, ReplicaState.READY)
+                    if (running or r.state is ReplicaState.STOPPING) and (
+                        svc.id,
+                        r.number,
+                    ) not in adopted:
+                        self._end(svc, r, LOST_AT_RESTART, failed=False)
+            for w in self._alloc.workloads():
+                if w.kind == WorkloadKind.INFERENCE.value and w.id not in recorded:
+                    self._alloc.release(w.id, reason="service replica not recorded")
+            self._refresh_ready()
+
+    # ---------------------------------------------------------------- the API's side
+
+    def deploy(self, spec: ServiceSpec) -> ServiceView:
+        """Take a service and request its first replicas. Bad input raises before anything
+        is created."""
+        spec.check_backend(self.kind)
+        models = self._alloc.read(lambda s: s.facts().models)
+        spec.check_quota(self._alloc.quotas(spec.tenant), models)
+        if self._refuse is not None:
+            raise Unavailable(self._refuse)
+        with self._lock:
+            if self.find(spec.tenant, spec.name) is not None:
+                raise InvalidRequest(
+                    "name", spec.name, f"a name no other service of {spec.tenant} uses"
+                )
+            now = self.now
+            if self._last_created is not None and now <= self._last_created:
+                now = self._last_created + timedelta(microseconds=1)
+            self._last_created = now
+            svc = ServiceRecord(
+                id=uuid.uuid4().hex,
+                tenant=spec.tenant,
+                owner=spec.owner,
+                name=spec.name,
+                spec=spec.to_dict(),
+                state=ServiceState.ACTIVE,
+                created_at=now,
+                updated_at=now,
+                desired=max(spec.replicas.min, 1),
+                message="deployed",
+            )
+            self._commit([svc], [], "service.deployed", svc, f"{spec.name}: deployed")
+            self._reconcile(svc)
+            return self.view(svc.id)
+
+    def get(self, service_id: str) -> ServiceRecord:
+        svc = stored.service(self._alloc.store, service_id)
+        if svc is None:
+            raise NotFound("service", service_id)
+        return svc
+
+    def find(self, tenant: str, name: str) -> ServiceRecord | None:
+        """The tenant's active service called ``name``."""
+        for svc in stored.services(self._alloc.store, tenants=[tenant]):
+            if svc.name == name and svc.state is ServiceState.ACTIVE:
+                return svc
+        return None
+
+    def view(self, service_id: str) -> ServiceView:
+        svc = self.get(service_id)
+        reps = stored.replicas(self._alloc.store, service_id, live=True)
+        return ServiceView(svc, tuple(ReplicaView(r, self._workload(r)) for r in reps))
+
+    def services(self, tenants: Collection[str] | None = None) -> list[ServiceView]:
+        return [self.view(s.id) for s in stored.services(self._alloc.store, tenants=tenants)]
+
+    def replicas(self, service_id: str) -> list[ReplicaRecord]:
+        """Every replica the service ever had, ended ones included, by number."""
+        self.get(service_id)
+        return stored.replicas(self._alloc.store, service_id)
+
+    def events(self, service_id: str) -> list[EventRecord]:
+        svc = self.get(service_id)
+        return [
+            e
+            for e in self._alloc.store.events(tenant=svc.tenant, limit=100_000)
+            if e.data.get("service") == service_id
+        ]
+
+    def log_path(self, service_id: str, number: int) -> Path | None:
+        """Where replica ``number``'s engine log is, or None without a backend."""
+        if self.backend is None:
+            return None
+        return self.backend.runner.log_path(service_id, number, 0)
+
+    def spec_of(self, svc: ServiceRecord) -> ServiceSpec:
+        return ServiceSpec.from_dict(svc.tenant, svc.owner, svc.name, svc.spec)
+
+    def scale(
+        self,
+        service_id: str,
+        *,
+        replicas: Replicas | None = None,
+        scaling: ScalingRule | None = None,
+    ) -> ServiceView:
+        """Change the replica bounds or the scaling rule; the desired count is brought within
+        the new bounds at once."""
+        with self._lock:
+            svc = self.get(service_id)
+            if svc.state is not ServiceState.ACTIVE:
+                raise Conflict(f"service {svc.name} is {svc.state.value}: deploy it again")
+            spec = self.spec_of(svc)
+            spec = replace(
+                spec, replicas=replicas or spec.replicas, scaling=scaling or spec.scaling
+            )
+            bounds = spec.replicas
+            desired = max(bounds.min, min(bounds.max, svc.desired))
+            new = self._versioned(svc, spec=spec.to_dict(), desired=desired)
+            message = f"{svc.name}: replicas {bounds.min}..{bounds.max}, {desired} wanted"
+            self._commit([new], [], "service.scaled", new, message)
+            self._reconcile(new)
+            return self.view(service_id)
+
+    def delete(self, service_id: str) -> ServiceView:
+        """Stop every replica and end the service ``deleted``. Idempotent."""
+        with self._lock:
+            svc = self.get(service_id)
+            if svc.state is not ServiceState.DELETED:
+                new = self._versioned(
+                    svc, state=ServiceState.DELETED, desired=0, deleted_at=self.now
+                )
+                self._commit([new], [], "service.deleted", new, f"{svc.name}: deleted")
+                self._routes.pop((svc.tenant, svc.name), None)
+                self._ready.pop(svc.id, None)
+                self._reconcile(new)
+            return self.view(service_id)
+
+    # ---------------------------------------------------------------- the gateway's side
+
+    def ready_urls(self, service_id: str) -> tuple[str, ...]:
+        """Base URLs of the service's ready replicas (no lock, no database read)."""
+        return self._ready.get(service_id, ())
+
+    def route(self, tenant: str, name: str) -> tuple[str, Hold] | None:
+        """The active service ``name`` of ``tenant`` as the gateway needs it, from memory
+        (None when not known there: ask ``find_route``)."""
+        return self._routes.get((tenant, name))
+
+    def find_route(self, tenant: str, name: str) -> tuple[str, Hold] | None:
+        svc = self.find(tenant, name)
+        if svc is None:
+            return None
+        route = (svc.id, self.spec_of(svc).hold)
+        self._routes[(tenant, name)] = route
+        return route
+
+    def note_request(self, service_id: str) -> None:
+        """A request came (the idle timer): memory only, written by the loop."""
+        self._last_request[service_id] = self.now
+
+    def touch(self, service_id: str) -> None:
+        """A request came for a service without a ready replica: bring a service scaled to
+        zero back to one replica at once (not at the loop's next round)."""
+        self.note_request(service_id)
+        with self._lock:
+            svc = self.get(service_id)
+            if svc.state is not ServiceState.ACTIVE or svc.desired > 0:
+                return
+            new = self._versioned(svc, desired=1, last_request_at=self.now)
+            self._commit([new], [], "service.woken", new, f"{svc.name}: a request came")
+            self._reconcile(new)
+
+    def last_request(self, svc: ServiceRecord) -> datetime | None:
+        """When the service last got a request (this process's memory, else the store's)."""
+        return self._last_request.get(svc.id, svc.last_request_at)
+
+    # ---------------------------------------------------------------- the autoscaler's side
+
+    @property
+    def store(self) -> Store:
+        return self._alloc.store
+
+    def models(self) -> frozenset[str]:
+        return self._alloc.read(lambda s: s.facts().models)
+
+    def quotas(self, tenant: str) -> list[QuotaRecord]:
+        return self._alloc.quotas(tenant)
+
+    def record_scaling(
+        self, svc: ServiceRecord, want: int, idle_for_s: float, value: float | None
+    ) -> None:
+        """The autoscaler's verdict: ``want`` replicas (and the last request's time, when
+        memory knows a newer one than the store by more than ``LAST_REQUEST_WRITE_S``)."""
+        with self._lock:
+            svc = self.get(svc.id)
+            if svc.state is not ServiceState.ACTIVE:
+                return
+            seen = self._last_request.get(svc.id)
+            stale = seen is not None and (
+                svc.last_request_at is None
+                or (seen - svc.last_request_at).total_seconds() > LAST_REQUEST_WRITE_S
+            )
+            if want == svc.desired:
+                if stale:
+                    self.store.commit(
+                        ChangeSet(services=[self._versioned(svc, last_request_at=seen)])
+                    )
+                return
+            new = self._versioned(
+                svc, desired=want, last_request_at=seen if stale else svc.last_request_at
+            )
+            metric = self.spec_of(svc).scaling.metric.value
+            if want == 0:
+                why = f"no request for {idle_for_s:.0f} s: scaled to zero"
+            else:
+                shown = "n/a" if value is None else f"{value:.2f}"
+                why = f"{metric} {shown} per replica: {svc.desired} -> {want} replicas"
+            kind = "service.scaled_up" if want > svc.desired else "service.scaled_down"
+            self._commit([new], [], kind, new, f"{svc.name}: {why}")
+            self._reconcile(new)
+            self._refresh_ready()
+
+    # ---------------------------------------------------------------- the loop's side
+
+    def step(self) -> None:
+        """One round: collect process exits, then advance every service with live replicas."""
+        if self.backend is None:
+            return
+        with self._lock:
+            if not self._started:
+                self.start()
+            for e in self.backend.runner.poll():
+                self._exits[(e.job_id, e.attempt)] = e
+            for svc in stored.unsettled_services(self._alloc.store):
+                try:
+                    self._reconcile(svc)
+                except PortalError as exc:
+                    log.warning("service %s: %s", svc.name, exc.message)
+            self._refresh_ready()
+
+    def _reconcile(self, svc: ServiceRecord) -> None:
+        """Advance the replicas, then request or stop replicas to meet ``desired``."""
+        store = self._alloc.store
+        live = stored.replicas(store, svc.id, live=True)
+        if not live and svc.state is not ServiceState.ACTIVE:
+            return
+        for r in live:
+            svc = self._advance(svc, r)
+        live = stored.replicas(store, svc.id, live=True)
+        keep = [r for r in live if r.state is not ReplicaState.STOPPING]
+        want = svc.desired if svc.state is ServiceState.ACTIVE else 0
+        if len(keep) > want:
+            order = {ReplicaState.QUEUED: 0, ReplicaState.STARTING: 1, ReplicaState.READY: 2}
+            extra = sorted(keep, key=lambda r: (order[r.state], -r.number))[: len(keep) - want]
+            for r in extra:
+                self._stop(svc, r, "scaled down" if want else f"service {svc.state.value}")
+        # A replica still stopping holds its devices: its replacement is requested once it
+        # has ended, so it does not compete with the claimant that preempted it.
+        for _ in range(want - len(live)):
+            svc = self._add_replica(svc)
+
+    def _advance(self, svc: ServiceRecord, r: ReplicaRecord) -> ServiceRecord:
+        st = self._workload(r)
+        exit_ = self._exits.pop((svc.id, r.number), None)
+        if r.state is ReplicaState.QUEUED:
+            if st is None or st.state.terminal:
+                self._end(svc, r, st.message if st else "workload gone", failed=False)
+            elif st.state is WorkloadState.PREEMPTING:
+                self._end(svc, r, "preempted while queued", failed=False)
+            elif st.state is WorkloadState.RUNNING and self.backend is not None:
+                return self._launch(svc, r, st)
+            return svc
+        if exit_ is not None:
+            code = exit_code_of(exit_.exit_code, exit_.signal)
+            stopped = r.state is ReplicaState.STOPPING
+            reason = r.reason if stopped else f"engine exited with code {code}"
+            return self._end(svc, r, reason, failed=r.state is ReplicaState.STARTING)
+        if st is not None and st.state is WorkloadState.PREEMPTING:
+            if r.state is not ReplicaState.STOPPING:
+                # The grace the allocator gave, not ours: the claimant waits for exactly it.
+                grace = self._stop_grace_s
+                if st.preempt_deadline is not None:
+                    grace = max(0.0, (st.preempt_deadline - self.now).total_seconds())
+                self._stop(svc, r, f"preempted: {st.message}", grace)
+            return svc
+        if r.state is ReplicaState.STARTING and self.backend is not None and r.port is not None:
+            health = self.spec_of(svc).engine.resolved.health_path
+            if self.backend.probe(self.backend.url(r.port) + health):
+                ready = replace(r, state=ReplicaState.READY, ready_at=self.now)
+                new = self._versioned(svc, failures=0)
+                self._commit(
+                    [new],
+                    [ready],
+                    "service.replica_ready",
+                    new,
+                    f"{svc.name}: replica {r.number} ready",
+                )
+                return new
+        return svc
+
+    def _add_replica(self, svc: ServiceRecord) -> ServiceRecord:
+        spec = self.spec_of(svc)
+        number = svc.next_replica
+        status = self._alloc.request(
+            WorkloadRequest(
+                tenant=svc.tenant,
+                owner=svc.owner,
+                name=f"{svc.name}-{number}",
+                devices=spec.devices,
+                kind=WorkloadKind.INFERENCE,
+                priority=spec.priority,
+                labels={"service": svc.id},
+            )
+        )
+        rep = ReplicaRecord(svc.id, number, status.id, ReplicaState.QUEUED, self.now)
+        new = self._versioned(svc, next_replica=number + 1)
+        where = "placed" if status.state is WorkloadState.RUNNING else f"queued ({status.reason})"
+        try:
+            self._commit([new], [rep], "service.replica_requested", new,
+                         f"{svc.name}: replica {number} {where}")  # fmt: skip
+        except BaseException:
+            self._alloc.release(status.id, reason="replica not recorded")
+            raise
+        if status.state is WorkloadState.RUNNING and self.backend is not None:
+            new = self._launch(new, rep, status)
+        return new
+
+    def _launch(self, svc: ServiceRecord, r: ReplicaRecord, st: WorkloadStatus) -> ServiceRecord:
+        assert self.backend is not None
+        (allocation,) = st.allocations
+        launch, port = replica_launch(self.backend, svc.id, r.number, self.spec_of(svc), allocation)
+        try:
+            self.backend.runner.launch([launch])
+        except RunnerError as exc:
+            return self._end(svc, r, f"launch failed: {exc.message}", failed=True)
+        started = replace(
+            r,
+            state=ReplicaState.STARTING,
+            node=allocation.node,
+            devices=launch.devices,
+            port=port,
+            started_at=self.now,
+        )
+        self._commit(
+            [], [started], "service.replica_started", svc,
+            f"{svc.name}: replica {r.number} starting on {allocation.node} "
+            f"(devices {','.join(launch.devices) or 'none'}, port {port})",
+        )  # fmt: skip
+        return svc
+
+    def _stop(
+        self, svc: ServiceRecord, r: ReplicaRecord, reason: str, grace_s: float | None = None
+    ) -> None:
+        """A queued replica leaves the queue at once; a running one is told to stop and
+        keeps its devices until its process has ended."""
+        if r.state is ReplicaState.QUEUED or self.backend is None:
+            self._end(svc, r, reason, failed=False)
+            return
+        try:
+            grace = self._stop_grace_s if grace_s is None else grace_s
+            self.backend.runner.stop(svc.id, r.number, grace, wait=False)
+        except RunnerError:
+            self._end(svc, r, reason, failed=False)
+            return
+        stopping = replace(r, state=ReplicaState.STOPPING, reason=reason)
+        self._commit([], [stopping], "service.replica_stopping", svc,
+                     f"{svc.name}: replica {r.number} stopping: {reason}")  # fmt: skip
+
+    def _end(
+        self, svc: ServiceRecord, r: ReplicaRecord, reason: str, *, failed: bool
+    ) -> ServiceRecord:
+        """Record the replica's end, then release its workload (after the commit: a failed
+        commit leaves the devices with a replica the next round still sees)."""
+        ended = replace(r, state=ReplicaState.ENDED, ended_at=self.now, reason=reason)
+        changes: dict[str, object] = {}
+        message = f"{svc.name}: replica {r.number} ended: {reason}"
+        if failed:
+            changes["failures"] = svc.failures + 1
+            if svc.failures + 1 >= MAX_START_FAILURES and svc.state is ServiceState.ACTIVE:
+                changes["state"] = ServiceState.FAILED
+                changes["message"] = (
+                    f"{MAX_START_FAILURES} replicas in a row ended before they were ready; "
+                    f"the last: {reason}"
+                )
+        new = self._versioned(svc, **changes) if changes else svc
+        self._commit([new] if changes else [], [ended], "service.replica_ended", new, message)
+        self._alloc.release(r.workload_id, reason=f"service replica ended: {reason}")
+        return new
+
+    # ---------------------------------------------------------------- helpers
+
+    def _refresh_ready(self) -> None:
+        ready: dict[str, tuple[str, ...]] = {}
+        routes: dict[tuple[str, str], tuple[str, Hold]] = {}
+        for svc in stored.active_services(self._alloc.store):
+            routes[(svc.tenant, svc.name)] = (svc.id, self.spec_of(svc).hold)
+            if self.backend is None:
+                continue
+            urls = tuple(
+                self.backend.url(r.port)
+                for r in stored.replicas(self._alloc.store, svc.id, live=True)
+                if r.state is ReplicaState.READY and r.port is not None
+            )
+            if urls:
+                ready[svc.id] = urls
+        self._ready = ready
+        self._routes = routes
+
+    def _workload(self, r: ReplicaRecord) -> WorkloadStatus | None:
+        try:
+            return self._alloc.status(r.workload_id)
+        except NotFound:
+            return None
+
+    def _versioned(self, svc: ServiceRecord, **changes: object) -> ServiceRecord:
+        return replace(svc, updated_at=self.now, version=svc.version + 1, **changes)  # type: ignore[arg-type]
+
+    def _commit(
+        self,
+        services: list[ServiceRecord],
+        replicas: list[ReplicaRecord],
+        kind: str,
+        svc: ServiceRecord,
+        message: str,
+        data: Mapping[str, object] | None = None,
+    ) -> None:
+        workload = replicas[0].workload_id if replicas else None
+        event = EventRecord(
+            self.now, kind, svc.tenant, workload, message, {"service": svc.id, **(data or {})}
+        )
+        self._alloc.store.commit(ChangeSet(services=services, replicas=replicas, events=[event]))
