@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -65,10 +65,10 @@ class TimedStore(Store):
         self.commit_ns = 0
         self.commits = 0
 
-    def commit(self, changes: ChangeSet) -> None:
+    def commit_all(self, batch: Iterable[ChangeSet]) -> None:
         t0 = time.perf_counter_ns()
         try:
-            super().commit(changes)
+            super().commit_all(batch)
         finally:
             self.commit_ns += time.perf_counter_ns() - t0
             self.commits += 1
@@ -479,13 +479,104 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--policy", default=None, help="placement policy (default: the allocator's default)"
     )
+    ap.add_argument(
+        "--clients",
+        default=None,
+        help="concurrent mode: comma-separated client thread counts (e.g. 1,4,8), each run "
+        "on SQLite and on PostgreSQL (--db-url or --postgres) side by side",
+    )
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="start a throwaway local PostgreSQL with fsync and synchronous_commit on",
+    )
+    ap.add_argument(
+        "--both",
+        action="store_true",
+        help="single-client mode: run on SQLite, then on PostgreSQL (--db-url or --postgres), "
+        "and measure PostgreSQL's bare commit floor in the same run",
+    )
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="allocator-bench-") as tmp:
-        r = run(args.gpus, args.decisions, args.seed, args.db_url, Path(tmp), args.policy)
+    server = None
+    if args.postgres:
+        from tests.support.postgres import start_server
+
+        server = start_server(durable=True)
+        server.execute('CREATE DATABASE "bench"')
+        args.db_url = server.url("bench")
+    try:
+        with tempfile.TemporaryDirectory(prefix="allocator-bench-") as tmp:
+            if args.clients:
+                return _concurrent(args, Path(tmp), argv)
+            if args.both and args.db_url:
+                return _both(args, Path(tmp), argv)
+            r = run(args.gpus, args.decisions, args.seed, args.db_url, Path(tmp), args.policy)
+    finally:
+        if server is not None:
+            from tests.support.postgres import stop_server
+
+            stop_server(server)
     r["command"] = "python -m benchmarks.allocator " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     print(table(r))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(r, indent=2, default=str) + "\n", encoding="utf-8")
+    return r
+
+
+def _both(args: argparse.Namespace, tmp: Path, argv: Sequence[str] | None) -> dict[str, Any]:
+    """Single client on SQLite, then on PostgreSQL, with PostgreSQL's commit floor."""
+    from benchmarks.allocator_clients import commit_floor, emptied
+
+    command = "python -m benchmarks.allocator " + " ".join(sys.argv[1:] if argv is None else argv)
+    floor = commit_floor(args.db_url)
+    print(
+        f"PostgreSQL commit floor (INSERT one row; COMMIT, one client): "
+        f"{floor['commits_per_s']:.0f}/s, p50 {floor['p50_ms']:.2f} ms, "
+        f"p99 {floor['p99_ms']:.2f} ms",
+        flush=True,
+    )
+    runs = []
+    for url in (None, emptied(args.db_url)):
+        r = run(args.gpus, args.decisions, args.seed, url, tmp, args.policy)
+        print(table(r), flush=True)
+        runs.append(r)
+    out = {"benchmark": "allocator-both", "command": command, "floor": floor, "runs": runs}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+    return out
+
+
+def _concurrent(args: argparse.Namespace, tmp: Path, argv: Sequence[str] | None) -> dict[str, Any]:
+    from benchmarks import allocator_clients
+
+    urls = {"sqlite": "sqlite://"}
+    if args.db_url:
+        urls["postgresql"] = args.db_url
+    counts = [int(x) for x in args.clients.split(",")]
+    floor = None
+    if args.db_url:
+        floor = allocator_clients.commit_floor(args.db_url)
+        print(
+            f"PostgreSQL commit floor (INSERT one row; COMMIT, one client): "
+            f"{floor['commits_per_s']:.0f}/s, p50 {floor['p50_ms']:.2f} ms, "
+            f"p99 {floor['p99_ms']:.2f} ms",
+            flush=True,
+        )
+    runs = allocator_clients.compare(
+        args.gpus, args.decisions, args.seed, counts, urls, tmp, args.policy
+    )
+    r = {
+        "benchmark": "allocator-clients",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "command": "python -m benchmarks.allocator "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "floor": floor,
+        "runs": runs,
+    }
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=2, default=str) + "\n", encoding="utf-8")

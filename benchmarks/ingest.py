@@ -1,7 +1,7 @@
 """Telemetry ingest cost: N GPUs reporting every 10 s through the real ingest path.
 
 ``python -m benchmarks.ingest [--gpus 10000] [--interval 10] [--minutes 3] [--db-url URL |
---postgres]``
+--postgres | --both]``
 builds N H100 GPUs as 8-GPU nodes, allocates about half of them to workloads (so attribution
 does real work), then replays ``--minutes`` of simulated time: every ``--interval`` seconds each
 node sends one batch of its 8 samples as JSON bytes, and the portal parses and validates it
@@ -173,7 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=int, default=3, help="simulated minutes")
     parser.add_argument("--db-url", default="", help="default: SQLite in a temporary directory")
     parser.add_argument("--postgres", action="store_true", help="a throwaway local PostgreSQL")
+    parser.add_argument(
+        "--both",
+        action="store_true",
+        help="SQLite, then a throwaway local PostgreSQL (fsync on), side by side in one run",
+    )
     args = parser.parse_args(argv)
+    if args.both:
+        return _both(args)
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db_url or f"sqlite:///{Path(tmp) / 'portal.db'}"
         if args.postgres:
@@ -198,6 +205,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"=> {result['core_fraction'] * 100:.2f} % of one core for {args.gpus} GPUs "
         f"every {args.interval:g} s"
     )
+    return 0
+
+
+def _both(args: argparse.Namespace) -> int:
+    from tests.support.postgres import start_server, stop_server
+
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'portal.db'}"
+        results["SQLite"] = run(url, args.gpus, args.interval, args.minutes)
+    server = start_server(durable=True)
+    try:
+        url = server.url(server.create_database("ingest"))
+        pg = run(url, args.gpus, args.interval, args.minutes, server.root / "data")
+        results["PostgreSQL (fsync on)"] = pg
+    finally:
+        stop_server(server)
+    print(
+        f"machine: {platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}; {args.gpus} GPUs every {args.interval:g} s"
+    )
+    print(
+        f"{'database':<24} {'samples':>8} {'portal CPU s':>12} {'µs/sample':>10} "
+        f"{'% core':>7} {'server % core':>13}"
+    )
+    for name, r in results.items():
+        server_share = r.get("db_server_core_fraction")
+        shown = f"{server_share * 100:.1f}" if server_share is not None else "in process"
+        print(
+            f"{name:<24} {int(r['samples']):>8} {r['cpu_s']:>12.2f} "
+            f"{r['cpu_us_per_sample']:>10.0f} {r['core_fraction'] * 100:>7.2f} {shown:>13}"
+        )
     return 0
 
 

@@ -70,6 +70,17 @@ class ClusterFork(ClusterState):
         self.fork_log: list[str] = []
         self.token = next(_TOKENS)
 
+    def fork(self) -> ClusterFork:
+        """A fork of the same root that starts with this fork's changes (the nodes it changed
+        copied): a decision taken on top of this one before this one reaches the root. Once
+        this fork's changes are applied to the root, the copies equal the root's nodes."""
+        child = ClusterFork(self._root)
+        child._own.update((name, st.copy()) for name, st in self._own.items())
+        child._gone.update(self._gone)
+        child._next_order = self._next_order
+        child.fork_log = list(self.fork_log)
+        return child
+
     @property
     def nodes(self) -> Mapping[str, NodeState]:
         return self._view

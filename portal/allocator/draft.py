@@ -5,6 +5,10 @@ A ``Draft`` is a ``Memory`` whose containers are copy-on-write overlays of the l
 (``ops``), exactly as the live state will change, while the live state stays untouched. When
 the decider is done, ``decision()`` freezes the ops, the rows to write and the events into a
 ``Decision``. Nothing needs undoing when the commit fails: the draft is simply dropped.
+
+The base may itself be a draft whose decision is decided but not yet committed (group commit,
+``docs/decisions/0011-group-commit.md``): overlays stack, and the cluster fork starts from a
+copy of the base draft's. The base's decision is applied to the live state before this one.
 """
 
 from __future__ import annotations
@@ -56,7 +60,10 @@ class Draft(Memory):
     def __init__(self, base: Memory, now: datetime) -> None:
         self.base = base
         self.now = now
-        self.cluster = ClusterFork(base.cluster)
+        # On a draft (a decision not yet committed, see the engine's group commit) the fork
+        # starts with that draft's changes; forks do not stack.
+        cluster = base.cluster
+        self.cluster = cluster.fork() if isinstance(cluster, ClusterFork) else ClusterFork(cluster)
         self.nodes = OverlayDict(base.nodes)
         self.tenants = OverlayDict(base.tenants)
         self.quotas = OverlayDict(base.quotas)

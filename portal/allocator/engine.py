@@ -13,6 +13,14 @@ steps (decide → commit → apply, Kueue's shape):
    tell the observers.
 
 So memory and database never disagree, and no change needs a hand-written undo.
+
+Group commit (``docs/decisions/0011-group-commit.md``): the lock is held to decide and to
+apply, not across the commit. While one batch's transaction is in flight, other callers decide
+on top of the decided-but-uncommitted decisions (a draft over the previous draft) and queue;
+the first caller to find no commit in flight commits everything queued in one transaction
+(``Store.commit_all``), applies it in order and wakes the others. A caller returns only after
+its decision is committed and applied. A failed batch fails every decision in it with the
+store's error and applies none; decisions taken on top of it are decided again.
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from functools import partial
+from typing import TypeVar, cast
 
 from policies import quota
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -39,7 +48,7 @@ from policies.preemption import PreemptionPolicy
 from policies.requests import WorkloadRequest
 from portal.allocator import checks, codec, cycle, estimates, node_events
 from portal.allocator.draft import Decision, Draft
-from portal.allocator.memory import Live
+from portal.allocator.memory import Live, Memory
 from portal.allocator.ops import Enqueue, PutQuota, PutTenant
 from portal.allocator.state import (
     Contradiction,
@@ -62,6 +71,11 @@ from portal.store.writer import Store
 Clock = Callable[[], datetime]
 Observer = Callable[[Decision], None]
 T = TypeVar("T")
+U = TypeVar("U")
+
+MAX_CHAIN = 32
+"""Most decisions stacked on uncommitted ones before new callers wait for the queue to drain:
+each stacked draft is one more overlay level for every read."""
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +115,20 @@ def _end_contradiction(draft: Draft, c: Contradiction) -> None:
     draft.event("workload.failed", rec.tenant, rec.id, f"{rec.name}: {CONFLICT_AT_START}")
 
 
+@dataclass(eq=False, slots=True)
+class _Queued:
+    """A decided decision waiting for its batch's commit; its caller waits on ``done``."""
+
+    decision: Decision
+    # The caller's answer, computed right after its decision is applied (before the next one
+    # of the batch is): what the caller would have seen alone.
+    answer: Callable[[], object]
+    result: object = None
+    done: bool = False  # committed and applied, or failed with ``error``
+    error: BaseException | None = None
+    redo: bool = False  # decided on top of a batch that failed: decide again
+
+
 class Allocator:
     """Quota-aware, topology-aware allocator. Thread-safe; one instance per portal."""
 
@@ -116,6 +144,11 @@ class Allocator:
         self._store = store
         self._clock = clock
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._queued: list[_Queued] = []  # decided, waiting for a committer, in order
+        self._committing = False
+        self._tip: Memory | None = None  # the newest uncommitted draft (None: the state)
+        self._chain = 0  # drafts decided since the pipeline was last empty
         self._state = State(
             policy or named_policy("binpack"),
             preemption or PreemptionPolicy(),
@@ -131,21 +164,107 @@ class Allocator:
 
     def _decide(self, decide: Callable[[Draft], T]) -> T:
         """Decide on a draft, commit, apply, notify (see the module docstring)."""
-        with self._lock:
-            draft = Draft(self._state, self._clock())
-            result = decide(draft)
-            decision = draft.decision()
-            if not decision.changes.empty():
-                self._store.commit(decision.changes)
-            self._state.apply(decision)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("decision %s", decision.describe())
-            for observer in self._observers:
+        return self._decide_then(decide, _same)
+
+    def _decide_then(self, decide: Callable[[Draft], T], then: Callable[[T], U]) -> U:
+        """``_decide``, then ``then`` on the result under the lock once it is applied."""
+        with self._cond:
+            while True:
+                while self._chain >= MAX_CHAIN:
+                    self._cond.wait()
+                draft = Draft(self._tip or self._state, self._clock())
+                result = decide(draft)
+                mine = _Queued(draft.decision(), partial(then, result))
+                self._queued.append(mine)
+                self._tip = draft
+                self._chain += 1
+                while not (mine.done or mine.redo):
+                    if self._committing:
+                        self._cond.wait()
+                    else:
+                        self._commit_queued()
+                if mine.redo:
+                    continue
+                if mine.error is not None:
+                    raise mine.error
+                return cast(U, mine.result)
+
+    def _commit_queued(self) -> None:
+        """Commit every queued decision, apply the committed ones in order, and settle each
+        caller (under the lock, which is released during the commit itself)."""
+        batch, self._queued = self._queued, []
+        self._committing = True
+        done = 0
+        error: BaseException | None = None
+        self._cond.release()
+        try:
+            done, error = self._commit(batch)
+        finally:
+            self._cond.acquire()
+            self._committing = False
+        applied = 0
+        try:
+            for q in batch[:done]:
+                self._state.apply(q.decision)
+                applied += 1
                 try:
-                    observer(decision)
-                except Exception:  # an observer never undoes a committed decision
-                    log.exception("allocator observer failed")
-            return result
+                    q.result = q.answer()
+                except Exception as err:  # the caller's own error (e.g. NotFound)
+                    q.error = err
+                q.done = True
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("decision %s", q.decision.describe())
+                for observer in self._observers:
+                    try:
+                        observer(q.decision)
+                    except Exception:  # an observer never undoes a committed decision
+                        log.exception("allocator observer failed")
+        except BaseException as err:  # a bug in apply: never leave a caller waiting
+            error = error or err
+            raise
+        finally:
+            if applied < len(batch):
+                # A batch committed as one transaction fails as a whole, and so do committed
+                # decisions left unapplied; committed one by one, the first refused decision
+                # fails. Nothing decided on top of a failed one is committed: those callers
+                # decide again.
+                whole = applied < done or (done == 0 and self._batched)
+                failed = len(batch) if whole else applied + 1
+                for q in batch[applied:failed]:
+                    q.error, q.done = error, True
+                for q in batch[failed:] + self._queued:
+                    q.redo = True
+                self._queued = []
+            if not self._queued:
+                self._tip, self._chain = None, 0
+            self._cond.notify_all()
+
+    @property
+    def _batched(self) -> bool:
+        """Whether the store commits a batch in one transaction: a subclass that wraps
+        ``commit`` alone (to observe each change set) gets its decisions one by one."""
+        cls = type(self._store)
+        return cls.commit is Store.commit or cls.commit_all is not Store.commit_all
+
+    def _commit(self, batch: list[_Queued]) -> tuple[int, BaseException | None]:
+        """Commit the batch's decisions; how many were committed and what stopped the rest."""
+        changes = [q.decision.changes for q in batch if not q.decision.changes.empty()]
+        if not changes:
+            return len(batch), None
+        if len(changes) > 1 and self._batched:
+            try:
+                self._store.commit_all(changes)
+            except Exception as err:
+                return 0, err
+            return len(batch), None
+        for i, q in enumerate(batch):
+            if q.decision.changes.empty():
+                continue
+            try:
+                self._store.commit(q.decision.changes)
+            except Exception as err:
+                return i, err
+        return len(batch), None
 
     def subscribe(self, observer: Observer) -> None:
         """Call ``observer`` with every applied decision (under the allocator's lock: it must
@@ -347,73 +466,74 @@ class Allocator:
         A retry with the same ``idempotency_key`` (per tenant and owner) returns the first
         answer's workload instead of allocating again.
         """
-        with self._lock:
-            state = self._state
-            state.tenant(req.tenant)
-            checks.request_can_fit(state, req)
+        wid = uuid.uuid4().hex
+
+        def decide(draft: Draft) -> str | WorkloadStatus:
+            # Checked on the draft: it holds the decisions queued before this one.
+            draft.tenant(req.tenant)
+            checks.request_can_fit(draft, req)
             if idempotency_key is not None:
-                prior = self._by_idempotency(req, idempotency_key)
+                prior = self._by_idempotency(draft, req, idempotency_key)
                 if prior is not None:
                     return prior
-            wid = uuid.uuid4().hex
+            now = draft.now
+            # Arrival order must survive a restart, which re-sorts by creation time: keep
+            # creation times strictly increasing even when the clock repeats itself.
+            last = draft.scalars.last_created
+            if last is not None and now <= last:
+                now = last + timedelta(microseconds=1)
+            draft.set_scalars(last_created=now)
+            rec = WorkloadRecord(
+                id=wid,
+                tenant=req.tenant,
+                owner=req.owner,
+                name=req.name,
+                kind=req.kind.value,
+                request=codec.device_request_to_dict(req.devices),
+                gang_size=req.gang_size,
+                priority=req.priority,
+                state=WorkloadState.QUEUED,
+                created_at=now,
+                idempotency_key=idempotency_key,
+                expected_duration_s=expected_duration_s,
+            )
+            draft.do(Enqueue(Live(rec, req, draft.next_seq())))
+            draft.event("workload.requested", req.tenant, wid, f"{req.owner} asked for {req.name}")
+            cycle.schedule(draft, fresh=wid)
+            return wid
 
-            def decide(draft: Draft) -> None:
-                now = draft.now
-                # Arrival order must survive a restart, which re-sorts by creation time: keep
-                # creation times strictly increasing even when the clock repeats itself.
-                last = draft.scalars.last_created
-                if last is not None and now <= last:
-                    now = last + timedelta(microseconds=1)
-                draft.set_scalars(last_created=now)
-                rec = WorkloadRecord(
-                    id=wid,
-                    tenant=req.tenant,
-                    owner=req.owner,
-                    name=req.name,
-                    kind=req.kind.value,
-                    request=codec.device_request_to_dict(req.devices),
-                    gang_size=req.gang_size,
-                    priority=req.priority,
-                    state=WorkloadState.QUEUED,
-                    created_at=now,
-                    idempotency_key=idempotency_key,
-                    expected_duration_s=expected_duration_s,
-                )
-                draft.do(Enqueue(Live(rec, req, draft.next_seq())))
-                draft.event(
-                    "workload.requested", req.tenant, wid, f"{req.owner} asked for {req.name}"
-                )
-                cycle.schedule(draft, fresh=wid)
+        def status(found: str | WorkloadStatus) -> WorkloadStatus:
+            return self._status_of(found) if isinstance(found, str) else found
 
-            self._decide(decide)
-            return self._status_of(wid)
+        return self._decide_then(decide, status)
 
     def release(self, workload_id: str, *, reason: str = "released") -> WorkloadStatus:
         """Release a workload's devices (or cancel it while queued). Idempotent."""
-        with self._lock:
-            if workload_id not in self._state.live:
-                stored = self._store.workload(workload_id)
-                if stored is None:
-                    raise NotFound("workload", workload_id)
-                return status_of(stored, stored.message)
 
-            def decide(draft: Draft) -> WorkloadRecord:
-                lv = draft.live[workload_id]
-                queued = lv.rec.state is WorkloadState.QUEUED
-                state = WorkloadState.CANCELLED if queued else WorkloadState.RELEASED
-                freed = frozenset(a.flavor for a in lv.allocations if a.flavor)
-                book = draft.book()
-                affected = {
-                    fl: quota.affected_by_release(book, draft.ledger.usage, lv.rec.tenant, fl)
-                    for fl in freed
-                }
-                draft.set_scalars(affected=tuple(affected.items()))
-                ended = draft.finish(lv, state, reason)
-                cycle.schedule(draft, freed=freed)
-                return ended
+        def decide(draft: Draft) -> WorkloadRecord | None:
+            if workload_id not in draft.live:
+                return None  # ended, or unknown: answered from the database below
+            lv = draft.live[workload_id]
+            queued = lv.rec.state is WorkloadState.QUEUED
+            state = WorkloadState.CANCELLED if queued else WorkloadState.RELEASED
+            freed = frozenset(a.flavor for a in lv.allocations if a.flavor)
+            book = draft.book()
+            affected = {
+                fl: quota.affected_by_release(book, draft.ledger.usage, lv.rec.tenant, fl)
+                for fl in freed
+            }
+            draft.set_scalars(affected=tuple(affected.items()))
+            ended = draft.finish(lv, state, reason)
+            cycle.schedule(draft, freed=freed)
+            return ended
 
-            ended = self._decide(decide)
-            return status_of(ended, ended.message)
+        ended = self._decide(decide)
+        if ended is None:
+            stored = self._store.workload(workload_id)
+            if stored is None:
+                raise NotFound("workload", workload_id)
+            return status_of(stored, stored.message)
+        return status_of(ended, ended.message)
 
     cancel = release
 
@@ -592,13 +712,20 @@ class Allocator:
             cached = self._intervals_at = (key, got)
         return cached[1]
 
-    def _by_idempotency(self, req: WorkloadRequest, key: str) -> WorkloadStatus | None:
-        for lv in self._state.live.values():
+    def _by_idempotency(
+        self, mem: Memory, req: WorkloadRequest, key: str
+    ) -> str | WorkloadStatus | None:
+        """The live workload's id, the ended workload's status, or None."""
+        for lv in mem.live.values():
             r = lv.rec
             if r.idempotency_key == key and r.tenant == req.tenant and r.owner == req.owner:
-                return self._status_of(r.id)
+                return r.id
         stored = self._store.workload_by_idempotency_key(req.tenant, req.owner, key)
         return status_of(stored, stored.message) if stored is not None else None
+
+
+def _same(result: T) -> T:
+    return result
 
 
 def _check_version(kind: str, name: str, current: int | None, expected: int | None) -> None:

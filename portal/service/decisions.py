@@ -8,7 +8,7 @@ decisions that are durable — without the allocator knowing about metrics or lo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from portal.api.metrics import Outcome
 from portal.store.records import ChangeSet, EventRecord
@@ -48,11 +48,15 @@ class ReportingStore(Store):
         super().__init__(url, writer_guard=writer_guard)
         self.listeners: list[Listener] = [log_decision]
 
-    def commit(self, changes: ChangeSet) -> None:
-        super().commit(changes)
-        for outcome, event in outcomes(changes):
-            for listener in self.listeners:
-                listener(outcome, event)
+    # ``commit`` is ``commit_all`` of one change set. Overriding ``commit_all`` (not only
+    # ``commit``) keeps the allocator's group commit on and reports every decision of a batch.
+    def commit_all(self, batch: Iterable[ChangeSet]) -> None:
+        work = list(batch)
+        super().commit_all(work)
+        for changes in work:
+            for outcome, event in outcomes(changes):
+                for listener in self.listeners:
+                    listener(outcome, event)
 
 
 def log_decision(outcome: Outcome, event: EventRecord) -> None:

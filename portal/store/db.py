@@ -295,19 +295,78 @@ class RawTransaction:
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._connection = connection
         self.cursor: Any = connection.cursor()
+        self._pipeline: Any = None  # psycopg's pipeline while the transaction is pipelined
+        self._checks: list[tuple[Any, Callable[[Any], None]]] = []
+        self._last_sql = ""
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether statements are queued in a PostgreSQL pipeline (see ``raw_write``)."""
+        return self._pipeline is not None
 
     def execute(self, stmt: RawStatement, row: Mapping[str, Any]) -> Any:
-        """Run ``stmt`` with one row; returns the cursor (``rowcount``, ``fetchall``)."""
+        """Run ``stmt`` with one row; returns the cursor (``rowcount``, ``fetchall``). In a
+        pipeline this waits for every result so far (a round trip): use ``submit`` where the
+        result can wait."""
         params = stmt.bind(row)
-        try:
-            self.cursor.execute(stmt.sql, params)
-        except self._dbapi_error as err:
-            raise self._wrap(err, stmt.sql, params, many=False) from err
+        self._run(self.cursor, stmt.sql, params)
+        if self._pipeline is not None:
+            self._sync()
         return self.cursor
+
+    def submit(
+        self, stmt: RawStatement, row: Mapping[str, Any], check: Callable[[Any], None]
+    ) -> None:
+        """Run ``stmt`` with one row and call ``check(cursor)`` with its result: at once, or in
+        a pipeline once every result is in, before COMMIT (``check`` raises to roll back)."""
+        self.submit_sql(stmt.sql, stmt.bind(row), check)
+
+    def submit_sql(self, sql: str, params: Params, check: Callable[[Any], None]) -> None:
+        """``submit`` for a statement written in the driver's own SQL."""
+        if self._pipeline is None:
+            self._run(self.cursor, sql, params)
+            check(self.cursor)
+            return
+        cursor = self._connection.cursor()  # its own: the result stays there until checked
+        self._run(cursor, sql, params)
+        self._checks.append((cursor, check))
+
+    def _run(self, cursor: Any, sql: str, params: Params) -> None:
+        self._last_sql = sql
+        try:
+            cursor.execute(sql, params)
+        except self._dbapi_error as err:
+            raise self._wrap(err, sql, params, many=False) from err
+
+    def _sync(self) -> None:
+        try:
+            self._pipeline.sync()
+        except self._dbapi_error as err:
+            raise self._wrap(err, self._last_sql, (), many=False) from err
+
+    @contextmanager
+    def _pipelined(self) -> Iterator[None]:
+        """Queue every statement in a pipeline; leaving it waits for all their results (one
+        round trip) and raises the first error, then the deferred checks run in order."""
+        driver: Any = self._connection.driver_connection
+        try:
+            with driver.pipeline() as pipeline:
+                self._pipeline = pipeline
+                try:
+                    yield
+                finally:
+                    self._pipeline = None
+        except self._dbapi_error as err:
+            # A statement failed: the server skipped the rest and the transaction is aborted.
+            raise self._wrap(err, self._last_sql, (), many=False) from err
+        checks, self._checks = self._checks, []
+        for cursor, check in checks:
+            check(cursor)
 
     def executemany(self, stmt: RawStatement, rows: Iterable[Mapping[str, Any]]) -> None:
         """Run ``stmt`` once per row, in one driver call."""
         params = [stmt.bind(row) for row in rows]
+        self._last_sql = stmt.sql
         try:
             self.cursor.executemany(stmt.sql, params)
         except self._dbapi_error as err:
@@ -316,6 +375,7 @@ class RawTransaction:
     def executemany_values(self, stmt: RawStatement, rows: Sequence[Sequence[Any]]) -> None:
         """``executemany`` with rows given as values in the order of ``stmt.names``."""
         params = rows if stmt.plain else [stmt.bind_values(row) for row in rows]
+        self._last_sql = stmt.sql
         try:
             self.cursor.executemany(stmt.sql, params)
         except self._dbapi_error as err:
@@ -356,15 +416,25 @@ class RawTransaction:
 
 
 @contextmanager
-def raw_write(engine: Engine) -> Iterator[RawTransaction]:
+def raw_write(engine: Engine, *, pipeline: bool = False) -> Iterator[RawTransaction]:
     """A write transaction on a pooled DBAPI connection: committed when the block ends, rolled
-    back when it raises. On SQLite it begins with ``BEGIN IMMEDIATE``, like ``WRITE_OPTION``."""
+    back when it raises. On SQLite it begins with ``BEGIN IMMEDIATE``, like ``WRITE_OPTION``.
+
+    ``pipeline`` (PostgreSQL; ignored on SQLite): the block's statements are sent without
+    waiting for each answer (psycopg's pipeline mode), results and errors come back together
+    when the block ends, then the ``submit`` checks run and COMMIT follows: two round trips
+    for the whole transaction instead of one per statement. A failed statement makes the
+    server skip the rest, so the transaction still changes all or nothing."""
     connection = engine.raw_connection()
     try:
         tx = RawTransaction(engine, connection)
         tx._begin("BEGIN IMMEDIATE" if is_sqlite(engine) else None)
         try:
-            yield tx
+            if pipeline and not is_sqlite(engine):
+                with tx._pipelined():
+                    yield tx
+            else:
+                yield tx
         except BaseException:
             if connection.is_valid:
                 connection.rollback()

@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import OperationalError
 
 from policies.errors import PortalError, Unavailable
-from portal.store.db import POSTGRES_CONNECT_TIMEOUT_S, RETRY_AFTER_S
+from portal.store.db import POSTGRES_CONNECT_TIMEOUT_S, RETRY_AFTER_S, RawTransaction
 from portal.store.models import metadata
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class Guard(Protocol):
 
     def check(self) -> None: ...
 
-    def fence(self, cursor: Any) -> None: ...
+    def fence(self, tx: RawTransaction) -> None: ...
 
     def commit_unknown(self) -> None: ...
 
@@ -97,7 +97,7 @@ class NoGuard:
     def check(self) -> None:
         pass
 
-    def fence(self, cursor: Any) -> None:
+    def fence(self, tx: RawTransaction) -> None:
         pass
 
     def commit_unknown(self) -> None:
@@ -254,14 +254,18 @@ class AdvisoryLockGuard:
             retry = None if self._fenced else RETRY_AFTER_S
             raise Unavailable(f"this portal may not write: {reason}", retry_after_s=retry)
 
-    def fence(self, cursor: Any) -> None:
+    def fence(self, tx: RawTransaction) -> None:
         """Inside a write transaction: refuse it unless the guard connection still holds the
-        lock at this moment (so a writer that lost its lock cannot commit)."""
-        cursor.execute(
+        lock at this moment (so a writer that lost its lock cannot commit). Checked with the
+        transaction's other results, before its COMMIT."""
+        tx.submit_sql(
             "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND "
             "objid = %s AND objsubid = 2 AND granted AND pid = %s",
             (LOCK_CLASS, LOCK_OBJECT, self._backend_pid),
+            self._fenced_in,
         )
+
+    def _fenced_in(self, cursor: Any) -> None:
         if cursor.fetchone() is None:
             self._lose("the writer lock is no longer held by this process")
             self.check()

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from importlib import metadata as importlib_metadata
 from typing import Any
 
@@ -86,6 +87,38 @@ def _app_version() -> str:
         return importlib_metadata.version("gpuportal")
     except importlib_metadata.PackageNotFoundError:
         return "unknown"
+
+
+# PostgreSQL, pipelined commits: the claims of a change set in one statement each way.
+_PG_INSERT_CLAIMS = (
+    f"INSERT INTO {CLAIMS.name} (node, gpu, slot, allocation_id) "
+    "SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::text[])"
+)
+_PG_DELETE_CLAIMS = f"DELETE FROM {CLAIMS.name} WHERE allocation_id = ANY(%s::text[])"
+
+
+def _no_check(cursor: Any) -> None:
+    """A statement whose only possible failure is a database error (raised by itself)."""
+
+
+def _one_row(missing: PortalError, cursor: Any) -> None:
+    """The check of a statement that must change exactly one row."""
+    if cursor.rowcount != 1:
+        raise missing
+
+
+def _merged(work: list[ChangeSet]) -> ChangeSet:
+    """One change set holding every row of ``work`` (to explain a batch's constraint error)."""
+    out = ChangeSet()
+    for c in work:
+        out.workloads.extend(c.workloads)
+        out.allocations.extend(c.allocations)
+        out.released.extend(c.released)
+    return out
+
+
+def _merged_claims(claims: list[dict[str, list[Claim]]]) -> dict[str, list[Claim]]:
+    return {alloc_id: cs for per in claims for alloc_id, cs in per.items()}
 
 
 class Checkpointer:
@@ -353,18 +386,30 @@ class Store:
             Unavailable: the database is unreachable, or this store lost its writer guard
                 (nothing was written).
         """
-        if changes.empty():
+        self.commit_all([changes])
+
+    def commit_all(self, batch: Iterable[ChangeSet]) -> None:
+        """Apply several change sets, each as ``commit`` would and in order, in one
+        transaction, or nothing of any of them (the allocator's group commit: one COMMIT, so
+        one WAL flush, for many decisions). Raises what ``commit`` raises."""
+        work = [c for c in batch if not c.empty()]
+        if not work:
             return
         self.guard.check()
         now = datetime.now(UTC)
-        new_claims = self._new_claims(changes.allocations)
+        claims = [self._new_claims(c.allocations) for c in work]
         try:
-            with raw_write(self.engine) as tx:
-                self.guard.fence(tx.cursor)
-                self._apply(tx, changes, new_claims, now)
+            # Pipelined on PostgreSQL: the batch's statements travel together and their
+            # results come back together before COMMIT (portal.store.db.raw_write).
+            with raw_write(self.engine, pipeline=True) as tx:
+                self.guard.fence(tx)
+                for changes, new_claims in zip(work, claims, strict=True):
+                    self._apply(tx, changes, new_claims, now)
             self._generation = next(self._generations)
         except IntegrityError as err:
-            raise self._explain(changes, new_claims, err) from err
+            if len(work) == 1:
+                raise self._explain(work[0], claims[0], err) from err
+            raise self._explain(_merged(work), _merged_claims(claims), err) from err
         except DBAPIError as err:
             if not database_unreachable(err):
                 raise
@@ -400,11 +445,19 @@ class Store:
             )
             rows = [(*c, alloc_id) for alloc_id, cs in new_claims.items() for c in cs]
             if rows:
-                tx.executemany_values(self._insert_claim, rows)
+                if tx.pipelined:
+                    # One statement for every claim (an 8-GPU allocation has 8 per GPU on
+                    # MIG-capable models): the rows travel as four arrays.
+                    columns = [list(col) for col in zip(*rows, strict=True)]
+                    tx.submit_sql(_PG_INSERT_CLAIMS, columns, _no_check)
+                else:
+                    tx.executemany_values(self._insert_claim, rows)
         for tenant, flavor in changes.deleted_quotas:
-            gone = tx.execute(self._delete_quota, {"key_tenant": tenant, "key_flavor": flavor})
-            if gone.rowcount != 1:
-                raise NotFound("quota", f"{tenant}/{flavor}")
+            tx.submit(
+                self._delete_quota,
+                {"key_tenant": tenant, "key_flavor": flavor},
+                partial(_one_row, NotFound("quota", f"{tenant}/{flavor}")),
+            )
         for name in changes.deleted_tenants:
             self._delete_tenant(tx, name)
         # Jobs before their attempts (the attempts' foreign key).
@@ -444,13 +497,21 @@ class Store:
         if version < 1:
             raise Conflict(f"{what} carries version {version}; versions start at 1")
         keys = {f"key_{c.name}": row[c.name] for c in table.primary_key.columns}
+
+        def check(cursor: Any) -> None:
+            done = bool(cursor.fetchall()) if version == 1 else cursor.rowcount == 1
+            if not done:
+                self._stale(tx, table, keys, version, what)
+
         if version == 1:
-            done = bool(tx.execute(self._insert_new[table.name], row).fetchall())
+            tx.submit(self._insert_new[table.name], row, check)
         else:
             params = {**row, **keys, "old_version": version - 1}
-            done = tx.execute(self._update_versioned[table.name], params).rowcount == 1
-        if done:
-            return
+            tx.submit(self._update_versioned[table.name], params, check)
+
+    def _stale(
+        self, tx: RawTransaction, table: Table, keys: dict[str, Any], version: int, what: str
+    ) -> None:
         found = tx.execute(self._current_version[table.name], keys).fetchone()
         expected = (
             "no stored row (version 1 creates one)"
@@ -465,20 +526,31 @@ class Store:
 
     def _apply_releases(self, tx: RawTransaction, released: list[tuple[str, datetime]]) -> None:
         for alloc_id, at in released:
-            if tx.execute(self._release, {"key_id": alloc_id, "at": at}).rowcount == 1:
-                continue
-            found = tx.execute(self._released_at, {"key_id": alloc_id}).fetchone()
-            if found is None:
-                raise NotFound("allocation", alloc_id)
-            # The stored value as SQLAlchemy would hand it back: an aware UTC datetime.
-            to_python = self._released_at_type.result_processor(self.engine.dialect, None)
-            when = found[0] if to_python is None else to_python(found[0])
-            assert when is not None  # the row exists and the UPDATE skipped it: it is released
-            raise Conflict(
-                f"allocation {alloc_id!r} was already released at {when.isoformat()}; "
-                "only active allocations can be released"
+            tx.submit(
+                self._release,
+                {"key_id": alloc_id, "at": at},
+                partial(self._released_once, tx, alloc_id),
             )
-        tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
+        if tx.pipelined:
+            tx.submit_sql(_PG_DELETE_CLAIMS, ([alloc_id for alloc_id, _ in released],), _no_check)
+        else:
+            tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
+
+    def _released_once(self, tx: RawTransaction, alloc_id: str, cursor: Any) -> None:
+        """The check of one release: it must have ended exactly one active allocation."""
+        if cursor.rowcount == 1:
+            return
+        found = tx.execute(self._released_at, {"key_id": alloc_id}).fetchone()
+        if found is None:
+            raise NotFound("allocation", alloc_id)
+        # The stored value as SQLAlchemy would hand it back: an aware UTC datetime.
+        to_python = self._released_at_type.result_processor(self.engine.dialect, None)
+        when = found[0] if to_python is None else to_python(found[0])
+        assert when is not None  # the row exists and the UPDATE skipped it: it is released
+        raise Conflict(
+            f"allocation {alloc_id!r} was already released at {when.isoformat()}; "
+            "only active allocations can be released"
+        )
 
     def _delete_tenant(self, tx: RawTransaction, name: str) -> None:
         active = {f"active_{i}": s for i, s in enumerate(ACTIVE_STATES)}

@@ -34,11 +34,12 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
 
 
 def kill_guard_connection(url: str) -> None:
-    """End the guard's backend, as a server restart or a dropped connection would."""
+    """End the guard's backend, as a server restart or a dropped connection would, and wait
+    until it is gone (it holds the lock until it has exited, not only been signalled)."""
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(dsn, autocommit=True) as conn:
         killed = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks WHERE locktype = 'advisory' "
             "AND classid = %s AND objid = %s AND objsubid = 2",
             (LOCK_CLASS, LOCK_OBJECT),
         ).fetchall()
