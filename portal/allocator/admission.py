@@ -76,10 +76,12 @@ def try_start(draft: Draft, lv: Live, avoid: frozenset[str]) -> Blocked | None:
                 refusal = Blocked(reason, adm.message, plan or None, fl)
         if not admitted:
             assert refusal is not None
-            if refusal.reclaim and reclaim.preempt(
-                draft, lv, refusal.flavor or "", refusal.reclaim
-            ):
-                return replace(refusal, message=refusal.message + "; reclaiming it now")
+            if refusal.reclaim:
+                fl = refusal.flavor or ""
+                left = reclaim.underway(draft, fl, refusal.reclaim)
+                told = bool(left) and bool(reclaim.preempt(draft, lv, fl, left))
+                if told or left != refusal.reclaim:
+                    return replace(refusal, message=refusal.message + "; reclaiming it now")
             return refusal
     member, gang_topology = member_shape(draft, dev, frozenset(admitted))
     ctx = PlacementContext(pools=frozenset(tenant.pools), avoid=avoid)

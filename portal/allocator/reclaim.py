@@ -11,6 +11,14 @@ from portal.allocator.memory import Live
 from portal.store.records import WorkloadState
 
 
+def underway(draft: Draft, flavor: str, need: dict[str, int]) -> dict[str, int]:
+    """What is still to be asked of each borrower in ``need``, after what its workloads
+    already being preempted will give back: a reclaim whose victims end one at a time is
+    re-planned after each end, and must not pick new victims for the share already coming."""
+    left = {t: n - draft.preempting_amount.get((t, flavor), 0) for t, n in need.items()}
+    return {t: n for t, n in left.items() if n > 0}
+
+
 def preempt(draft: Draft, claimant: Live, flavor: str, need: dict[str, int]) -> list[str]:
     """Tell a minimal set of borrowing workloads to stop so ``claimant`` gets its share."""
     candidates = [

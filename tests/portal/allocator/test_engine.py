@@ -351,3 +351,30 @@ def test_a_reservation_holds_back_only_work_ordered_after_its_holder(make_alloca
     assert urgent.state is WorkloadState.RUNNING
     assert a.status(holder.id).state is WorkloadState.QUEUED
     assert a.status(later.id).state is WorkloadState.QUEUED
+
+
+def test_a_reclaim_whose_victims_end_one_at_a_time_preempts_no_more_than_the_claim(
+    make_allocator: Callable[[list[Node]], Allocator], clock: ManualClock
+) -> None:
+    a = make_allocator([hgx("n1")])
+    for t in ("team-a", "team-b"):
+        a.set_tenant(t, cohort="c")
+        a.set_quota(t, "H100-80GB", guaranteed=4, limit=8)
+    borrowers = [a.request(wl("team-a", gpus(1), name=f"a{i}")).id for i in range(8)]
+    claim = a.request(wl("team-b", gpus(4), name="claim"))
+    assert claim.state is WorkloadState.QUEUED
+
+    def preempting() -> set[str]:
+        return {w for w in borrowers if a.status(w).state is WorkloadState.PREEMPTING}
+
+    told = preempting()
+    assert len(told) == 4
+    ended: set[str] = set()
+    for victim in sorted(told):
+        a.release(victim)  # each victim stops by itself, one at a time
+        ended.add(victim)
+        # The share still coming from the others is not asked of anyone new.
+        assert preempting() | ended == told
+    assert a.status(claim.id).state is WorkloadState.RUNNING
+    running = {w for w in borrowers if a.status(w).state is WorkloadState.RUNNING}
+    assert running == set(borrowers) - told
