@@ -54,6 +54,7 @@ from policies.jobs import (
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.allocator.draft import Decision
+from portal.allocator.state import State
 from portal.jobs import launch
 from portal.jobs.backend import Backend, LogChunk, LogReader, read_file_log
 from portal.jobs.checkpoints import newest_complete_checkpoint
@@ -101,6 +102,15 @@ class JobView:
 
     job: JobRecord
     workload: WorkloadStatus | None
+
+
+ATTEMPT_KEY_PREFIX = "gpuportal-job:"
+"""Idempotency keys of the workloads the controller requests for attempts: one per attempt,
+so a controller that died before recording an attempt finds its workload again at start."""
+
+
+def attempt_key(job_id: str, attempt: int, *, relaxed: bool = False) -> str:
+    return f"{ATTEMPT_KEY_PREFIX}{job_id}/{attempt}{'/any' if relaxed else ''}"
 
 
 class JobController:
@@ -179,7 +189,11 @@ class JobController:
                 continue
             attempt = stored.attempt_of_workload(store, w.id)
             if attempt is None:
-                continue  # a workload of kind job requested directly, not by a job
+                if self._requested_by_a_job(w.id):
+                    # Requested for an attempt the portal died before recording: nobody
+                    # will ever run or release it.
+                    self._alloc.release(w.id, reason="job not recorded")
+                continue  # else a workload of kind job requested directly, not by a job
             job = stored.job(store, attempt.job_id)
             if (attempt.job_id, attempt.number) in adopted and job is not None:
                 members = int(job.spec["members"])  # type: ignore[call-overload]
@@ -187,6 +201,14 @@ class JobController:
                 self._draining[w.id] = _Drain(attempt.job_id, attempt.number, members, until)
             else:
                 self._alloc.release(w.id, reason="job attempt ended")
+
+    def _requested_by_a_job(self, workload_id: str) -> bool:
+        def key(st: State) -> str | None:
+            lv = st.live.get(workload_id)
+            return lv.rec.idempotency_key if lv is not None else None
+
+        found = self._alloc.read(key)
+        return found is not None and found.startswith(ATTEMPT_KEY_PREFIX)
 
     def _observe(self, decision: Decision) -> None:
         # Under the allocator's lock: only remember, never call back.
@@ -385,6 +407,7 @@ class JobController:
         resume = self._resume_point(spec)
         status = self._alloc.request(
             self._workload_request(job, spec, spec.devices),
+            idempotency_key=attempt_key(job.id, number),
             expected_duration_s=spec.expected_duration_s,
         )
         now = self.now
@@ -436,7 +459,9 @@ class JobController:
         # would otherwise hold the relaxed one back.
         self._alloc.release(st.id, reason="topology relaxed")
         status = self._alloc.request(
-            self._workload_request(job, spec, relaxed), expected_duration_s=spec.expected_duration_s
+            self._workload_request(job, spec, relaxed),
+            idempotency_key=attempt_key(job.id, job.attempt, relaxed=True),
+            expected_duration_s=spec.expected_duration_s,
         )
         attempt = replace(
             self._attempt(job), workload_id=status.id, topology=relaxed.topology.value

@@ -11,7 +11,7 @@ import pytest
 
 from policies.jobs import JobState, RestartPolicy, TopologyMode
 from policies.requests import TopologyRequirement, WorkloadKind
-from portal.jobs.controller import JobController
+from portal.jobs.controller import JobController, attempt_key
 from portal.store.records import AllocationRecord, WorkloadState
 from tests.portal.allocator.conftest import gpus, hgx, wl
 from tests.portal.jobs.conftest import H100, Rig, job, make_backend
@@ -346,3 +346,27 @@ def test_the_first_member_to_fail_is_the_cause(rig: Rig) -> None:
     first = rig.jobs.attempts(jid)[0]
     assert (first.exit_reason, first.exit_code) == ("exit code 137", 137)
     assert "rank 1 exited 137" in rig.jobs.get(jid).message
+
+
+def test_an_attempt_the_portal_died_before_recording_is_released_at_start(rig: Rig) -> None:
+    # What a controller killed between its request and its commit leaves: the workload of an
+    # attempt no job records, found by its key; a kind-job workload asked for directly stays.
+    orphan = rig.alloc.request(
+        wl("team-a", gpus(4), kind=WorkloadKind.JOB), idempotency_key=attempt_key("j-gone", 1)
+    )
+    direct = rig.alloc.request(wl("team-a", gpus(2), kind=WorkloadKind.JOB))
+    assert used(rig, "team-a") == 6
+    again = JobController(rig.alloc, backend=make_backend(rig.runner))
+    again.start()
+    assert rig.alloc.status(orphan.id).state is WorkloadState.RELEASED
+    assert rig.alloc.status(orphan.id).reason == "job not recorded"
+    assert rig.alloc.status(direct.id).state is WorkloadState.RUNNING
+    # The controller asks with that key itself: a retried request finds the same workload.
+    jid = rig.jobs.submit(job(members=1, gpus=1)).job.id
+    (first,) = rig.jobs.attempts(jid)
+    owner = rig.jobs.get(jid).owner
+    same = rig.alloc.request(
+        wl("team-a", gpus(1), owner=owner, kind=WorkloadKind.JOB),
+        idempotency_key=attempt_key(jid, 1),
+    )
+    assert same.id == first.workload_id
