@@ -29,14 +29,24 @@ from starlette.concurrency import run_in_threadpool
 from policies.errors import NotFound, Unavailable
 from portal.api.auth import Caller, Scope
 from portal.api.deps import requires
-from portal.api.errors import ERROR_RESPONSES
+from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.inputs import KEY, Label, bounded
+from portal.api.schemas import ErrorBody
 from portal.inference.controller import ServiceController
 from portal.inference.spec import Hold
 from portal.inference.traffic import Traffic, TrafficBook
 
+GATEWAY_RESPONSES: Responses = {
+    **ERROR_RESPONSES,
+    404: {"model": ErrorBody, "description": "no such service in that tenant"},
+    503: {
+        "model": ErrorBody,
+        "description": "no replica ready within the hold (or the hold is full): see Retry-After",
+    },
+}
+
 router = APIRouter(
-    prefix="/gateway/{tenant}/{service}/v1", tags=["gateway"], responses=ERROR_RESPONSES
+    prefix="/gateway/{tenant}/{service}/v1", tags=["gateway"], responses=GATEWAY_RESPONSES
 )
 
 HOLD_POLL_S = 0.05
