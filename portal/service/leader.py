@@ -38,11 +38,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 if TYPE_CHECKING:
     from portal.settings import Settings
 
 log = logging.getLogger(__name__)
+
+UNREACHABLE = (ApiException, TransportError, OSError)
+"""What a Lease call raises when the apiserver refuses or cannot be reached (urllib3's errors,
+such as MaxRetryError, are not OSErrors)."""
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -234,7 +239,7 @@ class Leadership:
                 if self.elector.try_lead():
                     self.start_renewing()
                     return True
-            except (ApiException, OSError) as err:  # the apiserver is away: keep waiting
+            except UNREACHABLE as err:  # the apiserver is away: keep waiting
                 log.warning("lease %s: %s", self.elector.name, err)
             self._stop.wait(self._renew_s)
         return False
@@ -251,7 +256,7 @@ class Leadership:
                     last = time.monotonic()
                     continue
                 why = f"the lease was taken by {self.elector.holder!r}"
-            except (ApiException, OSError) as err:
+            except UNREACHABLE as err:
                 why = f"the lease could not be renewed: {err}"
                 if time.monotonic() - last < self._deadline_s:
                     log.warning("%s; retrying", why)
@@ -307,7 +312,7 @@ def lead_or_stand_by(
     )
     try:
         first = elector.try_lead()  # no standby phase when nobody else leads
-    except (ApiException, OSError) as err:
+    except UNREACHABLE as err:
         log.warning("lease %s: %s; standing by", elector.name, err)
         first = False
     if first:

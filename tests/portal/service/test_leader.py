@@ -16,7 +16,7 @@ from kubernetes import client
 
 from policies.errors import Unavailable
 from portal.client import Portal
-from portal.service.leader import LeaseElector
+from portal.service.leader import Leadership, LeaseElector
 from tests.portal.service.conftest import ROOT, Service, ServiceFactory, gpu
 from tests.portal.service.test_writer_guard import assert_nothing_twice_or_above_a_limit
 from tests.support.k8s import K8sCluster
@@ -219,3 +219,37 @@ def test_a_leader_stopping_hands_over_at_once(
     assert "Traceback" not in first.tail(500) + second.tail(500)
     assert second.terminate() == 0, second.tail()
     print(f"hand-over after SIGTERM: {second_ready:.1f} s")
+
+
+def unreachable() -> client.ApiClient:
+    """A client of an apiserver that is not there (a closed loopback port)."""
+    from tests.support.ports import free_port
+
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{free_port()}"
+    config.retries = 0
+    return client.ApiClient(config)
+
+
+def test_an_unreachable_apiserver_keeps_a_standby_waiting_and_stops_a_leader(
+    api: client.ApiClient,
+) -> None:
+    waiting = Leadership(
+        LeaseElector(unreachable(), NAMESPACE, lease_name(), "w", duration_s=1.0),
+        renew_s=0.05,
+        renew_deadline_s=0.5,
+        on_lost=lambda _why: None,
+    )
+    rounds = iter(range(3))
+    assert not waiting.wait_elected(lambda: next(rounds, None) is None)  # no exception
+
+    lost: list[str] = []
+    elector = LeaseElector(api, NAMESPACE, lease_name(), "l", duration_s=1.0)
+    leading = Leadership(elector, renew_s=0.05, renew_deadline_s=0.5, on_lost=lost.append)
+    assert leading.wait_elected(lambda: False)
+    elector._api = client.CoordinationV1Api(unreachable())  # the apiserver goes away
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lost and "could not be renewed" in lost[0]
+    leading.stop()
