@@ -306,42 +306,17 @@ class Store:
             delete(TENANTS).where(TENANTS.c.name == bindparam("key_name"))
         )
         self._delete_usage = raw(delete(USAGE).where(USAGE.c.tenant == bindparam("key_tenant")))
-        attempt_insert = self._insert_factory(job_rows.ATTEMPTS)
-        self._upsert_attempt = raw(
-            attempt_insert.on_conflict_do_update(
-                index_elements=["job_id", "number"],
-                set_={
-                    c.name: attempt_insert.excluded[c.name]
-                    for c in job_rows.ATTEMPTS.columns
-                    if not c.primary_key
-                },
-            ),
-            job_rows.ATTEMPTS,
-        )
-        replica_insert = self._insert_factory(service_rows.REPLICAS)
-        self._upsert_replica = raw(
-            replica_insert.on_conflict_do_update(
-                index_elements=["service_id", "number"],
-                set_={
-                    c.name: replica_insert.excluded[c.name]
-                    for c in service_rows.REPLICAS.columns
-                    if not c.primary_key
-                },
-            ),
-            service_rows.REPLICAS,
-        )
-        slice_insert = self._insert_factory(ray_rows.SLICES)
-        self._upsert_slice = raw(
-            slice_insert.on_conflict_do_update(
-                index_elements=["cluster_id", "number"],
-                set_={
-                    c.name: slice_insert.excluded[c.name]
-                    for c in ray_rows.SLICES.columns
-                    if not c.primary_key
-                },
-            ),
-            ray_rows.SLICES,
-        )
+
+        def upsert(table: Table) -> RawStatement:
+            """Insert a row, or overwrite every non-key column of the one with its key."""
+            insert = self._insert_factory(table)
+            keys = [c.name for c in table.primary_key.columns]
+            rest = {c.name: insert.excluded[c.name] for c in table.columns if not c.primary_key}
+            return raw(insert.on_conflict_do_update(index_elements=keys, set_=rest), table)
+
+        self._upsert_attempt = upsert(job_rows.ATTEMPTS)
+        self._upsert_replica = upsert(service_rows.REPLICAS)
+        self._upsert_slice = upsert(ray_rows.SLICES)
         usage_insert = self._insert_factory(USAGE)
         self._upsert_usage = raw(
             usage_insert.on_conflict_do_update(
