@@ -85,6 +85,7 @@ def run_clients(
         left = [decisions]
         left_lock = threading.Lock()
         errors: list[BaseException] = []
+        depths: list[list[int]] = [[] for _ in range(clients)]
 
         def client(c: int) -> None:
             r = random.Random(seed * 1000 + c)
@@ -100,6 +101,7 @@ def run_clients(
                     ask = fill < single.FILL_LOW or (fill <= single.FILL_HIGH and r.random() < 0.5)
                     if not mine:
                         ask = True
+                    depths[c].append(alloc.chain_depth)
                     t = time.perf_counter_ns()
                     if ask:
                         outcomes[c][f"request->{submit(c, r)}"] += 1
@@ -133,6 +135,9 @@ def run_clients(
             "latency": single._stats(all_ns),
             "throughput_per_s": round(len(all_ns) / wall_s, 1) if wall_s else 0.0,
             "transactions": store.commits - commits0,
+            # Drafts a decision read through when it began (group commit's chains).
+            "chain_depth_mean": round(sum(map(sum, depths)) / max(1, len(all_ns)), 2),
+            "chain_depth_max": max((max(d) for d in depths if d), default=0),
             "outcomes": dict(sorted(total.items())),
             "invariant_violations": single.check_invariants(alloc),
             "workloads_running": sum(
@@ -203,13 +208,14 @@ def row(r: dict[str, Any]) -> str:
     return (
         f"{r['db']:<20} {r['clients']:>7} {r['decisions']:>9} {r['throughput_per_s']:>11.0f} "
         f"{s['p50_ms']:>7.2f} {s['p99_ms']:>7.2f} {per_tx:>8.1f} "
+        f"{r['chain_depth_mean']:>6.1f} {r['chain_depth_max']:>5} "
         f"{len(r['invariant_violations']):>4}"
     )
 
 
 HEADER = (
     f"{'database':<20} {'clients':>7} {'decisions':>9} {'decisions/s':>11} "
-    f"{'p50 ms':>7} {'p99 ms':>7} {'per tx':>8} {'bad':>4}"
+    f"{'p50 ms':>7} {'p99 ms':>7} {'per tx':>8} {'chain':>6} {'max':>5} {'bad':>4}"
 )
 
 

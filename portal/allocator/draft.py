@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any, cast
 
 from policies import fairness
 from policies.placement.fork import ClusterFork
@@ -91,6 +92,34 @@ class Draft(Memory):
         self.preemption = base.preemption
         self._ops: list[Op] = []
         self._events: list[EventRecord] = []
+
+    def rebase(self, onto: Memory) -> None:
+        """Read through ``onto`` instead of the base draft, once the base's decision has been
+        applied to ``onto`` (so both read the same): keeps the chain of drafts waiting for a
+        commit as deep as the drafts still waiting, not as every draft since the pipeline
+        was last empty. The cluster fork needs nothing: forks copy, they do not stack."""
+        assert isinstance(self.base, Draft), "only a draft on a draft is rebased"
+        self.base = onto
+        pairs: tuple[tuple[Any, Any], ...] = (
+            (self.nodes, onto.nodes),
+            (self.tenants, onto.tenants),
+            (self.quotas, onto.quotas),
+            (self.live, onto.live),
+            (self.preempting_amount, onto.preempting_amount),
+            (self.history, onto.history),
+            (self.period, onto.period),
+            (self.ledger.usage, onto.ledger.usage),
+            (self.ledger.borrowed, onto.ledger.borrowed),
+        )
+        for mine, theirs in pairs:
+            cast(OverlayDict[object, object], mine).rebase(theirs)
+        for s_mine, s_theirs in ((self.queued, onto.queued), (self.preempting, onto.preempting)):
+            cast(OverlaySet[str], s_mine).rebase(s_theirs)
+        for n_mine, n_theirs in (
+            (self.ledger.gpu_equivalents, onto.ledger.gpu_equivalents),
+            (self.ledger.holders, onto.ledger.holders),
+        ):
+            cast(OverlayNested[str, object], n_mine).rebase(n_theirs)
 
     # ---- building the decision -----------------------------------------------------------
 

@@ -127,6 +127,7 @@ class _Queued:
     done: bool = False  # committed and applied, or failed with ``error``
     error: BaseException | None = None
     redo: bool = False  # decided on top of a batch that failed: decide again
+    draft: Draft | None = None  # what it was decided on, the base of the drafts after it
 
 
 class Allocator:
@@ -174,7 +175,7 @@ class Allocator:
                     self._cond.wait()
                 draft = Draft(self._tip or self._state, self._clock())
                 result = decide(draft)
-                mine = _Queued(draft.decision(), partial(then, result))
+                mine = _Queued(draft.decision(), partial(then, result), draft=draft)
                 self._queued.append(mine)
                 self._tip = draft
                 self._chain += 1
@@ -237,7 +238,27 @@ class Allocator:
                 self._queued = []
             if not self._queued:
                 self._tip, self._chain = None, 0
+            elif applied == len(batch):
+                self._rebase_waiting(batch[-1])
             self._cond.notify_all()
+
+    @property
+    def chain_depth(self) -> int:
+        """How many uncommitted drafts a new decision would read through (0: the state
+        directly); for benchmarks and debugging, read without the lock."""
+        depth, m = 0, self._tip
+        while isinstance(m, Draft):
+            m, depth = m.base, depth + 1
+        return depth
+
+    def _rebase_waiting(self, applied: _Queued) -> None:
+        """The drafts decided during the commit stack on the batch's last draft, now applied:
+        the first of them reads the state directly from here on (``Draft.rebase``), so a
+        chain is only as deep as the decisions still waiting."""
+        first = self._queued[0].draft
+        if first is not None and first.base is applied.draft:
+            first.rebase(self._state)
+            self._chain = len(self._queued)
 
     @property
     def _batched(self) -> bool:

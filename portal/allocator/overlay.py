@@ -83,6 +83,11 @@ class OverlayDict(MutableMapping[K, V]):
             return self._base.values()
         return {k: self[k] for k in self._keys()}.values()
 
+    def rebase(self, base: Mapping[K, V]) -> None:
+        """Read through ``base`` from now on: only when ``base`` reads exactly as the old base
+        did (the old base, a decided draft, has been applied to ``base``)."""
+        self._base = base
+
     def written(self) -> dict[K, V | None]:
         """What the overlay changed: key -> new value, or None for a deletion."""
         return {k: (None if v is _GONE else v) for k, v in self._own.items()}  # type: ignore[misc]
@@ -124,6 +129,10 @@ class OverlaySet(MutableSet[K]):
         if value in self._base:
             self._removed.add(value)
 
+    def rebase(self, base: Set[K]) -> None:
+        """As ``OverlayDict.rebase``; additions and removals stay relative to an equal view."""
+        self._base = base
+
 
 class OverlayNested(MutableMapping[K, MutableMapping[str, V]]):
     """A mapping of mappings whose inner mappings are overlays too (created on first use)."""
@@ -142,6 +151,12 @@ class OverlayNested(MutableMapping[K, MutableMapping[str, V]]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._inner or key in self._base
+
+    def rebase(self, base: Mapping[K, Mapping[str, V]]) -> None:
+        """As ``OverlayDict.rebase``, inner overlays included."""
+        self._base = base
+        for key, inner in self._inner.items():
+            inner.rebase(base.get(key, {}))
 
     def __setitem__(self, key: K, value: MutableMapping[str, V]) -> None:
         raise TypeError("assign to the inner mapping instead")

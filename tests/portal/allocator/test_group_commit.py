@@ -18,6 +18,8 @@ from sqlalchemy import create_engine, text
 
 from policies.errors import Forbidden
 from portal.allocator import Allocator, WorkloadStatus
+from portal.allocator.draft import Draft
+from portal.allocator.memory import Memory
 from portal.store.records import ChangeSet, WorkloadState
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, gpus, hgx, wl
@@ -201,4 +203,86 @@ def test_many_threads_requesting_and_releasing_never_double_allocate(db_url: str
             assert n <= limits[tenant], f"{tenant} holds {n} > limit {limits[tenant]}"
         assert a.snapshot() == rebuilt(a, db_url, nodes)
     finally:
+        store.close()
+
+
+def _view(m: Memory) -> tuple[object, ...]:
+    """Everything a decision can read from ``m``'s containers, as plain values."""
+    ledger = m.ledger
+    return (
+        dict(m.nodes),
+        dict(m.tenants),
+        dict(m.quotas),
+        dict(m.live),
+        set(m.queued),
+        set(m.preempting),
+        dict(m.preempting_amount),
+        dict(m.history),
+        dict(m.period),
+        dict(ledger.usage),
+        dict(ledger.borrowed),
+        {k: dict(v) for k, v in ledger.gpu_equivalents.items() if v},
+        {k: dict(v) for k, v in ledger.holders.items() if v},
+    )
+
+
+def _depth(m: Memory) -> int:
+    depth = 0
+    while isinstance(m, Draft):
+        m, depth = m.base, depth + 1
+    return depth
+
+
+class SecondGateStore(GateStore):
+    """Closes the gate again behind the next batch it lets through, once armed."""
+
+    armed = False
+
+    def commit_all(self, batch: Iterable[ChangeSet]) -> None:
+        super().commit_all(batch)
+        if self.armed:
+            self.armed = False
+            self.gate.clear()
+
+
+def test_drafts_waiting_behind_an_applied_batch_read_the_state_directly(db_url: str) -> None:
+    nodes = [hgx(f"n{i}") for i in range(4)]
+    store = SecondGateStore(db_url)
+    a = Allocator(store, clock=ManualClock())
+    try:
+        a.start(nodes)
+        for i in range(4):
+            a.set_tenant(f"t{i}")
+            a.set_quota(f"t{i}", "H100-80GB", guaranteed=4, limit=6)
+        kept = a.request(wl("t0", gpus(2)))
+        store.batches.clear()
+        store.gate.clear()
+        store.entered.clear()
+        store.armed = True
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            first = pool.submit(a.release, kept.id)
+            assert store.entered.wait(20)
+            rest = [pool.submit(a.request, wl(f"t{i}", gpus(i + 1))) for i in range(4)]
+            _wait_for(lambda: _queued(a) == 4, "callers did not queue behind the commit")
+            waiting = [q.draft for q in a._queued]
+            assert all(d is not None for d in waiting)
+            tip = waiting[-1]
+            assert tip is not None
+            assert _depth(tip) == 5  # the release's draft, then the four on top of it
+            before = _view(tip)
+            store.entered.clear()
+            store.gate.set()  # the release commits; the gate closes behind it
+            assert first.result(timeout=30) is not None
+            assert store.entered.wait(20)  # the four are committing now
+            with a._lock:
+                assert _depth(tip) == 4, "the first waiting draft still reads the release's"
+                assert waiting[0] is not None and waiting[0].base is a._state
+                assert _view(tip) == before
+            store.gate.set()
+            after = [f.result(timeout=30) for f in rest]
+        assert [s.state for s in after] == [WorkloadState.RUNNING] * 4
+        assert store.batches == [1, 4], store.batches
+        assert a.snapshot() == rebuilt(a, db_url, nodes)
+    finally:
+        store.gate.set()
         store.close()
