@@ -1,4 +1,4 @@
-"""The ``gpuportal backup`` and ``gpuportal restore`` subcommands (``portal.store.backup``).
+"""The ``gpuportal backup``, ``restore`` and ``migrate`` subcommands (``portal.store``).
 
 They work on the database itself, like ``serve``, not through the REST API: the database URL
 comes from ``--database-url`` or ``GPUPORTAL_DATABASE_URL`` (the state directory's SQLite file
@@ -13,7 +13,7 @@ from typing import Any
 
 
 def register(commands: Any) -> None:
-    """Add ``backup`` and ``restore`` to the CLI's subcommands."""
+    """Add ``backup``, ``restore`` and ``migrate`` to the CLI's subcommands."""
     back = commands.add_parser(
         "backup",
         help="write a consistent copy of the portal's database to a file (online)",
@@ -41,6 +41,23 @@ def register(commands: Any) -> None:
     )
     _common(rest)
     rest.set_defaults(handler=_restore)
+
+    mig = commands.add_parser(
+        "migrate",
+        help="migrate the portal's database to this portal's schema, once (before an upgrade)",
+        description=(
+            "Bring the database to the newest schema this portal knows, while the older "
+            "portal may still run on it (every migration keeps the previous release working: "
+            "see docs/helm.md, Upgrades). Safe to run twice or from two places at once. "
+            "Refused, changing nothing, for a database a newer portal migrated. --check "
+            "changes nothing and exits 1 when a migration is due."
+        ),
+    )
+    mig.add_argument("--check", action="store_true", help="only say whether a migration is due")
+    mig.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: GPUPORTAL_DATABASE_URL)"
+    )
+    mig.set_defaults(handler=_migrate)
 
 
 def _common(cmd: argparse.ArgumentParser) -> None:
@@ -76,4 +93,29 @@ def _restore(args: argparse.Namespace) -> int:
     done = restore(_url(args), args.file, replace=args.replace, pg_bin_dir=args.pg_bin_dir)
     migrated = ", then migrated to this portal's schema" if done.migrated else ""
     print(f"restored {args.file} (schema revision {done.revision}){migrated}")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from portal.store import migrate
+    from portal.store.db import make_engine
+
+    head = migrate.head()
+    if args.check:
+        engine = make_engine(_url(args))
+        try:
+            at = migrate.current(engine)
+        finally:
+            engine.dispose()
+        migrate.refuse_unknown(at)
+        if at == head:
+            print(f"the database is at {head}, this portal's schema: nothing to migrate")
+            return 0
+        print(f"the database is at {at or 'no schema (empty)'}; this portal migrates it to {head}")
+        return 1
+    before, after = migrate.upgrade(_url(args))
+    if before == after:
+        print(f"the database is at {after}, this portal's schema: nothing to migrate")
+    else:
+        print(f"migrated the database from {before or 'no schema (empty)'} to {after}")
     return 0

@@ -408,6 +408,7 @@ def test_every_pod_claims_the_restricted_security_context(helm: Helm) -> None:
         "prod-gpuportal-agent",
         "prod-gpuportal-dashboards",
         "prod-gpuportal-prometheus-source",
+        "prod-gpuportal-migrate",
     }
     for name, template in templates.items():
         spec = template["spec"]
@@ -423,6 +424,40 @@ def test_every_pod_claims_the_restricted_security_context(helm: Helm) -> None:
     # Only the agent departs from "restricted", and only by hostPID (process attribution).
     assert templates["prod-gpuportal-agent"]["spec"]["hostPID"] is True
     assert all("hostPID" not in t["spec"] for n, t in templates.items() if "agent" not in n)
+
+
+def test_postgresql_is_migrated_by_a_pre_upgrade_job_with_the_new_image_before_the_portal(
+    helm: Helm,
+) -> None:
+    objects = helm.render(release="prod", namespace="gpu", values_files=[PRODUCTION_VALUES])
+    job = named(objects, "Job", "prod-gpuportal-migrate")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-upgrade"
+    assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    template = job["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert [*container["command"], *container["args"]] == ["gpuportal", "migrate"]
+    portal = named(objects, "Deployment", "prod-gpuportal")["spec"]["template"]
+    (serve,) = portal["spec"]["containers"]
+    assert container["image"] == serve["image"]
+    assert (
+        env_of(template, "migrate")["GPUPORTAL_DATABASE_URL"]
+        == env_of(portal, "portal")["GPUPORTAL_DATABASE_URL"]
+    )
+    assert template["spec"]["automountServiceAccountToken"] is False
+    # It reaches the database and DNS, nothing else, and accepts nothing.
+    policy = named(objects, "NetworkPolicy", "prod-gpuportal-migrate")["spec"]
+    assert policy["podSelector"]["matchLabels"] == template["metadata"]["labels"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in policy
+    ports = {p["port"] for rule in policy["egress"] for p in rule["ports"]}
+    assert ports == {53, 5432}, ports
+
+    # SQLite lives on the portal's volume and is migrated by the portal itself; the Job can
+    # also be turned off.
+    assert not [o for o in helm.render() if o["kind"] == "Job"]
+    off = helm.render(values_files=[PRODUCTION_VALUES], sets={"portal.migrateJob.enabled": "false"})
+    assert not [o for o in off if o["kind"] == "Job"]
+    assert not [o for o in off if o["metadata"]["name"].endswith("-migrate")]
 
 
 def test_agent_runs_on_gpu_nodes_through_the_nvidia_runtime_without_a_gpu(helm: Helm) -> None:
