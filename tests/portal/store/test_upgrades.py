@@ -26,6 +26,15 @@ from tests.portal.store.test_migrations import _downgrade
 REPO = Path(__file__).resolve().parents[3]
 
 
+def _rows(url: str, sql: str) -> list[tuple[object, ...]]:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            return [tuple(r) for r in conn.execute(text(sql)).all()]
+    finally:
+        engine.dispose()
+
+
 def _revision(url: str) -> str | None:
     engine = make_engine(url)
     try:
@@ -64,14 +73,8 @@ def test_a_database_a_newer_portal_migrated_is_refused_and_left_unchanged(
         a.set_tenant("t0")
         a.set_quota("t0", "H100-80GB", guaranteed=4, limit=4)
         a.request(wl("t0", gpus(2)))
-    engine = make_engine(db_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
-        with engine.connect() as conn:
-            before = conn.execute(text("SELECT id, state FROM workloads ORDER BY id")).all()
-    finally:
-        engine.dispose()
+    _rows(db_url, "UPDATE alembic_version SET version_num = '9999_future' RETURNING 1")
+    before = _rows(db_url, "SELECT id, state FROM workloads ORDER BY id")
     for argv in (["migrate"], ["migrate", "--check"]):
         assert cli.run([*argv, "--database-url", db_url]) == 2
         err = capsys.readouterr().err
@@ -81,13 +84,7 @@ def test_a_database_a_newer_portal_migrated_is_refused_and_left_unchanged(
     with pytest.raises(Exception, match="downgrade across a migration is refused"):
         Store(db_url)
     assert _revision(db_url) == "9999_future"
-    engine = make_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            after = conn.execute(text("SELECT id, state FROM workloads ORDER BY id")).all()
-    finally:
-        engine.dispose()
-    assert after == before
+    assert _rows(db_url, "SELECT id, state FROM workloads ORDER BY id") == before
 
 
 def test_an_upgrade_across_the_newest_migration_keeps_allocations_and_the_queue(
@@ -163,10 +160,4 @@ def test_two_migrators_at_once_migrate_once(db_url: str) -> None:
     said = [o for o, _ in outs]
     assert sum("migrated the database" in o for o in said) == 1, said
     assert sum("nothing to migrate" in o for o in said) == 2, said
-    engine = make_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT version_num FROM alembic_version")).all()
-    finally:
-        engine.dispose()
-    assert rows == [(migrate.head(),)]
+    assert _rows(db_url, "SELECT version_num FROM alembic_version") == [(migrate.head(),)]
