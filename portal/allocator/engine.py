@@ -149,7 +149,7 @@ class Allocator:
         self._queued: list[_Queued] = []  # decided, waiting for a committer, in order
         self._committing = False
         self._tip: Memory | None = None  # the newest uncommitted draft (None: the state)
-        self._chain = 0  # drafts decided since the pipeline was last empty
+        self._chain = 0  # drafts a new one would stack on (reset by a rebase or an empty queue)
         self._state = State(
             policy or named_policy("binpack"),
             preemption or PreemptionPolicy(),
