@@ -137,5 +137,6 @@ class Autoscaler:
     def _still_starting(self, svc: ServiceRecord) -> bool:
         waiting = (ReplicaState.QUEUED, ReplicaState.STARTING)
         return any(
-            r.state in waiting for r in stored.replicas(self._controller.store, svc.id, live=True)
+            r.state in waiting and not r.pooled  # a warm one loading is no request's
+            for r in stored.replicas(self._controller.store, svc.id, live=True)
         )
