@@ -30,9 +30,21 @@ Probe = Callable[[str], bool]
 """Whether the engine at a URL (its health path included) answers 200."""
 
 
+_engines: httpx.Client | None = None
+
+
+def _client() -> httpx.Client:
+    """One client for every call to engines: a new one per call would build its TLS context
+    each time (about 0.1 s), a wake's whole budget."""
+    global _engines
+    if _engines is None:
+        _engines = httpx.Client()
+    return _engines
+
+
 def http_probe(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
+        return _client().get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -40,7 +52,7 @@ def http_probe(url: str) -> bool:
 def http_post(url: str) -> bool:
     """POST without a body (an engine's ``/sleep``, ``/wake_up``): whether it answered 2xx."""
     try:
-        return httpx.post(url, timeout=POST_TIMEOUT_S).is_success
+        return _client().post(url, timeout=POST_TIMEOUT_S).is_success
     except httpx.HTTPError:
         return False
 

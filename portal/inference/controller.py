@@ -308,7 +308,9 @@ class ServiceController:
                 return
             new = self._versioned(svc, desired=1, last_request_at=self.now)
             self._commit([new], [], "service.woken", new, f"{svc.name}: a request came")
-            self._reconcile(new)
+            # The held request waits for the wake call only: the loop's next round (half
+            # a second) refills the pool.
+            self._reconcile(new, refill=False)
         self._calls.run(service_id)
 
     def last_request(self, svc: ServiceRecord) -> datetime | None:
@@ -381,7 +383,7 @@ class ServiceController:
             self._refresh_ready()
         self._calls.run()
 
-    def _reconcile(self, svc: ServiceRecord) -> None:
+    def _reconcile(self, svc: ServiceRecord, *, refill: bool = True) -> None:
         """Advance the replicas, then request or stop replicas to meet ``desired``."""
         store = self._alloc.store
         live = stored.replicas(store, svc.id, live=True)
@@ -399,7 +401,7 @@ class ServiceController:
             self._wake(svc, r)
         for _ in range(todo.add_serving):
             svc = self._add_replica(svc)
-        for _ in range(todo.add_warm):  # the pool refills in the round that woke one
+        for _ in range(todo.add_warm * refill):  # refilled in the round that woke one
             svc = self._add_replica(svc, warm=True)
 
     def _advance(self, svc: ServiceRecord, r: ReplicaRecord) -> ServiceRecord:

@@ -115,19 +115,20 @@ def test_a_warm_pool_keeps_one_asleep_and_a_request_wakes_it_and_the_pool_refill
     assert len(rig.runner.launched) == 1  # an asleep replica is kept, not replaced
 
     # A request comes: the asleep replica is woken (no new engine for it) and serves; the
-    # pool is refilled in the same round.
+    # loop's next round refills the pool.
     c.touch(sid)
+    assert list(live(rig, sid)) == [1]
+    c.step()
     reps = live(rig, sid)
     woken = reps[1]
     assert woken.state is ReplicaState.READY and woken.woken_at is not None
-    assert rig.calls.made[1] == (one.port, "/wake_up")
+    assert rig.calls.made[1:] == [(one.port, "/wake_up"), (reps[2].port, "/sleep")]
     assert c.ready_urls(sid) == (rig.controller.backend.url(one.port),)  # type: ignore[union-attr]
     assert priority(rig, woken) == 0  # a serving replica now: the service's priority
     assert sorted(reps) == [1, 2] and reps[2].pooled
     launched = [m[0].attempt for m in rig.runner.launched]
     assert launched == [1, 2]  # replica 1 was never launched again
-    c.step()
-    assert live(rig, sid)[2].state is ReplicaState.ASLEEP
+    assert reps[2].state is ReplicaState.ASLEEP
     kinds = [e.kind for e in c.events(sid)]
     assert "service.replica_woken" in kinds and kinds.count("service.replica_asleep") == 2
 
