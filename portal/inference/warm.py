@@ -18,15 +18,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from policies.services import ReplicaState
 from portal.store import services as stored
-from portal.store.records import ReplicaRecord, ServiceRecord
+from portal.store.records import AllocationRecord, ReplicaRecord, ServiceRecord
 
 if TYPE_CHECKING:
     from portal.inference.controller import ServiceController
+    from portal.store.writer import Store
 
 WARM_PRIORITY = -1000
 """The priority of a pooled replica's workload: below any serving replica's."""
@@ -133,3 +134,42 @@ def woken(r: ReplicaRecord, at: datetime) -> ReplicaRecord:
     ready); queued or loading, it goes on as a serving replica."""
     state = ReplicaState.STARTING if r.state is ReplicaState.ASLEEP else r.state
     return replace(r, state=state, woken_at=at)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceHours:
+    """A service's GPU-equivalent-hours held in a window: in its warm pool, and serving."""
+
+    service: ServiceRecord
+    warm_gpu_hours: float
+    serving_gpu_hours: float
+
+
+def _aware(at: datetime) -> datetime:
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+
+
+def gpu_hours(
+    store: Store, services: Sequence[ServiceRecord], lo: datetime, hi: datetime, now: datetime
+) -> list[ServiceHours]:
+    """The hours the tenant is charged for (its replicas' allocations, as the cost routes
+    price them), each allocation split where its replica was woken: before, warm."""
+    held: dict[str, list[AllocationRecord]] = {}
+    for a in store.allocations_between(lo, hi):
+        held.setdefault(a.workload_id, []).append(a)
+    out = []
+    for svc in services:
+        warm = serving = 0.0
+        for r in stored.replicas(store, svc.id):
+            for a in held.get(r.workload_id, ()):
+                start = max(_aware(a.created_at or lo), lo)
+                end = min(_aware(a.released_at or now), hi)
+                if end <= start:
+                    continue
+                split = start
+                if r.warm:
+                    split = min(max(_aware(r.woken_at or end), start), end)
+                warm += (split - start).total_seconds() * a.gpu_equivalent
+                serving += (end - split).total_seconds() * a.gpu_equivalent
+        out.append(ServiceHours(svc, warm / 3600, serving / 3600))
+    return out
