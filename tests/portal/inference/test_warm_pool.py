@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from portal.allocator import Allocator
 from portal.inference.backend import ServiceBackend
 from portal.inference.controller import ServiceController
 from portal.inference.spec import Backend, Engine, Preset, ServiceSpec
-from portal.inference.warm import WARM_PRIORITY
+from portal.inference.warm import WARM_PRIORITY, gpu_hours
 from portal.store import services as stored
 from portal.store.records import ReplicaRecord, WorkloadState
 from portal.store.writer import Store
@@ -197,3 +198,28 @@ def test_a_restart_re_adopts_asleep_and_woken_replicas_with_their_state(rig: Rig
     # The pooled one is still the first to wake.
     again.record_scaling(again.get(sid), 2, 0.0, 9.0)
     assert live(rig, sid)[2].state is ReplicaState.READY
+
+
+def test_gpu_hours_split_where_a_replica_was_woken(rig: Rig) -> None:
+    c = rig.controller
+    clock = rig.alloc.clock
+    assert isinstance(clock, ManualClock)
+    start = clock.now
+    sid = c.deploy(spec(0, 1, 1)).service.id
+    c.step()
+    clock.advance(hours=1)  # replica 1 asleep for an hour
+    c.touch(sid)
+    c.step()  # replica 2 refills the pool
+    clock.advance(hours=2)  # replica 1 serves two hours, replica 2 waits in the pool
+    end = clock.now
+    (hours,) = gpu_hours(rig.alloc.store, [c.get(sid)], start, end, end)
+    assert (hours.warm_gpu_hours, hours.serving_gpu_hours) == pytest.approx((3.0, 2.0))
+    # A window is a window: the first hour only, all of it warm.
+    (first,) = gpu_hours(rig.alloc.store, [c.get(sid)], start, start + timedelta(hours=1), end)
+    assert (first.warm_gpu_hours, first.serving_gpu_hours) == pytest.approx((1.0, 0.0))
+    # Once deleted, nothing more is counted.
+    c.delete(sid)
+    c.step()
+    clock.advance(hours=5)
+    (later,) = gpu_hours(rig.alloc.store, [c.get(sid)], start, clock.now, clock.now)
+    assert (later.warm_gpu_hours, later.serving_gpu_hours) == pytest.approx((3.0, 2.0))
