@@ -9,7 +9,8 @@ The life of a replica, advanced by ``step`` (the service's ``services`` loop):
 
 1. **queued**: its workload waits in the allocator's queue;
 2. **starting**: once placed, the engine process is launched on its devices and port; it
-   becomes **ready** when its health path answers 200 (the gateway then sends it requests);
+   becomes **ready** when its health path answers 200 (the gateway then sends it requests),
+   or **asleep** if it was started for the warm pool (``portal.inference.warm``);
 3. **stopping**: scaled down, the service deleted, or preempted: SIGTERM, then SIGKILL after
    the grace; its devices are released once the process has ended (**ended**).
 
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 DEFAULT_STOP_GRACE_S = 10.0
 LAST_REQUEST_WRITE_S = 5.0
 LOST_AT_RESTART = "engine process gone while the portal restarted"
+HAS_PROCESS = frozenset(
+    {ReplicaState.STARTING, ReplicaState.READY, ReplicaState.ASLEEP, ReplicaState.STOPPING}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +144,7 @@ class ServiceController:
             for svc in stored.unsettled_services(store):
                 for r in stored.replicas(store, svc.id, live=True):
                     recorded.add(r.workload_id)
-                    running = r.state in (
-                        ReplicaState.STARTING,
-                        ReplicaState.READY,
-                        ReplicaState.ASLEEP,
-                    )
-                    if (running or r.state is ReplicaState.STOPPING) and (
-                        svc.id,
-                        r.number,
-                    ) not in adopted:
+                    if r.state in HAS_PROCESS and (svc.id, r.number) not in adopted:
                         self._end(svc, r, LOST_AT_RESTART, failed=False)
                     elif r.warm and not r.pooled:  # woken before the restart: it serves
                         self._serving_priority(svc, r)
@@ -429,12 +425,8 @@ class ServiceController:
                 self._stop(svc, r, f"preempted: {st.message}", grace)
             return svc
         # A warm replica's health, sleep and wake are asked outside the lock (``EngineCalls``).
-        if (
-            r.state is ReplicaState.STARTING
-            and not r.warm
-            and self.backend is not None
-            and r.port is not None
-        ):
+        starting = r.state is ReplicaState.STARTING and not r.warm and r.port is not None
+        if starting and self.backend is not None and r.port is not None:
             health = self.spec_of(svc).engine.resolved.health_path
             if self.backend.probe(self.backend.url(r.port) + health):
                 ready = replace(r, state=ReplicaState.READY, ready_at=self.now)

@@ -8,7 +8,8 @@ instead of loading the model again.
   without a sleep mode stay loaded and idle: they get no requests until woken.
 - When the service needs a serving replica (scale from zero, scale up, a replacement) it
   wakes a pooled one first (``POST /wake_up``; its workload takes the service's priority) and
-  starts cold ones only for the rest; the pool is refilled in the same round.
+  starts cold ones only for the rest; the pool is refilled in the same round (after a
+  request's wake, in the loop's next one: the held request waits for the wake call only).
 - Sleep and wake calls reach engines outside the controller's lock (a slow engine must not
   stall other services), one call at a time per replica, each re-checked against the store.
 """

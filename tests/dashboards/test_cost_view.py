@@ -3,8 +3,10 @@ and groups whose utilization was not measured."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
+import httpx
 import panel as pn
 import pytest
 
@@ -100,3 +102,16 @@ def test_services_show_their_warm_pool_hours_apart_from_serving_ones(portal: Por
     assert (hours.warm_gpu_hours, hours.serving_gpu_hours) == pytest.approx((1.0, 2.0))
     html = CostView(store).services()
     assert "<td>llm</td><td>1.00</td><td>2.00</td>" in html.replace("\n", "")
+
+    # Each tenant sees its own services only: team-a's admin not team-b's, nor asks for them.
+    controller.deploy(replace(spec, tenant="team-b", owner="bob", name="other"))
+    url = f"{portal.url}/api/v1/cost/services"
+    anna = {"Authorization": "token tok-anna"}
+    seen = httpx.get(url, headers=anna).json()["services"]
+    assert [(x["tenant"], x["name"]) for x in seen] == [("team-a", "llm")]
+    refused = httpx.get(url, params={"tenant": "team-b"}, headers=anna)
+    assert refused.status_code == 403, refused.text
+    alice = httpx.get(url, headers={"Authorization": "token tok-alice"})
+    assert alice.status_code == 403, alice.text
+    lead = httpx.get(url, headers={"Authorization": "token tok-lead"}).json()["services"]
+    assert sorted(x["name"] for x in lead) == ["llm", "other"]
