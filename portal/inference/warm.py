@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from policies.services import ReplicaState
+from policies.services import ReplicaState, ServiceState
 from portal.store import services as stored
 from portal.store.records import AllocationRecord, ReplicaRecord, ServiceRecord
 
@@ -101,9 +101,14 @@ class EngineCalls:
 
     def _starting(self, service_id: str | None) -> list[tuple[ServiceRecord, ReplicaRecord]]:
         """Warm replicas whose engine runs but that are neither asleep nor ready yet."""
+        store = self._c.store
+        if service_id is None:
+            services = stored.active_services(store)
+        else:
+            services = [s for s in [stored.service(store, service_id)] if s is not None]
         found = []
-        for svc in stored.active_services(self._c.store):
-            if service_id is None or svc.id == service_id:
+        for svc in services:
+            if svc.state is ServiceState.ACTIVE:
                 found += [
                     (svc, r)
                     for r in stored.replicas(self._c.store, svc.id, live=True)
