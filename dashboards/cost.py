@@ -105,6 +105,16 @@ class CostView(Viewer):
             empty="no budgets",
         )
 
+    def services(self, *_: object) -> str:
+        """Services' GPU-hours: their warm pools (charged like serving time) apart."""
+        rows = [
+            (s.tenant, s.name, f"{s.warm_gpu_hours:,.2f}", f"{s.serving_gpu_hours:,.2f}")
+            for s in self.store.services
+            if s.warm_gpu_hours or s.serving_gpu_hours
+        ]
+        header = ["tenant", "service", "warm GPU-hours", "serving GPU-hours"]
+        return c.table_html(rows, header, empty="no service held GPUs")
+
     def idle(self, *_: object) -> str:
         rows = [(g.tenant, g.owner, f"{idle_cost(g):,}") for g in self.store.top_idle()]
         return c.table_html(rows, ["tenant", "owner", "idle spend"], empty="no idle spend measured")
@@ -145,6 +155,8 @@ class CostView(Viewer):
             ),
             "### Budgets",
             c.live(self.budgets, st.budgets),
+            "### Inference services: warm pool and serving",
+            c.live(self.services, st.services),
             download,
             sizing_mode="stretch_width",
         )

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Protocol
 
 from portal.api.alerts import AlertOut
-from portal.api.cost import BudgetOut, CostSummaryOut
+from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
 from portal.api.jobs import AttemptOut, JobOut, LogOut
 from portal.api.schemas import CapacityOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 from portal.api.telemetry import DeviceMinuteOut, PointOut
@@ -99,6 +99,7 @@ class Source(Protocol):
         tenant: str | None = None,
     ) -> CostSummaryOut: ...
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]: ...
+    def service_hours(self, *, start: datetime, end: datetime) -> ServiceCostOut: ...
     def jobs(self) -> list[JobOut]: ...
     def job_attempts(self, job_id: str) -> list[AttemptOut]: ...
     def job_log(self, job_id: str, *, attempt: int | None, offset: int) -> LogOut: ...
@@ -216,6 +217,9 @@ class ApiSource:
 
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
         return self._portal.budgets(tenant)
+
+    def service_hours(self, *, start: datetime, end: datetime) -> ServiceCostOut:
+        return self._portal.service_hours(start=start, end=end)
 
     def chargeback_csv(
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"

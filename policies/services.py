@@ -41,6 +41,7 @@ class ReplicaState(StrEnum):
     QUEUED = "queued"  # its workload waits in the allocator's queue (quota, capacity)
     STARTING = "starting"  # the engine process runs; its health path does not answer 200 yet
     READY = "ready"  # healthy: the gateway sends it requests
+    ASLEEP = "asleep"  # a warm replica, loaded and put to sleep: woken instead of a cold start
     STOPPING = "stopping"  # told to stop; its devices are released once it has ended
     ENDED = "ended"
 
@@ -65,8 +66,9 @@ MAX_START_FAILURES = 5
 
 @dataclass(frozen=True, slots=True)
 class Replicas:
-    """How many replicas: never fewer than ``min`` (0 allows scale-to-zero), never more than
-    ``max``; ``warm`` kept started and asleep (counted within ``max``)."""
+    """How many replicas serve: never fewer than ``min`` (0 allows scale-to-zero), never more
+    than ``max``; besides them, ``warm`` kept started and asleep, woken before a cold start
+    (not counted in ``max``: the tenant's limit bounds them all)."""
 
     min: int = 1
     max: int = 1

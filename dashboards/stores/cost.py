@@ -7,7 +7,7 @@ from decimal import Decimal
 import param
 
 from dashboards.stores.base import Store
-from portal.api.cost import BudgetOut, CostGroupOut, CostSummaryOut
+from portal.api.cost import BudgetOut, CostGroupOut, CostSummaryOut, ServiceHoursOut
 
 
 def cost(g: CostGroupOut) -> Decimal:
@@ -43,6 +43,9 @@ class CostStore(Store):
     flavors = param.List(default=[], item_type=CostGroupOut, doc="Per flavor.")
     owners = param.List(default=[], item_type=CostGroupOut, doc="Per tenant and owner.")
     budgets = param.List(default=[], item_type=BudgetOut, doc="Budgets with burn and forecast.")
+    services = param.List(
+        default=[], item_type=ServiceHoursOut, doc="Services' warm and serving GPU-hours."
+    )
     report = param.ClassSelector(class_=CostSummaryOut, default=None, allow_None=True)
 
     def _read(self) -> None:
@@ -56,11 +59,13 @@ class CostStore(Store):
             else []
         )
         budgets = self.source.budgets()
+        services = self.source.service_hours(start=daily.start, end=daily.end).services
         read = {
             "daily": list(daily.groups),
             "flavors": list(flavors.groups),
             "owners": list(owners),
             "budgets": budgets,
+            "services": list(services),
             "report": daily,
         }
         self._set_changed(read)

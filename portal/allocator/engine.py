@@ -45,7 +45,7 @@ from policies.placement.framework import Policy
 from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState
 from policies.preemption import PreemptionPolicy
-from policies.requests import WorkloadRequest
+from policies.requests import MAX_PRIORITY, WorkloadRequest
 from portal.allocator import checks, codec, cycle, estimates, node_events
 from portal.allocator.draft import Decision, Draft
 from portal.allocator.memory import Live, Memory
@@ -557,6 +557,24 @@ class Allocator:
         return status_of(ended, ended.message)
 
     cancel = release
+
+    def set_priority(self, workload_id: str, priority: int) -> WorkloadStatus:
+        """Change a live workload's priority: its place in the queue, and the order in which
+        reclaims pick victims (a warm replica that starts serving takes its service's)."""
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidRequest("priority", priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
+
+        def decide(draft: Draft) -> None:
+            if workload_id not in draft.live:
+                raise NotFound("workload", workload_id)
+            lv = draft.live[workload_id]
+            if lv.rec.priority != priority:
+                draft.update(lv, replace(lv.rec, priority=priority))
+                if lv.rec.state is WorkloadState.QUEUED:
+                    cycle.schedule(draft, fresh=workload_id)
+
+        self._decide(decide)
+        return self.status(workload_id)
 
     def status(self, workload_id: str) -> WorkloadStatus:
         """A workload's status; while queued with its ETA's interval and reason."""

@@ -33,7 +33,9 @@ from portal.api.errors import ERROR_RESPONSES
 from portal.api.inputs import Label
 from portal.api.metrics import ServiceMetrics
 from portal.api.schemas import Page
+from portal.inference import warm
 from portal.settings import Settings
+from portal.store import services as stored
 
 router = APIRouter(prefix="/cost", tags=["cost"], responses=ERROR_RESPONSES)
 
@@ -261,6 +263,58 @@ def budgets(
 ) -> Page[BudgetOut]:
     shown = visible_tenants(caller, Scope.COST_READ, tenant)
     return page.page([_budget(b) for b in acc.budgets(alloc.quotas(), shown)])
+
+
+class ServiceHoursOut(_Model):
+    tenant: str
+    service_id: str
+    name: str
+    state: str = Field(description="active, failed, deleted.")
+    warm_gpu_hours: float = Field(
+        ge=0, description="GPU-equivalent-hours its warm pool held (loading or asleep)."
+    )
+    serving_gpu_hours: float = Field(
+        ge=0, description="GPU-equivalent-hours serving replicas held."
+    )
+
+
+class ServiceCostOut(_Model):
+    start: datetime = Field(description="Start of the window (UTC), inclusive.")
+    end: datetime = Field(description="End of the window (UTC), exclusive.")
+    services: list[ServiceHoursOut] = Field(description="Services of the visible tenants.")
+
+
+@router.get(
+    "/services",
+    response_model=ServiceCostOut,
+    summary="Inference services' GPU-hours in the window: warm pool and serving apart",
+)
+def service_hours(
+    caller: Annotated[Caller, requires(Scope.COST_READ)],
+    acc: Annotated[Accounting, Depends(_accounting)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    start: Start = None,
+    end: End = None,
+    tenant: TenantFilter = None,
+) -> ServiceCostOut:
+    """Both are charged like any workload's hours (they are in the other cost routes' totals);
+    this splits a service's share of them."""
+    shown = visible_tenants(caller, Scope.COST_READ, tenant)
+    now = acc.clock()
+    lo, hi = _window(start, end, now)
+    services = stored.services(alloc.store, tenants=shown)
+    rows = [
+        ServiceHoursOut(
+            tenant=h.service.tenant,
+            service_id=h.service.id,
+            name=h.service.name,
+            state=h.service.state.value,
+            warm_gpu_hours=round(h.warm_gpu_hours, 6),
+            serving_gpu_hours=round(h.serving_gpu_hours, 6),
+        )
+        for h in warm.gpu_hours(alloc.store, services, lo, hi, now)
+    ]
+    return ServiceCostOut(start=lo, end=hi, services=rows)
 
 
 def _budget(b: BudgetStatus) -> BudgetOut:

@@ -102,7 +102,12 @@ class ModelIn(InModel):
 class ReplicasIn(InModel):
     min: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="0 allows scale-to-zero.")
     max: int = Field(default=1, ge=1, le=MAX_REPLICAS, description=">= min.")
-    warm: int = Field(default=0, ge=0, le=MAX_REPLICAS, description="Kept asleep; <= max.")
+    warm: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Kept started and asleep beside the serving ones; <= max.",
+    )
 
 
 class ScalingIn(InModel):
@@ -139,7 +144,9 @@ class ServicePatch(InModel):
 
 class ReplicaOut(Model):
     number: int = Field(ge=1)
-    state: ReplicaState = Field(description="queued, starting, ready, stopping, ended.")
+    state: ReplicaState = Field(description="queued, starting, ready, asleep, stopping, ended.")
+    warm: bool = Field(description="Started for the warm pool (asleep until woken).")
+    woken_at: datetime | None = Field(description="When it left the warm pool to serve.")
     workload_id: str
     node: str | None
     devices: list[str] = Field(description="Its CUDA_VISIBLE_DEVICES values.")
@@ -163,6 +170,7 @@ class ServiceOut(Model):
     message: str
     desired: int = Field(ge=0, description="Replicas it keeps now.")
     ready: int = Field(ge=0, description="Replicas serving.")
+    asleep: int = Field(ge=0, description="Warm replicas asleep, woken before a cold start.")
     created_at: datetime
     updated_at: datetime
     last_request_at: datetime | None
@@ -206,6 +214,8 @@ def replica_out(r: ReplicaRecord, workload: WorkloadOut | None = None) -> Replic
         ready_at=r.ready_at,
         ended_at=r.ended_at,
         reason=r.reason,
+        warm=r.warm,
+        woken_at=r.woken_at,
         workload=workload,
     )
 
@@ -222,6 +232,7 @@ def service_out(v: ServiceView, book: TrafficBook) -> ServiceOut:
         message=s.message,
         desired=s.desired,
         ready=v.ready,
+        asleep=sum(1 for r in v.replicas if r.replica.state is ReplicaState.ASLEEP),
         created_at=s.created_at,
         updated_at=s.updated_at,
         last_request_at=s.last_request_at,

@@ -36,7 +36,7 @@ from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
-    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
@@ -275,6 +275,15 @@ class AsyncPortal:
 
     async def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
         return await self._run(core.budgets(self._page_size, tenant))
+
+    async def service_hours(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        tenant: str | None = None,
+    ) -> ServiceCostOut:
+        return await self._run(core.service_hours(start, end, tenant))
 
     async def series(
         self,

@@ -41,7 +41,7 @@ from portal.store.records import WorkloadState
 if TYPE_CHECKING:
     # Their modules load FastAPI and the services behind the routes: imported on use only.
     from portal.api.alerts import AlertOut
-    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
@@ -491,6 +491,16 @@ def chargeback(
     if response.status_code >= 400:
         raise error_from_response(response)
     return response.text
+
+
+def service_hours(
+    start: datetime | None, end: datetime | None, tenant: str | None
+) -> Op[ServiceCostOut]:
+    from portal.api.cost import ServiceCostOut
+
+    params = _filters(start=start, end=end, tenant=tenant)
+    call = Call("GET", f"{API}/cost/services", params, idempotent=True)
+    return (yield from one(call, ServiceCostOut))
 
 
 def budgets(page_size: int, tenant: str | None) -> Op[list[BudgetOut]]:

@@ -33,7 +33,7 @@ from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
-    from portal.api.cost import BudgetOut, CostSummaryOut
+    from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
@@ -335,6 +335,16 @@ class Portal:
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
         """Budgets with spend, burn rate and forecast for this month."""
         return self._run(core.budgets(self._page_size, tenant))
+
+    def service_hours(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        tenant: str | None = None,
+    ) -> ServiceCostOut:
+        """Inference services' GPU-hours in the window, warm pool and serving apart."""
+        return self._run(core.service_hours(start, end, tenant))
 
     def series(
         self,

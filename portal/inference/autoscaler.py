@@ -93,13 +93,17 @@ class Autoscaler:
         horizon = max(spec.scaling.up_window_s, spec.scaling.down_window_s, 1.0)
         while readings and readings[0].at < now - min(MAX_WINDOW_S, horizon) - 5:
             readings.popleft()
-        last = c.last_request(svc) or svc.created_at
-        idle_for = max(0.0, now - last.timestamp())
+        last = c.last_request(svc)
+        # A service deployed with a warm pool starts at zero and stays there until a request
+        # comes; without one, the deploy counts as the last request (its first replica).
+        if last is None and not spec.replicas.warm:
+            last = svc.created_at
+        idle_for = None if last is None else max(0.0, now - last.timestamp())
         want = desired_replicas(spec.scaling, spec.replicas, current, list(readings), now, idle_for)
         want = min(want, max(current, self._ceiling(svc, spec)))
         if want == 0 and current > 0 and self._still_starting(svc):
             want = current  # the idle timer never kills a replica that is not ready yet
-        c.record_scaling(svc, want, idle_for, value)
+        c.record_scaling(svc, want, idle_for or 0.0, value)
         if want != current:
             readings.clear()  # the next decision waits for a whole window at the new size
 
@@ -137,5 +141,6 @@ class Autoscaler:
     def _still_starting(self, svc: ServiceRecord) -> bool:
         waiting = (ReplicaState.QUEUED, ReplicaState.STARTING)
         return any(
-            r.state in waiting for r in stored.replicas(self._controller.store, svc.id, live=True)
+            r.state in waiting and not r.pooled  # a warm one loading is no request's
+            for r in stored.replicas(self._controller.store, svc.id, live=True)
         )

@@ -24,14 +24,35 @@ from portal.store.records import AllocationRecord
 
 LOOPBACK = "127.0.0.1"
 PROBE_TIMEOUT_S = 0.5
+POST_TIMEOUT_S = 5.0
 
 Probe = Callable[[str], bool]
 """Whether the engine at a URL (its health path included) answers 200."""
 
 
+_engines: httpx.Client | None = None
+
+
+def _client() -> httpx.Client:
+    """One client for every call to engines: a new one per call would build its TLS context
+    each time (about 0.1 s), a wake's whole budget."""
+    global _engines
+    if _engines is None:
+        _engines = httpx.Client()
+    return _engines
+
+
 def http_probe(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
+        return _client().get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def http_post(url: str) -> bool:
+    """POST without a body (an engine's ``/sleep``, ``/wake_up``): whether it answered 2xx."""
+    try:
+        return _client().post(url, timeout=POST_TIMEOUT_S).is_success
     except httpx.HTTPError:
         return False
 
@@ -39,13 +60,14 @@ def http_probe(url: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class ServiceBackend:
     """What the service controller uses of a backend: the runner of engine processes, where
-    they listen, a folder to run them in, and the health probe."""
+    they listen, a folder to run them in, the health probe and the sleep and wake calls."""
 
     kind: BackendKind
     runner: Runner
     workdir: Path
     host: str = LOOPBACK
     probe: Probe = http_probe
+    post: Probe = http_post
 
     def url(self, port: int) -> str:
         return f"http://{self.host}:{port}"

@@ -9,7 +9,8 @@ The life of a replica, advanced by ``step`` (the service's ``services`` loop):
 
 1. **queued**: its workload waits in the allocator's queue;
 2. **starting**: once placed, the engine process is launched on its devices and port; it
-   becomes **ready** when its health path answers 200 (the gateway then sends it requests);
+   becomes **ready** when its health path answers 200 (the gateway then sends it requests),
+   or **asleep** if it was started for the warm pool (``portal.inference.warm``);
 3. **stopping**: scaled down, the service deleted, or preempted: SIGTERM, then SIGKILL after
    the grace; its devices are released once the process has ended (**ended**).
 
@@ -22,6 +23,7 @@ the only writer of services, under its own lock, and calls the allocator, never 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -45,6 +47,7 @@ from portal.inference.backend import ServiceBackend, replica_launch
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import Hold, ServiceSpec
 from portal.inference.traffic import TrafficBook
+from portal.inference.warm import WARM_PRIORITY, EngineCalls, plan, woken
 from portal.jobs.runner import MemberExit, RunnerError
 from portal.store import services as stored
 from portal.store.records import (
@@ -62,6 +65,9 @@ log = logging.getLogger(__name__)
 DEFAULT_STOP_GRACE_S = 10.0
 LAST_REQUEST_WRITE_S = 5.0
 LOST_AT_RESTART = "engine process gone while the portal restarted"
+HAS_PROCESS = frozenset(
+    {ReplicaState.STARTING, ReplicaState.READY, ReplicaState.ASLEEP, ReplicaState.STOPPING}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class ServiceController:
         # Read by the gateway without a lock: (tenant, name) -> (service id, its hold).
         self._routes: dict[tuple[str, str], tuple[str, Hold]] = {}
         self.traffic = TrafficBook()  # the gateway's counts, per service
+        self._calls = EngineCalls(self)  # warm replicas' sleep and wake, outside the lock
 
     @property
     def now(self) -> datetime:
@@ -137,12 +144,10 @@ class ServiceController:
             for svc in stored.unsettled_services(store):
                 for r in stored.replicas(store, svc.id, live=True):
                     recorded.add(r.workload_id)
-                    running = r.state in (ReplicaState.STARTING, ReplicaState.READY)
-                    if (running or r.state is ReplicaState.STOPPING) and (
-                        svc.id,
-                        r.number,
-                    ) not in adopted:
+                    if r.state in HAS_PROCESS and (svc.id, r.number) not in adopted:
                         self._end(svc, r, LOST_AT_RESTART, failed=False)
+                    elif r.warm and not r.pooled:  # woken before the restart: it serves
+                        self._serving_priority(svc, r)
             for w in self._alloc.workloads():
                 if w.kind == WorkloadKind.INFERENCE.value and w.id not in recorded:
                     self._alloc.release(w.id, reason="service replica not recorded")
@@ -176,7 +181,8 @@ class ServiceController:
                 state=ServiceState.ACTIVE,
                 created_at=now,
                 updated_at=now,
-                desired=max(spec.replicas.min, 1),
+                # With a warm pool the first request wakes a replica: none serves before.
+                desired=spec.replicas.min if spec.replicas.warm else max(spec.replicas.min, 1),
                 message="deployed",
             )
             self._commit([svc], [], "service.deployed", svc, f"{spec.name}: deployed")
@@ -298,7 +304,10 @@ class ServiceController:
                 return
             new = self._versioned(svc, desired=1, last_request_at=self.now)
             self._commit([new], [], "service.woken", new, f"{svc.name}: a request came")
-            self._reconcile(new)
+            # The held request waits for the wake call only: the loop's next round (half
+            # a second) refills the pool.
+            self._reconcile(new, refill=False)
+        self._calls.run(service_id)
 
     def last_request(self, svc: ServiceRecord) -> datetime | None:
         """When the service last got a request (this process's memory, else the store's)."""
@@ -349,6 +358,7 @@ class ServiceController:
             self._commit([new], [], kind, new, f"{svc.name}: {why}")
             self._reconcile(new)
             self._refresh_ready()
+        self._calls.run(svc.id)
 
     # ---------------------------------------------------------------- the loop's side
 
@@ -367,8 +377,9 @@ class ServiceController:
                 except PortalError as exc:
                     log.warning("service %s: %s", svc.name, exc.message)
             self._refresh_ready()
+        self._calls.run()
 
-    def _reconcile(self, svc: ServiceRecord) -> None:
+    def _reconcile(self, svc: ServiceRecord, *, refill: bool = True) -> None:
         """Advance the replicas, then request or stop replicas to meet ``desired``."""
         store = self._alloc.store
         live = stored.replicas(store, svc.id, live=True)
@@ -377,17 +388,17 @@ class ServiceController:
         for r in live:
             svc = self._advance(svc, r)
         live = stored.replicas(store, svc.id, live=True)
-        keep = [r for r in live if r.state is not ReplicaState.STOPPING]
-        want = svc.desired if svc.state is ServiceState.ACTIVE else 0
-        if len(keep) > want:
-            order = {ReplicaState.QUEUED: 0, ReplicaState.STARTING: 1, ReplicaState.READY: 2}
-            extra = sorted(keep, key=lambda r: (order[r.state], -r.number))[: len(keep) - want]
-            for r in extra:
-                self._stop(svc, r, "scaled down" if want else f"service {svc.state.value}")
-        # A replica still stopping holds its devices: its replacement is requested once it
-        # has ended, so it does not compete with the claimant that preempted it.
-        for _ in range(want - len(live)):
+        active = svc.state is ServiceState.ACTIVE
+        todo = plan(live, svc.desired if active else 0, self.spec_of(svc).replicas.warm * active)
+        for r in todo.stop:
+            why = "warm pool shrunk" if r.pooled else "scaled down"
+            self._stop(svc, r, why if active else f"service {svc.state.value}")
+        for r in todo.wake:
+            self._wake(svc, r)
+        for _ in range(todo.add_serving):
             svc = self._add_replica(svc)
+        for _ in range(todo.add_warm * refill):  # refilled in the round that woke one
+            svc = self._add_replica(svc, warm=True)
 
     def _advance(self, svc: ServiceRecord, r: ReplicaRecord) -> ServiceRecord:
         st = self._workload(r)
@@ -413,7 +424,9 @@ class ServiceController:
                     grace = max(0.0, (st.preempt_deadline - self.now).total_seconds())
                 self._stop(svc, r, f"preempted: {st.message}", grace)
             return svc
-        if r.state is ReplicaState.STARTING and self.backend is not None and r.port is not None:
+        # A warm replica's health, sleep and wake are asked outside the lock (``EngineCalls``).
+        starting = r.state is ReplicaState.STARTING and not r.warm and r.port is not None
+        if starting and self.backend is not None and r.port is not None:
             health = self.spec_of(svc).engine.resolved.health_path
             if self.backend.probe(self.backend.url(r.port) + health):
                 ready = replace(r, state=ReplicaState.READY, ready_at=self.now)
@@ -428,7 +441,7 @@ class ServiceController:
                 return new
         return svc
 
-    def _add_replica(self, svc: ServiceRecord) -> ServiceRecord:
+    def _add_replica(self, svc: ServiceRecord, *, warm: bool = False) -> ServiceRecord:
         spec = self.spec_of(svc)
         number = svc.next_replica
         status = self._alloc.request(
@@ -438,13 +451,14 @@ class ServiceController:
                 name=f"{svc.name}-{number}",
                 devices=spec.devices,
                 kind=WorkloadKind.INFERENCE,
-                priority=spec.priority,
+                priority=WARM_PRIORITY if warm else spec.priority,
                 labels={"service": svc.id},
             )
         )
-        rep = ReplicaRecord(svc.id, number, status.id, ReplicaState.QUEUED, self.now)
+        rep = ReplicaRecord(svc.id, number, status.id, ReplicaState.QUEUED, self.now, warm=warm)
         new = self._versioned(svc, next_replica=number + 1)
         where = "placed" if status.state is WorkloadState.RUNNING else f"queued ({status.reason})"
+        where = f"(warm) {where}" if warm else where
         try:
             self._commit([new], [rep], "service.replica_requested", new,
                          f"{svc.name}: replica {number} {where}")  # fmt: skip
@@ -516,6 +530,36 @@ class ServiceController:
         self._commit([new] if changes else [], [ended], "service.replica_ended", new, message)
         self._alloc.release(r.workload_id, reason=f"service replica ended: {reason}")
         return new
+
+    def _wake(self, svc: ServiceRecord, r: ReplicaRecord) -> None:
+        """``r`` leaves the warm pool to serve; the wake call itself is made outside the lock.
+        Its workload takes the service's priority after the commit (a restart re-applies it)."""
+        self._commit([], [woken(r, self.now)], "service.replica_woken", svc,
+                     f"{svc.name}: replica {r.number} woken from the warm pool")  # fmt: skip
+        self._serving_priority(svc, r)
+
+    def _serving_priority(self, svc: ServiceRecord, r: ReplicaRecord) -> None:
+        with contextlib.suppress(NotFound):  # ended: the next round ends the replica too
+            self._alloc.set_priority(r.workload_id, self.spec_of(svc).priority)
+
+    # ---------------------------------------------------------------- warm replicas' calls
+
+    def settle(self, r: ReplicaRecord, state: ReplicaState, what: str) -> None:
+        """A warm replica's call answered: it becomes ``state`` (asleep if still pooled,
+        ready if woken), unless it changed in the meantime."""
+        with self._lock:
+            now = stored.replica(self.store, r.service_id, r.number)
+            if now is None or now.state is not ReplicaState.STARTING:
+                return
+            if now.pooled != (state is ReplicaState.ASLEEP):
+                return  # woken while it was being put to sleep: the wake call follows
+            svc = self.get(r.service_id)
+            at = self.now
+            new = replace(now, state=state, ready_at=now.ready_at or at)
+            changed = [self._versioned(svc, failures=0)]
+            self._commit(changed, [new], f"service.replica_{state.value}", changed[0],
+                         f"{svc.name}: replica {r.number} {what}")  # fmt: skip
+            self._refresh_ready()
 
     # ---------------------------------------------------------------- helpers
 

@@ -365,6 +365,8 @@ class ServiceReplica(Base):
     ready_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     reason: Mapped[str] = mapped_column(Text)
+    warm: Mapped[bool] = mapped_column(Boolean)
+    woken_at: Mapped[datetime | None]
 
 
 class RayCluster(Base):

@@ -200,6 +200,13 @@ class ReplicaRecord:
     ready_at: datetime | None = None
     ended_at: datetime | None = None
     reason: str = ""
+    warm: bool = False  # started for the service's warm pool
+    woken_at: datetime | None = None  # when it left the warm pool to serve
+
+    @property
+    def pooled(self) -> bool:
+        """In the warm pool: started warm and not woken (queued, loading or asleep)."""
+        return self.warm and self.woken_at is None
 
 
 @dataclass(frozen=True, slots=True)

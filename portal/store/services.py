@@ -25,7 +25,7 @@ _SERVICE_FIELDS = (
 )  # fmt: skip
 _REPLICA_FIELDS = (
     "service_id", "number", "workload_id", "queued_at", "node", "port", "started_at",
-    "ready_at", "ended_at", "reason",
+    "ready_at", "ended_at", "reason", "warm", "woken_at",
 )  # fmt: skip
 
 
@@ -101,6 +101,13 @@ def replicas(store: Store, service_id: str, *, live: bool = False) -> list[Repli
     with store.engine.connect() as conn:
         rows = conn.execute(query.order_by(REPLICAS.c.number)).mappings()
         return [replica_record(r) for r in rows]
+
+
+def replica(store: Store, service_id: str, number: int) -> ReplicaRecord | None:
+    query = select(REPLICAS).where(REPLICAS.c.service_id == service_id, REPLICAS.c.number == number)
+    with store.engine.connect() as conn:
+        row = conn.execute(query).mappings().one_or_none()
+    return None if row is None else replica_record(row)
 
 
 def replica_of_workload(store: Store, workload_id: str) -> ReplicaRecord | None:

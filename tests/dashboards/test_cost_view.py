@@ -3,11 +3,21 @@ and groups whose utilization was not measured."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+
+import httpx
 import panel as pn
+import pytest
 
 from dashboards.app import build_view
 from dashboards.cost import CostView
 from dashboards.stores import CostStore
+from policies.flavors import FlavorKind
+from policies.requests import DeviceRequest
+from policies.services import ModelRef, Replicas
+from portal.inference.controller import ServiceController
+from portal.inference.spec import Engine, Preset, ServiceSpec
 from tests.dashboards.conftest import Portal
 from tests.dashboards.seed import VIEWERS
 from tests.dashboards.test_scoping import rendered
@@ -65,3 +75,43 @@ def test_efficiency_of_groups_nobody_measured_is_not_measured_never_zero(portal:
     assert "<tr><td>T4/share</td><td>2.40</td><td>6.00</td><td>not measured</td></tr>" in flavors
     assert "<td>A100-80GB/1g.10gb</td><td>6.86</td><td>3.43</td><td>not measured</td>" in flavors
     assert "<tr><td>H100-80GB</td><td>672.00</td><td>168.00</td><td>1%</td></tr>" in flavors
+
+
+def test_services_show_their_warm_pool_hours_apart_from_serving_ones(portal: Portal) -> None:
+    """A service with a warm pool (recorded by a controller without engines: its replicas hold
+    their devices, which is what is charged): an hour in the pool, then two serving."""
+    controller = ServiceController(portal.allocator)
+    spec = ServiceSpec(
+        tenant="team-a",
+        owner="alice",
+        name="llm",
+        engine=Engine(preset=Preset.TEST),
+        model=ModelRef("file:///models/tiny", "sha256:" + "0" * 64),
+        devices=DeviceRequest(kind=FlavorKind.GPU, count=1, models=frozenset({"H100-80GB"})),
+        replicas=Replicas(min=0, max=1, warm=1),
+    )
+    clock = portal.clock
+    clock.now -= timedelta(hours=3)
+    sid = controller.deploy(spec).service.id
+    clock.now += timedelta(hours=1)
+    controller.touch(sid)  # the pooled replica serves (without engines no loop refills)
+    clock.now += timedelta(hours=2)
+    store = CostStore(portal.source("tok-lead"))
+    store.refresh()
+    (hours,) = [s for s in store.services if s.service_id == sid]
+    assert (hours.warm_gpu_hours, hours.serving_gpu_hours) == pytest.approx((1.0, 2.0))
+    html = CostView(store).services()
+    assert "<td>llm</td><td>1.00</td><td>2.00</td>" in html.replace("\n", "")
+
+    # Each tenant sees its own services only: team-a's admin not team-b's, nor asks for them.
+    controller.deploy(replace(spec, tenant="team-b", owner="bob", name="other"))
+    url = f"{portal.url}/api/v1/cost/services"
+    anna = {"Authorization": "token tok-anna"}
+    seen = httpx.get(url, headers=anna).json()["services"]
+    assert [(x["tenant"], x["name"]) for x in seen] == [("team-a", "llm")]
+    refused = httpx.get(url, params={"tenant": "team-b"}, headers=anna)
+    assert refused.status_code == 403, refused.text
+    alice = httpx.get(url, headers={"Authorization": "token tok-alice"})
+    assert alice.status_code == 403, alice.text
+    lead = httpx.get(url, headers={"Authorization": "token tok-lead"}).json()["services"]
+    assert sorted(x["name"] for x in lead) == ["llm", "other"]

@@ -378,3 +378,39 @@ def test_a_reclaim_whose_victims_end_one_at_a_time_preempts_no_more_than_the_cla
     assert a.status(claim.id).state is WorkloadState.RUNNING
     running = {w for w in borrowers if a.status(w).state is WorkloadState.RUNNING}
     assert running == set(borrowers) - told
+
+
+def test_a_changed_priority_moves_a_workload_in_the_reclaims_order_and_survives_restart(
+    make_allocator: Make, clock: ManualClock
+) -> None:
+    a = make_allocator([hgx("n1")])
+    two_tenants(a)
+    # team-b fills the node at priority -1000 (a warm pool's); all but the oldest two are
+    # raised to 0 while they run (woken to serve).
+    ids = []
+    for i in range(8):
+        ids.append(a.request(wl("team-b", gpus(1), name=f"b{i}", priority=-1000)).id)
+        clock.advance(seconds=1)
+    for wid in ids[2:]:
+        a.set_priority(wid, 0)
+    claim = a.request(wl("team-a", gpus(2), name="claim"))
+    assert claim.state is WorkloadState.QUEUED
+    preempting = [i for i in ids if a.status(i).state is WorkloadState.PREEMPTING]
+    assert preempting == ids[:2]  # the lowest priority first, not the youngest
+    again = make_allocator([hgx("n1")])
+    stored = again.store.workload(ids[7])
+    assert stored is not None and stored.priority == 0
+
+
+def test_a_priority_out_of_range_or_of_an_unknown_workload_changes_nothing(
+    make_allocator: Make,
+) -> None:
+    a = make_allocator([hgx("n1")])
+    two_tenants(a)
+    wid = a.request(wl("team-a", gpus(1))).id
+    with pytest.raises(InvalidRequest, match="priority"):
+        a.set_priority(wid, 10**7)
+    with pytest.raises(NotFound):
+        a.set_priority("no-such-workload", 0)
+    stored = a.store.workload(wid)
+    assert stored is not None and stored.priority == 0
