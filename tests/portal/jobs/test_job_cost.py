@@ -5,6 +5,8 @@ stand-in runner of ``conftest``)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
+from fractions import Fraction
 
 import pytest
 from fastapi.testclient import TestClient
@@ -84,10 +86,13 @@ def test_a_preempted_and_resumed_job_costs_its_held_time_and_not_its_waits(
     assert (cost["cost"], cost["currency"], cost["unpriced_models"]) == ("72.80", "EUR", [])
     assert cost["gpu_hours"] == pytest.approx(32 * 1830 / 3600 + 8)
     assert cost["tenant"] == "team-a"
-    # One price: the job's money is the part of the tenant's /cost its attempts make up.
+    # One price: team-a ran nothing else, so its /cost total is exactly the job's.
     acc = Accounting(rig.alloc.store, PRICES, clock=rig.clock)
     ids = [a.workload_id for a in rig.jobs.attempts(jid)]
-    assert workload_costs(acc, ids).total().cost == pytest.approx(72.80)
+    exact = workload_costs(acc, ids).total().cost
+    assert exact == Fraction("72.80")
+    start = rig.clock.now - timedelta(days=1)
+    assert acc.report(start, rig.clock.now, tenants=["team-a"]).total().cost == exact
 
 
 def test_a_running_attempt_is_charged_up_to_now(rig: Rig, api: TestClient) -> None:
