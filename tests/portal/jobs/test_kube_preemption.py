@@ -229,8 +229,10 @@ def test_a_reclaim_stops_the_attempt_with_the_allocators_grace_and_it_resumes_un
     )
     deletions.stop()
     # Deleted with the allocator's grace for jobs (whole seconds; a second may have passed).
-    assert set(deletions.graces) == names
-    assert all(JOB_GRACE_S - 1 <= g <= JOB_GRACE_S for g in deletions.graces.values())
+    graces = {n: deletions.graces.get(n) for n in names}  # pods running when it came
+    assert all(g is not None and JOB_GRACE_S - 1 <= g <= JOB_GRACE_S for g in graces.values()), (
+        graces
+    )
     name = manifests.job_name(job_id, 1)
     assert name not in {j.metadata.name for j in batch.list_namespaced_job(NS_A).items}
     first = loops.jobs.attempts(job_id)[0]
