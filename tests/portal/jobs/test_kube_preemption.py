@@ -8,7 +8,6 @@ uses); its own tenants and node keep it apart from that module's.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,30 +153,24 @@ def hold(core: client.CoreV1Api, namespace: str, job_id: str, attempt: int) -> l
     return pods
 
 
-class Deletions:
-    """Records the grace period each of a namespace's pods is deleted with, from a watch (kwok
-    removes a deleted pod at once: the watch still sees the deletion it was asked for)."""
-
-    def __init__(self, core: client.CoreV1Api, namespace: str, selector: str) -> None:
-        self.seen: set[str] = set()
-        self.graces: dict[str, int] = {}
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(
-            target=self._run, args=(core, namespace, selector), daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, core: client.CoreV1Api, namespace: str, selector: str) -> None:
-        for event in self._watch.stream(
-            core.list_namespaced_pod, namespace, label_selector=selector, timeout_seconds=120
-        ):
-            meta = event["object"].metadata
-            self.seen.add(meta.name)
-            if meta.deletion_timestamp is not None and meta.name not in self.graces:
-                self.graces[meta.name] = meta.deletion_grace_period_seconds
-
-    def stop(self) -> None:
-        self._watch.stop()
+def deletion_graces(
+    core: client.CoreV1Api, namespace: str, selector: str, since: str
+) -> dict[str, int]:
+    """The grace period each pod was deleted with since resource version ``since``, replayed
+    from the apiserver's watch history (kwok removes a deleted pod at once: the watch still
+    shows the deletion it was asked for)."""
+    graces: dict[str, int] = {}
+    for event in watch.Watch().stream(
+        core.list_namespaced_pod,
+        namespace,
+        label_selector=selector,
+        resource_version=since,
+        timeout_seconds=2,
+    ):
+        meta = event["object"].metadata
+        if meta.deletion_timestamp is not None:
+            graces.setdefault(meta.name, meta.deletion_grace_period_seconds)
+    return graces
 
 
 def claim_of(pod: Any) -> tuple[str, str, str]:
@@ -211,9 +204,8 @@ def test_a_reclaim_stops_the_attempt_with_the_allocators_grace_and_it_resumes_un
     step = step_path(checkpoints, 3)  # what the script wrote (the portal reads it here)
     step.mkdir(parents=True)
     mark_complete(step)
-    deletions = Deletions(core, NS_A, f"{JOB_KEYS.job}={job_id},{JOB_KEYS.attempt}=1")
-    names = {p.metadata.name for p in first_pods}
-    eventually(lambda: True if deletions.seen >= names else None, "the watch listing the pods")
+    selector = f"{JOB_KEYS.job}={job_id},{JOB_KEYS.attempt}=1"
+    since = core.list_namespaced_pod(NS_A, label_selector=selector).metadata.resource_version
 
     # The owner reclaims its guarantee: the borrowing attempt is stopped.
     claimant = loops.alloc.request(
@@ -227,9 +219,9 @@ def test_a_reclaim_stops_the_attempt_with_the_allocators_grace_and_it_resumes_un
     loops.until(
         lambda: True if not pods_of(core, NS_A, job_id, 1) else None, "the members' pods gone"
     )
-    deletions.stop()
     # Deleted with the allocator's grace for jobs (whole seconds; a second may have passed).
-    graces = {n: deletions.graces.get(n) for n in names}  # pods running when it came
+    deleted = deletion_graces(core, NS_A, selector, since)
+    graces = {p.metadata.name: deleted.get(p.metadata.name) for p in first_pods}
     assert all(g is not None and JOB_GRACE_S - 1 <= g <= JOB_GRACE_S for g in graces.values()), (
         graces
     )
