@@ -1,5 +1,6 @@
-"""My work's Jobs section: the viewer's training jobs, the selected one's attempt history and
-the tail of rank 0's log, a Cancel button, and the Launch form (``docs/dashboards.md``)."""
+"""My work's Jobs section: the viewer's training jobs, the selected one's attempt history with
+what each attempt cost, the tail of rank 0's log, a Cancel button, and the Launch form
+(``docs/dashboards.md``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dashboards import components as c
 from dashboards.stores.jobs import TOPOLOGY_LEVELS, TOPOLOGY_MODES, JobsStore
 from policies.jobs import MAX_RESTARTS
 from policies.requests import MAX_GANG_SIZE
-from portal.api.jobs import AttemptOut, JobOut
+from portal.api.jobs import AttemptOut, JobCostOut, JobOut
 from portal.waits import duration, queue_line
 
 LOG_CSS = "pre { max-height: 24em; overflow: auto; font-size: 0.85em; margin: 0; }"
@@ -69,8 +70,24 @@ def job_row(j: JobOut) -> tuple[str, ...]:
     )
 
 
-def attempt_row(a: AttemptOut) -> tuple[str, ...]:
-    """Number, start, end, nodes, exit reason, resume step and queue wait of one attempt."""
+def money(amount: str, currency: str) -> str:
+    return f"{amount} {currency}"
+
+
+def cost_line(cost: JobCostOut | None) -> str:
+    """What the selected job cost so far, priced as the Cost view prices its tenant."""
+    if cost is None:
+        return ""
+    line = f"**Cost so far:** {money(cost.cost, cost.currency)} for {cost.gpu_hours:.2f} GPU-hours"
+    if cost.unpriced_models:
+        line += f" (no price configured for {', '.join(cost.unpriced_models)}: counted at 0)"
+    return line
+
+
+def attempt_row(a: AttemptOut, cost: JobCostOut | None = None) -> tuple[str, ...]:
+    """Number, start, end, nodes, exit reason, resume step, queue wait and cost of one
+    attempt."""
+    priced = next((x for x in cost.attempts if x.number == a.number), None) if cost else None
     return (
         str(a.number),
         _when(a.started_at),
@@ -79,6 +96,7 @@ def attempt_row(a: AttemptOut) -> tuple[str, ...]:
         a.exit_reason or ("running" if a.started_at else "waiting"),
         "—" if a.resume_step is None else str(a.resume_step),
         "—" if a.queue_wait_s is None else duration(a.queue_wait_s),
+        "—" if priced is None or cost is None else money(priced.cost, cost.currency),
     )
 
 
@@ -154,8 +172,17 @@ class JobsView(Viewer):
 
     def attempt_table(self, *_: object) -> str:
         return c.table_html(
-            [attempt_row(a) for a in self.store.attempts],
-            ["attempt", "started", "ended", "nodes", "exit reason", "resume step", "queue wait"],
+            [attempt_row(a, self.store.cost) for a in self.store.attempts],
+            [
+                "attempt",
+                "started",
+                "ended",
+                "nodes",
+                "exit reason",
+                "resume step",
+                "queue wait",
+                "cost",
+            ],
             empty="no attempts yet",
         )
 
@@ -201,7 +228,8 @@ class JobsView(Viewer):
             pn.Row(self.choose, self.cancel_button),
             c.message(self.store),
             "#### Attempts",
-            c.live(self.attempt_table, st.attempts),
+            pn.pane.Markdown(pn.bind(cost_line, st.cost)),
+            c.live(self.attempt_table, st.attempts, st.cost),
             c.live(self.log_html, st.log_tail, st.log_attempt, css=LOG_CSS),
             "#### Launch a job",
             pn.Row(self.tenant, self.flavor, self.members, self.count),

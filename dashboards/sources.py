@@ -15,7 +15,7 @@ from typing import Protocol
 
 from portal.api.alerts import AlertOut
 from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
-from portal.api.jobs import AttemptOut, JobOut, LogOut
+from portal.api.jobs import AttemptOut, JobCostOut, JobOut, LogOut
 from portal.api.schemas import CapacityOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 from portal.api.telemetry import DeviceMinuteOut, PointOut
 from portal.client import Expired, Portal
@@ -102,6 +102,7 @@ class Source(Protocol):
     def service_hours(self, *, start: datetime, end: datetime) -> ServiceCostOut: ...
     def jobs(self) -> list[JobOut]: ...
     def job_attempts(self, job_id: str) -> list[AttemptOut]: ...
+    def job_cost(self, job_id: str) -> JobCostOut: ...
     def job_log(self, job_id: str, *, attempt: int | None, offset: int) -> LogOut: ...
     def submit_job(self, body: JobDraft) -> JobOut: ...
     def cancel_job(self, job_id: str) -> JobOut: ...
@@ -232,6 +233,9 @@ class ApiSource:
 
     def job_attempts(self, job_id: str) -> list[AttemptOut]:
         return self._portal.jobs.attempts(job_id)
+
+    def job_cost(self, job_id: str) -> JobCostOut:
+        return self._portal.jobs.cost(job_id)
 
     def job_log(self, job_id: str, *, attempt: int | None, offset: int) -> LogOut:
         """Rank 0's log of ``attempt`` (None: the current one) from byte ``offset``."""

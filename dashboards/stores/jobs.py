@@ -1,5 +1,5 @@
-"""The viewer's own training jobs for My work: the list, the selected job's attempts and the
-tail of rank 0's log, cancelling, and the Launch form's submission."""
+"""The viewer's own training jobs for My work: the list, the selected job's attempts, what it
+cost and the tail of rank 0's log, cancelling, and the Launch form's submission."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dashboards.sources import JobDraft
 from dashboards.stores.base import Store, in_words, not_shown
 from policies.errors import InvalidRequest, PortalError
 from policies.flavors import Flavor, FlavorKind
-from portal.api.jobs import AttemptOut, JobOut
+from portal.api.jobs import AttemptOut, JobCostOut, JobOut
 
 LOG_TAIL_CHARS = 16_384  # what the view keeps of rank 0's log (decoded): its tail
 TOPOLOGY_LEVELS = ("any", "same-node", "nvlink", "same-rack")
@@ -49,6 +49,12 @@ class JobsStore(Store):
     jobs = param.List(default=[], item_type=JobOut, doc="The owner's jobs, ended ones too.")
     selected = param.String(default="", doc="Id of the job whose history is shown.")
     attempts = param.List(default=[], item_type=AttemptOut, doc="The selected job's attempts.")
+    cost = param.ClassSelector(
+        class_=JobCostOut,
+        default=None,
+        allow_None=True,
+        doc="What the selected job cost, in all and per attempt (the portal's answer).",
+    )
     log_tail = param.String(default="", doc="The tail of rank 0's log of the selected job.")
     log_attempt = param.Integer(default=0, doc="The attempt ``log_tail`` was read from.")
     log_offset = param.Integer(default=0, doc="Where the next log read starts (bytes).")
@@ -105,10 +111,10 @@ class JobsStore(Store):
     def _read_selected(self) -> None:
         job = self.job()
         if job is None:
-            self.param.update(attempts=[], log_tail="", log_attempt=0, log_offset=0)
+            self.param.update(attempts=[], cost=None, log_tail="", log_attempt=0, log_offset=0)
             return
         attempts = self.source.job_attempts(job.id)
-        read: dict[str, object] = {"attempts": attempts}
+        read: dict[str, object] = {"attempts": attempts, "cost": self.source.job_cost(job.id)}
         if job.attempt >= 1:
             # Offset-based: each refresh reads only what was written since the last one; a
             # new attempt's log starts again from 0.

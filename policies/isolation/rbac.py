@@ -94,6 +94,8 @@ def portal_cluster_role(settings: IsolationSettings) -> Manifest:
             _rule(["batch"], ["jobs"], [*READ, "create", "patch", "delete"]),
             _rule([""], ["services"], ["get", "create", "delete"]),
             _rule(["scheduling.k8s.io"], ["workloads"], ["get", "create", "delete"]),
+            # The tenant's checkpoint claim, created when its first job needs it.
+            _rule([""], ["persistentvolumeclaims"], ["get", "create"]),
             _rule([""], ["pods/log"], ["get"]),
             _rule([""], ["nodes"], READ),
             _rule([""], ["events"], [*READ, "create", "patch"]),

@@ -24,6 +24,8 @@ _LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
 _PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,20})?")
 _LABEL_PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,200}[a-z0-9])?/")
 _SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+# A storage quantity with a binary or decimal suffix: 100Gi, 500G, 1Ti.
+_STORAGE_RE = re.compile(r"[1-9][0-9]{0,8}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?")
 _RESOURCE_RE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9._]*[a-z0-9])?")
 
 
@@ -132,6 +134,13 @@ class IsolationSettings:
             quota of 0.
         default_cpu_request_millis, default_memory_request_mib, default_cpu_limit_millis,
         default_memory_limit_mib: LimitRange defaults of containers that name none.
+        checkpoint_claim: the PersistentVolumeClaim in each tenant namespace that training
+            jobs' ``checkpoint_dir`` is mounted from (one sub-path per job); the portal creates
+            it when a tenant's first job with a ``checkpoint_dir`` starts, or uses the claim
+            of that name an admin made.
+        checkpoint_claim_size, checkpoint_storage_class: the size and StorageClass of a claim
+            the portal creates (``""``: the cluster's default class). It asks ReadWriteMany:
+            a job's members on several nodes write to it at once.
     """
 
     hub_namespace: str = "gpuportal"
@@ -172,12 +181,32 @@ class IsolationSettings:
     default_memory_request_mib: int = 256
     default_cpu_limit_millis: int = 1000
     default_memory_limit_mib: int = 1024
+    checkpoint_claim: str = "gpuportal-checkpoints"
+    checkpoint_claim_size: str = "100Gi"
+    checkpoint_storage_class: str = ""
 
     def __post_init__(self) -> None:
         for what in ("hub_namespace", "dns_namespace"):
             validate_tenant_name(getattr(self, what), what)
-        for what in ("jobs_service_account", "portal_service_account"):
+        for what in ("jobs_service_account", "portal_service_account", "checkpoint_claim"):
             validate_tenant_name(getattr(self, what), what)
+        if not isinstance(self.checkpoint_claim_size, str) or not _STORAGE_RE.fullmatch(
+            self.checkpoint_claim_size
+        ):
+            raise InvalidRequest(
+                "checkpoint_claim_size",
+                repr(self.checkpoint_claim_size),
+                "a storage size such as '100Gi' or '500G'",
+            )
+        if not isinstance(self.checkpoint_storage_class, str) or not (
+            self.checkpoint_storage_class == ""
+            or _SUBDOMAIN_RE.fullmatch(self.checkpoint_storage_class)
+        ):
+            raise InvalidRequest(
+                "checkpoint_storage_class",
+                repr(self.checkpoint_storage_class),
+                "a StorageClass name, or '' for the cluster's default",
+            )
         for what in ("hub_pod_labels", "proxy_pod_labels", "portal_pod_labels", "dns_pod_labels"):
             object.__setattr__(self, what, _labels(what, getattr(self, what)))
         for what in ("hub_api_port", "portal_api_port", "notebook_port"):

@@ -37,6 +37,7 @@ def usage_intervals(
     end: datetime,
     now: datetime,
     tenants: Collection[str] | None = None,
+    workloads: Collection[str] | None = None,
 ) -> list[UsageInterval]:
     """Allocations held at some time in ``[start, end)``, as intervals of whole seconds.
 
@@ -45,6 +46,7 @@ def usage_intervals(
         start, end: the window; intervals are not clipped to it (pricing cuts at periods).
         now: the end of allocations still held; none may start after it.
         tenants: only these tenants; ``None`` for all, including tenants deleted since.
+        workloads: only the allocations of these workloads (a job's attempts); ``None``: all.
     """
     a, w = _ALLOCATIONS.c, _WORKLOADS.c
     query = (
@@ -64,6 +66,8 @@ def usage_intervals(
     )
     if tenants is not None:
         query = query.where(w.tenant.in_(sorted(tenants)))
+    if workloads is not None:
+        query = query.where(a.workload_id.in_(sorted(workloads)))
     with store.engine.connect() as conn:
         rows = conn.execute(query).mappings().all()
     now_s = epoch_seconds(now)

@@ -361,7 +361,7 @@ class Accounting:
         intervals = usage_intervals(self.store, start, end, held_until, tenants)
         lines: list[CostLine] = []
         if intervals:
-            book = self._book_for(intervals)
+            book = self.book_for(intervals)
             segments: list[UtilizationSegment] = []
             if self.utilization is not None:
                 segments = list(self.utilization(intervals, lo, hi, resolution))
@@ -458,7 +458,7 @@ class Accounting:
             for b in self.budgets((), tenants, now=now)
         ]
 
-    def _book_for(self, intervals: Iterable[UsageInterval]) -> PriceBook:
+    def book_for(self, intervals: Iterable[UsageInterval]) -> PriceBook:
         """The configured prices, plus a price of 0 for allocated models without one (so their
         GPU-hours still count; the report lists them as unpriced)."""
         book = self.prices.book

@@ -40,7 +40,8 @@ from portal.store import services as stored
 router = APIRouter(prefix="/cost", tags=["cost"], responses=ERROR_RESPONSES)
 
 EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(2999, 1, 1, tzinfo=UTC)
-_MONEY = r"^-?\d+\.\d{2}$"
+MONEY = r"^-?\d+\.\d{2}$"
+"""Money in answers: a decimal string in whole cents."""
 
 
 def use_accounting(app: FastAPI, accounting: Accounting) -> None:
@@ -77,7 +78,8 @@ def configure(app: FastAPI, settings: Settings) -> Accounting:
     return accounting
 
 
-def _accounting(request: Request, alloc: Annotated[Allocator, Depends(allocator)]) -> Accounting:
+def accounting_of(request: Request, alloc: Annotated[Allocator, Depends(allocator)]) -> Accounting:
+    """The app's accounting (a dependency of every route that prices)."""
     acc: Accounting | None = getattr(request.app.state, "accounting", None)
     return acc if acc is not None else Accounting(alloc.store)
 
@@ -100,9 +102,9 @@ class CostGroupOut(_Model):
     efficiency: float | None = Field(
         description="Used / allocated; null without utilization data or allocation."
     )
-    cost: str = Field(pattern=_MONEY, description="In `currency`, whole cents.")
+    cost: str = Field(pattern=MONEY, description="In `currency`, whole cents.")
     idle_cost: str | None = Field(
-        pattern=_MONEY,
+        pattern=MONEY,
         description="Cost of seconds below the idle threshold; null without utilization data.",
     )
 
@@ -160,7 +162,8 @@ def _utc(name: str, at: datetime) -> datetime:
     return utc
 
 
-def _money(x: Fraction) -> str:
+def money_text(x: Fraction) -> str:
+    """An exact amount as the answers write money (``MONEY``)."""
     return str(to_cents(x))
 
 
@@ -174,8 +177,8 @@ def _group(keys: dict[GroupBy, str], t: CostTotal, measured: bool) -> CostGroupO
         allocated_gpu_hours=float(t.allocated_gpu_hours),
         used_gpu_hours=float(t.used_gpu_hours) if measured else None,
         efficiency=t.efficiency if measured else None,
-        cost=_money(t.cost),
-        idle_cost=_money(t.idle_cost) if measured else None,
+        cost=money_text(t.cost),
+        idle_cost=money_text(t.idle_cost) if measured else None,
     )
 
 
@@ -192,7 +195,7 @@ TenantFilter = Annotated[Label | None, Query(description="Only this tenant.")]
 )
 def cost_summary(
     caller: Annotated[Caller, requires(Scope.COST_READ)],
-    acc: Annotated[Accounting, Depends(_accounting)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
     start: Start = None,
     end: End = None,
     step: Annotated[
@@ -234,7 +237,7 @@ def cost_summary(
 )
 def chargeback(
     caller: Annotated[Caller, requires(Scope.COST_READ)],
-    acc: Annotated[Accounting, Depends(_accounting)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
     start: Start = None,
     end: End = None,
     step: Annotated[
@@ -256,7 +259,7 @@ def chargeback(
 @router.get("/budgets", response_model=Page[BudgetOut], summary="Budgets: burn rate and forecast")
 def budgets(
     caller: Annotated[Caller, requires(Scope.COST_READ)],
-    acc: Annotated[Accounting, Depends(_accounting)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
     alloc: Annotated[Allocator, Depends(allocator)],
     page: Annotated[Paging, Depends(paging)],
     tenant: TenantFilter = None,

@@ -17,9 +17,12 @@ from policies.errors import InvalidRequest
 from policies.jobs import MAX_BACKOFF_S, MAX_EXIT_CODES, MAX_RESTARTS, JobState, RestartPolicy
 from policies.jobs import TopologyMode as Mode
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, TopologyRequirement
+from portal.accounting.service import Accounting
+from portal.accounting.workloads import workload_costs
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
+from portal.api.cost import MONEY, accounting_of, money_text
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.inputs import KEY, Label, StringRule, Text, bounded
@@ -192,6 +195,34 @@ class JobOut(Model):
     )
 
 
+class AttemptCostOut(Model):
+    number: int = Field(ge=1, description="The attempt.")
+    workload_id: str = Field(description="Its allocator workload, whose allocations are priced.")
+    exit_reason: str = Field(description="As in the attempt history ('' while it runs).")
+    gpu_hours: float = Field(ge=0, description="GPU-equivalent hours it held (running: to now).")
+    cost: str = Field(pattern=MONEY, description="In `currency`, whole cents.")
+
+
+class JobCostOut(Model):
+    job_id: str
+    tenant: str = Field(description="The tenant charged.")
+    currency: str
+    unpriced_models: list[str] = Field(
+        description="GPU models the job held without a configured price; counted at 0."
+    )
+    gpu_hours: float = Field(ge=0, description="Every attempt together.")
+    cost: str = Field(
+        pattern=MONEY,
+        description="Every attempt together, rounded once from the exact sum (whole cents).",
+    )
+    attempts: list[AttemptCostOut] = Field(
+        description=(
+            "Oldest first. Time waiting in the queue costs nothing; time holding devices "
+            "does, preempted attempts' included (until their members ended)."
+        )
+    )
+
+
 class LogOut(Model):
     job_id: str
     attempt: int = Field(ge=1)
@@ -354,6 +385,44 @@ def job_attempts(
 ) -> Page[AttemptOut]:
     _readable(caller, controller, job_id)
     return page.page_of(controller.attempts(job_id), attempt_out)
+
+
+@router.get(
+    "/{job_id}/cost",
+    response_model=JobCostOut,
+    responses=_404,
+    summary="GPU-hours and money of the job and of each attempt, priced as /cost prices",
+)
+def job_cost(
+    job_id: JobId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    controller: Annotated[JobController, Depends(jobs)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
+) -> JobCostOut:
+    """Whoever may read the job may read what it cost; the tenant's totals stay behind
+    `cost:read` (`/cost`)."""
+    job = _readable(caller, controller, job_id).job
+    attempts = controller.attempts(job_id)
+    costs = workload_costs(acc, [a.workload_id for a in attempts])
+    total = costs.total()
+    return JobCostOut(
+        job_id=job_id,
+        tenant=job.tenant,
+        currency=costs.currency,
+        unpriced_models=list(costs.unpriced_models),
+        gpu_hours=float(total.allocated_gpu_hours),
+        cost=money_text(total.cost),
+        attempts=[
+            AttemptCostOut(
+                number=a.number,
+                workload_id=a.workload_id,
+                exit_reason=a.exit_reason,
+                gpu_hours=float(costs.of(a.workload_id).allocated_gpu_hours),
+                cost=money_text(costs.of(a.workload_id).cost),
+            )
+            for a in attempts
+        ],
+    )
 
 
 @router.get(

@@ -10,6 +10,7 @@
         print(chunk, end="")
     job.wait().state                      # succeeded, failed or cancelled
     [(a.number, a.exit_reason) for a in job.attempts()]
+    job.cost().cost                       # money so far, whole cents (also per attempt)
 
 The operations (``submit``, ``get``...) are built as the other client calls are
 (``portal.client.core``); ``Job`` adds waiting and following, which poll.
@@ -28,7 +29,7 @@ from portal.client import core
 from portal.client.core import API, Call, Op, _filters, _seg
 
 if TYPE_CHECKING:
-    from portal.api.jobs import AttemptOut, JobOut, LogOut
+    from portal.api.jobs import AttemptOut, JobCostOut, JobOut, LogOut
     from portal.api.schemas import DevicesIn
     from portal.client.aio import AsyncPortal
     from portal.client.sync import Portal
@@ -70,6 +71,13 @@ def attempts(job_id: str, page_size: int) -> Op[list[AttemptOut]]:
 
     path = f"{API}/jobs/{_seg(job_id)}/attempts"
     return (yield from core.every_page(path, AttemptOut, page_size))
+
+
+def cost(job_id: str) -> Op[JobCostOut]:
+    from portal.api.jobs import JobCostOut
+
+    call = Call("GET", f"{API}/jobs/{_seg(job_id)}/cost", idempotent=True)
+    return (yield from core.one(call, JobCostOut))
 
 
 def logs(job_id: str, attempt: int | None, rank: int, offset: int) -> Op[LogOut]:
@@ -212,6 +220,10 @@ class Jobs:
     def attempts(self, job_id: str) -> builtins.list[AttemptOut]:
         return self._portal._run(attempts(job_id, self._portal._page_size))
 
+    def cost(self, job_id: str) -> JobCostOut:
+        """GPU-hours and money of the job and of each attempt (running ones up to now)."""
+        return self._portal._run(cost(job_id))
+
     def read_logs(self, job_id: str, attempt: int | None, rank: int, offset: int) -> LogOut:
         return self._portal._run(logs(job_id, attempt, rank, offset))
 
@@ -258,6 +270,11 @@ class Job:
     def cancel(self) -> JobOut:
         self.info = self._jobs.cancel(self.id)
         return self.info
+
+    def cost(self) -> JobCostOut:
+        """What it cost so far: ``cost`` (whole cents, in ``currency``), ``gpu_hours``, and
+        the same per attempt."""
+        return self._jobs.cost(self.id)
 
     def logs(
         self,
@@ -365,6 +382,9 @@ class AsyncJobs:
 
     async def attempts(self, job_id: str) -> builtins.list[AttemptOut]:
         return await self._portal._run(attempts(job_id, self._portal._page_size))
+
+    async def cost(self, job_id: str) -> JobCostOut:
+        return await self._portal._run(cost(job_id))
 
     async def wait(
         self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 2.0

@@ -1,5 +1,5 @@
 """``gpuportal jobs`` (list) and its actions ``submit``, ``show``, ``logs``, ``cancel``,
-``attempts``."""
+``attempts``, ``cost``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 HEADERS = ("ID", "TENANT", "OWNER", "NAME", "STATE", "MEMBERS", "ATTEMPT", "RESTARTS", "REASON")
 ATTEMPT_HEADERS = ("#", "QUEUED", "STARTED", "ENDED", "WAIT", "NODES", "EXIT", "COUNTED", "RESUME")
+COST_HEADERS = ("#", "EXIT", "GPU-HOURS", "COST")
 
 
 def register(commands: Any) -> None:
@@ -89,6 +90,7 @@ def register(commands: Any) -> None:
         ("show", show_job, "one job, ended ones included"),
         ("cancel", cancel_job, "stop its members and release its devices (idempotent)"),
         ("attempts", list_attempts, "every attempt: when, where, why it ended"),
+        ("cost", show_cost, "GPU-hours and money of the job and of each attempt"),
     ):
         cmd = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         cmd.add_argument("job_id", metavar="ID", help="the job's id")
@@ -254,6 +256,22 @@ def list_attempts(args: argparse.Namespace) -> int:
         print_json(found)
         return 0
     print(table(ATTEMPT_HEADERS, [_attempt_row(a) for a in found]))
+    return 0
+
+
+def show_cost(args: argparse.Namespace) -> int:
+    found = call(args, lambda p: p.jobs.cost(args.job_id))
+    if args.json:
+        print_json(found)
+        return 0
+    rows = [
+        (a.number, a.exit_reason or "running", f"{a.gpu_hours:.2f}", f"{a.cost} {found.currency}")
+        for a in found.attempts
+    ]
+    rows.append(("all", "", f"{found.gpu_hours:.2f}", f"{found.cost} {found.currency}"))
+    print(table(COST_HEADERS, rows))
+    if found.unpriced_models:
+        print(f"no price configured for {', '.join(found.unpriced_models)}: counted at 0")
     return 0
 
 

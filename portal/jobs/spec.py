@@ -162,6 +162,11 @@ class JobSpec:
             raise InvalidRequest(
                 "image", "missing", "a container image: the Kubernetes backend runs pods"
             )
+        if backend is Backend.KUBERNETES and (self.checkpoint_dir or "x").rstrip("/") == "":
+            # The checkpoint volume is mounted there, and a volume cannot replace the root.
+            raise InvalidRequest(
+                "checkpoint_dir", repr(self.checkpoint_dir), "an absolute path other than /"
+            )
 
     def relaxed(self) -> DeviceRequest:
         """The devices with the gang's topology level dropped to ``any`` (a preferred level

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from dashboards.app import build_view
-from dashboards.jobs_view import JobsView, job_row
+from dashboards.jobs_view import JobsView, cost_line, job_row
 from dashboards.stores import JobsStore
 from policies.jobs import JobState
 from portal.allocator import Allocator
@@ -162,6 +163,20 @@ def test_attempt_history_and_rank_0_log_read_by_offset_across_a_restart(jobs: Jo
     jobs.write_log(job.id, 2, "resumed\n")
     store.refresh()
     assert store.log_tail == "resumed\n"
+
+
+def test_the_selected_job_shows_what_it_cost_in_all_and_per_attempt(jobs: Jobs) -> None:
+    with jobs.client("tok-alice") as alice:
+        job = alice.jobs.submit("team-a", ["python", "t.py"], members=2, flavor="H100-80GB")
+    jobs.step()
+    jobs.portal.clock.now += timedelta(minutes=30)  # 2 H100s for half an hour at 4.00
+    store = jobs.store("tok-alice", "alice")
+    assert store.cost is not None and store.cost.job_id == job.id
+    assert cost_line(store.cost) == "**Cost so far:** 4.00 USD for 1.00 GPU-hours"
+    assert "4.00 USD" in JobsView(store).attempt_table()
+    jobs.portal.clock.now += timedelta(minutes=30)
+    store.refresh()
+    assert [(a.number, a.cost) for a in store.cost.attempts] == [(1, "8.00")]
 
 
 def test_cancel_stops_the_selected_job_and_disables_the_button(jobs: Jobs) -> None:

@@ -6,7 +6,10 @@
 - the headless **Service** named like the Job: with the pods' ``subdomain`` it gives rank 0 the
   stable name ``<job>-0.<job>`` that ``MASTER_ADDR`` holds;
 - the gang **Workload** (``scheduling.k8s.io/v1alpha1``), where the cluster serves it, with
-  ``minCount`` = members, so other tools see that the pods form one gang.
+  ``minCount`` = members, so other tools see that the pods form one gang;
+- for a job with a ``checkpoint_dir``, the tenant's checkpoint **PersistentVolumeClaim**
+  (``checkpoint_claim_manifest``, one per tenant), mounted in every member at
+  ``checkpoint_dir`` with the job's own sub-path, so jobs do not see each other's checkpoints.
 
 Per-rank values cannot sit in one pod template: ``RANK`` is the completion index the Job
 controller writes on each pod, and ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``NODE_RANK`` are
@@ -41,6 +44,10 @@ JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 WORKLOAD_API = "scheduling.k8s.io/v1alpha1"
 TTL_AFTER_FINISHED_S = 86400
 """How long a finished attempt's Job (its pods, their logs) stays before Kubernetes deletes it."""
+CHECKPOINT_VOLUME = "checkpoints"
+"""The member pods' volume of the tenant's checkpoint claim."""
+CHECKPOINT_ACCESS_MODE = "ReadWriteMany"
+"""Members on several nodes write to the claim at once."""
 PER_RANK = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
 """Rendezvous variables the binder provides per pod, as annotations (see the module doc)."""
 
@@ -89,6 +96,35 @@ class AttemptObjects:
     stop_grace_s: float = 10.0
     run_as_user: int = 1000
     run_as_group: int = 100
+    checkpoint_dir: str = ""
+    """Where the tenant's checkpoint claim is mounted in each member; "": no volume."""
+
+
+def checkpoint_sub_path(job_id: str) -> str:
+    """The job's folder on its tenant's checkpoint claim: one per job, named by its id (ids
+    are unique; the prefix keeps them apart from anything else an admin keeps there)."""
+    return f"jobs/{_NAME_OK.sub('-', job_id.lower()).strip('-') or 'job'}"
+
+
+def checkpoint_claim_manifest(tenant: str, settings: IsolationSettings) -> Manifest:
+    """The tenant's checkpoint claim, as the portal creates it when none exists."""
+    keys = JobKeys.of(settings)
+    spec: dict[str, Any] = {
+        "accessModes": [CHECKPOINT_ACCESS_MODE],
+        "resources": {"requests": {"storage": settings.checkpoint_claim_size}},
+    }
+    if settings.checkpoint_storage_class:
+        spec["storageClassName"] = settings.checkpoint_storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": settings.checkpoint_claim,
+            "namespace": settings.namespace(tenant),
+            "labels": {keys.managed_by: MANAGER, keys.tenant: tenant},
+        },
+        "spec": spec,
+    }
 
 
 def job_name(job_id: str, attempt: int) -> str:
@@ -173,7 +209,27 @@ def job_manifest(o: AttemptObjects, settings: IsolationSettings) -> Manifest:
     }
     if o.command:
         container["command"] = list(o.command)
-    pod_spec = {
+    volumes: list[dict[str, Any]] = []
+    if o.checkpoint_dir:
+        if not o.checkpoint_dir.startswith("/") or o.checkpoint_dir.rstrip("/") == "":
+            raise InvalidRequest(
+                "checkpoint_dir", repr(o.checkpoint_dir), "an absolute path other than /"
+            )
+        # A claim volume, never hostPath: Pod Security restricted admits it.
+        volumes.append(
+            {
+                "name": CHECKPOINT_VOLUME,
+                "persistentVolumeClaim": {"claimName": settings.checkpoint_claim},
+            }
+        )
+        container["volumeMounts"] = [
+            {
+                "name": CHECKPOINT_VOLUME,
+                "mountPath": o.checkpoint_dir,
+                "subPath": checkpoint_sub_path(o.job_id),
+            }
+        ]
+    pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "schedulerName": SCHEDULER_NAME,
         "subdomain": name,
@@ -189,6 +245,8 @@ def job_manifest(o: AttemptObjects, settings: IsolationSettings) -> Manifest:
         },
         "containers": [container],
     }
+    if volumes:
+        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

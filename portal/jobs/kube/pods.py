@@ -3,15 +3,32 @@ readiness, from the plain JSON the API answers (pure functions, no I/O)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from portal.jobs.kube import manifests as m
 
 FINISHED = ("Complete", "Failed")
 """Job conditions after which the Job controller starts no more pods."""
+
+
+def json_of(response: Any) -> dict[str, Any]:
+    """The body of an answer read with ``_preload_content=False`` (plain JSON, no models)."""
+    data: dict[str, Any] = json.loads(response.data or b"{}")
+    return data
+
+
+def api_message(e: ApiException) -> str:
+    """What the apiserver said when it refused (its Status message, else the reason)."""
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except ValueError:
+        return str(e.body or e.reason)
 
 
 def epoch(stamp: str | None, default: float) -> float:

@@ -1,8 +1,9 @@
 """The Kubernetes runner of training jobs: an attempt is an indexed Job (``manifests``).
 
 ``launch`` creates the attempt's Job, its headless Service and, where the cluster serves
-``scheduling.k8s.io/v1alpha1``, its gang Workload; the Job controller creates the pods and the
-portal's binder binds each to its rank's node. For a Job created with kubectl
+``scheduling.k8s.io/v1alpha1``, its gang Workload (and the tenant's checkpoint claim when
+missing: ``volumes``); the Job controller creates the pods and the portal's binder binds each
+to its rank's node. For a Job created with kubectl
 (``MemberLaunch.kube_job``) it creates nothing: it labels that Job with the attempt and its
 workload (so the binder finds them) and resumes it if it was suspended.
 
@@ -23,7 +24,6 @@ The runner keeps no state that Kubernetes does not also hold: a new runner on th
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import signal
@@ -42,6 +42,7 @@ from policies.isolation.common import MANAGER
 from portal.jobs.backend import LogChunk
 from portal.jobs.kube import manifests as m
 from portal.jobs.kube import pods as kpods
+from portal.jobs.kube.volumes import ensure_checkpoint_claim
 from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
 
 log = logging.getLogger(__name__)
@@ -49,18 +50,6 @@ log = logging.getLogger(__name__)
 NODE_LOST_AFTER_S = 60.0
 """How long a member's node may stay not ready before the gang counts as lost."""
 MERGE_PATCH = "application/merge-patch+json"
-
-
-def _json(response: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(response.data or b"{}")
-    return data
-
-
-def _message(e: ApiException) -> str:
-    try:
-        return str(json.loads(e.body or "{}").get("message") or e.reason)
-    except ValueError:
-        return str(e.body or e.reason)
 
 
 @dataclass(slots=True)
@@ -86,7 +75,8 @@ class KubeRunner:
     """Runs attempts as indexed Jobs (see the module doc). Thread-safe.
 
     Needs, cluster-wide: jobs get/list/create/patch/delete, services create, pods
-    list/delete, pods/log get, nodes list, and workloads create in ``scheduling.k8s.io``.
+    list/delete, pods/log get, nodes list, persistentvolumeclaims get/create (the checkpoint
+    claim, ``volumes``), and workloads create in ``scheduling.k8s.io``.
     """
 
     def __init__(
@@ -172,6 +162,7 @@ class KubeRunner:
             resources["cpu"] = f"{a.cpu_milli}m"
         if a.memory_mib:
             resources["memory"] = f"{a.memory_mib}Mi"
+        env = m.shared_env([x.env for x in members])
         return m.AttemptObjects(
             job_id=first.job_id,
             attempt=first.attempt,
@@ -180,11 +171,12 @@ class KubeRunner:
             members=len(members),
             image=first.image or "",
             command=first.command,
-            env=m.shared_env([x.env for x in members]),
+            env=env,
             resources=resources,
             stop_grace_s=self._stop_grace_s,
             run_as_user=self._user[0],
             run_as_group=self._user[1],
+            checkpoint_dir=env.get("GPUPORTAL_CHECKPOINT_DIR", ""),
         )
 
     def _create(self, first: MemberLaunch, members: Sequence[MemberLaunch]) -> _Attempt:
@@ -192,13 +184,15 @@ class KubeRunner:
         job = m.job_manifest(objects, self._settings)
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         where = f"job {first.job_id!r} attempt {first.attempt} (Job {namespace}/{name})"
+        if objects.checkpoint_dir:
+            ensure_checkpoint_claim(self._core, first.tenant, self._settings)
         try:
-            created = _json(
+            created = kpods.json_of(
                 self._batch.create_namespaced_job(namespace, cast(Any, job), _preload_content=False)
             )
         except ApiException as e:
             if e.status != 409:
-                raise RunnerError(f"cannot create {where}: {_message(e)}") from e
+                raise RunnerError(f"cannot create {where}: {kpods.api_message(e)}") from e
             created = self._read_job(namespace, name) or {}
             labels = (created.get("metadata") or {}).get("labels") or {}
             if labels.get(self._keys.workload) != objects.workload_id:
@@ -215,7 +209,9 @@ class KubeRunner:
             self._write_workload(namespace, name, objects.members, job["metadata"]["labels"], owner)
         except ApiException as e:
             self._delete_job(namespace, name)
-            raise RunnerError(f"cannot create the Service of {where}: {_message(e)}") from e
+            raise RunnerError(
+                f"cannot create the Service of {where}: {kpods.api_message(e)}"
+            ) from e
         log.info("jobs: created %s", where)
         return _Attempt(
             first.job_id, first.attempt, namespace, name, len(members), created["metadata"]["uid"]
@@ -246,7 +242,9 @@ class KubeRunner:
             )
             self._write_workload(namespace, name, members, labels, m.owner_reference(job))
         except ApiException as e:
-            raise RunnerError(f"cannot take over the Job {first.kube_job}: {_message(e)}") from e
+            raise RunnerError(
+                f"cannot take over the Job {first.kube_job}: {kpods.api_message(e)}"
+            ) from e
         return _Attempt(
             first.job_id,
             first.attempt,
@@ -361,7 +359,7 @@ class KubeRunner:
         except ApiException as e:
             if e.status != 404:
                 raise RunnerError(
-                    f"cannot suspend Job {t.namespace}/{t.name}: {_message(e)}"
+                    f"cannot suspend Job {t.namespace}/{t.name}: {kpods.api_message(e)}"
                 ) from e
 
     def _delete_pod(self, pod: Mapping[str, Any], grace: int) -> None:
@@ -373,7 +371,7 @@ class KubeRunner:
         except ApiException as e:
             if e.status != 404:
                 where = f"{meta['namespace']}/{meta['name']}"
-                raise RunnerError(f"cannot stop pod {where}: {_message(e)}") from e
+                raise RunnerError(f"cannot stop pod {where}: {kpods.api_message(e)}") from e
 
     def _delete_job(self, namespace: str, name: str) -> None:
         try:
@@ -382,7 +380,9 @@ class KubeRunner:
             )
         except ApiException as e:
             if e.status != 404:
-                raise RunnerError(f"cannot delete Job {namespace}/{name}: {_message(e)}") from e
+                raise RunnerError(
+                    f"cannot delete Job {namespace}/{name}: {kpods.api_message(e)}"
+                ) from e
 
     # -- poll and adopt --------------------------------------------------------------------
 
@@ -492,7 +492,7 @@ class KubeRunner:
         selector = f"{self._keys.job}={job_id},{self._keys.attempt}={attempt}"
         try:
             jobs = (
-                _json(
+                kpods.json_of(
                     self._batch.list_job_for_all_namespaces(
                         label_selector=selector, _preload_content=False
                     )
@@ -503,7 +503,7 @@ class KubeRunner:
                 return LogChunk(b"", 0, f"attempt {attempt} has no Job any more: its log is gone")
             meta = jobs[0]["metadata"]
             pods = (
-                _json(
+                kpods.json_of(
                     self._core.list_namespaced_pod(
                         meta["namespace"],
                         label_selector=f"{m.JOB_NAME_LABEL}={meta['name']},{m.COMPLETION_INDEX}={rank}",
@@ -526,7 +526,9 @@ class KubeRunner:
             ).data
         except ApiException as e:
             where = f"pod of rank {rank}"
-            return LogChunk(b"", 0, f"the log of the {where} cannot be read: {_message(e)}")
+            return LogChunk(
+                b"", 0, f"the log of the {where} cannot be read: {kpods.api_message(e)}"
+            )
         data = bytes(text)
         return LogChunk(data[offset : offset + limit], len(data))  # len: known so far
 
@@ -534,14 +536,16 @@ class KubeRunner:
 
     def _read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return _json(self._batch.read_namespaced_job(name, namespace, _preload_content=False))
+            return kpods.json_of(
+                self._batch.read_namespaced_job(name, namespace, _preload_content=False)
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
-            raise RunnerError(f"cannot read Job {namespace}/{name}: {_message(e)}") from e
+            raise RunnerError(f"cannot read Job {namespace}/{name}: {kpods.api_message(e)}") from e
 
     def _portal_jobs(self) -> list[dict[str, Any]]:
-        items = _json(
+        items = kpods.json_of(
             self._batch.list_job_for_all_namespaces(
                 label_selector=self._keys.job, _preload_content=False
             )
@@ -553,14 +557,14 @@ class KubeRunner:
         when a kubectl Job is watched too, every Job's pods (theirs carry no label of ours)."""
         external = any(t.external for t in self._attempts.values())
         selector = m.JOB_NAME_LABEL if external else self._keys.job
-        items = _json(
+        items = kpods.json_of(
             self._core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)
         ).get("items")
         return list(items or [])
 
     def _list_pods(self, t: _Attempt) -> list[dict[str, Any]]:
         selector = f"{m.JOB_NAME_LABEL}={t.name}"
-        items = _json(
+        items = kpods.json_of(
             self._core.list_namespaced_pod(
                 t.namespace, label_selector=selector, _preload_content=False
             )
@@ -589,7 +593,7 @@ class KubeRunner:
     def _nodes(self) -> dict[str, kpods.NodeState]:
         now = self._clock()
         out = {}
-        for n in _json(self._core.list_node(_preload_content=False)).get("items") or []:
+        for n in kpods.json_of(self._core.list_node(_preload_content=False)).get("items") or []:
             conditions = (n.get("status") or {}).get("conditions") or []
             ready = next((c for c in conditions if c.get("type") == "Ready"), None)
             if ready is None:

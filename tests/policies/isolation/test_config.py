@@ -39,6 +39,9 @@ CHANGED: dict[str, Any] = {
     "default_memory_request_mib": 512,
     "default_cpu_limit_millis": 2000,
     "default_memory_limit_mib": 2048,
+    "checkpoint_claim": "ckpt",
+    "checkpoint_claim_size": "2Ti",
+    "checkpoint_storage_class": "cephfs",
 }
 
 
@@ -103,6 +106,10 @@ def test_a_value_of_the_wrong_kind_is_refused_naming_the_setting(
         ("private_cidrs", ["10.0.0.1/8"]),
         ("portal_api_port", 70000),
         ("admin_group_template", "admins"),
+        ("checkpoint_claim", "Checkpoints!"),
+        ("checkpoint_claim_size", "lots"),
+        ("checkpoint_claim_size", "0Gi"),
+        ("checkpoint_storage_class", "Fast SSD"),
     ],
 )
 def test_values_the_settings_refuse_are_refused_here_too(key: str, value: object) -> None:

@@ -150,7 +150,7 @@ def uncached(
     chosen = periods(start, end, step)
     lo, hi = chosen[0].start, chosen[-1].end
     intervals = usage_intervals(acc.store, start, end, now, tenants)
-    book = acc._book_for(intervals)
+    book = acc.book_for(intervals)
     segments: list[UtilizationSegment] = []
     if acc.utilization is not None and intervals:
         resolution = acc.utilization.resolution_s(lo, hi)

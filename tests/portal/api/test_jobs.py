@@ -83,6 +83,9 @@ def test_a_job_for_kubernetes_needs_an_image(allocator: Allocator) -> None:
         r = client.post("/api/v1/jobs", json=job_body(), headers=auth("alice"))
         assert (r.status_code, r.json()["field"]) == (422, "image")
         ok = {**job_body(), "command": [], "image": "registry.example/train:1"}
+        # The checkpoint volume is mounted at checkpoint_dir: the root cannot be one.
+        r = client.post("/api/v1/jobs", json={**ok, "checkpoint_dir": "/"}, headers=auth("alice"))
+        assert (r.status_code, r.json()["field"]) == (422, "checkpoint_dir")
         assert client.post("/api/v1/jobs", json=ok, headers=auth("alice")).status_code == 201
     assert len(stored.jobs(allocator.store)) == 1
 

@@ -107,6 +107,12 @@ def test_submit_follow_logs_across_a_restart_wait_and_read_attempts(
             (2, "completed", False),
         ]
         assert "".join(job.logs(attempt=1)) == "epoch 1\n"
+        cost = job.cost()  # unpriced here: the money is 0, the model named
+        assert [(a.number, a.exit_reason) for a in cost.attempts] == [
+            (1, "exit code 1"),
+            (2, "completed"),
+        ]
+        assert (cost.cost, cost.unpriced_models) == ("0.00", ["H100-80GB"])
         assert [j.id for j in portal.jobs.list()] == [job.id]
 
 
@@ -120,6 +126,7 @@ def test_another_tenant_gets_forbidden_and_bad_input_names_the_field(
             lambda: bob.jobs.cancel(job.id),
             lambda: bob.jobs.attempts(job.id),
             lambda: bob.jobs.read_logs(job.id, None, 0, 0),
+            lambda: bob.jobs.cost(job.id),
         ):
             with pytest.raises(Forbidden):
                 attempt()
@@ -149,4 +156,7 @@ async def test_the_async_client_submits_follows_and_waits(job_server: JobServer)
         done = await waiter
         assert done.state is JobState.SUCCEEDED
         assert [a.exit_reason for a in await portal.jobs.attempts(job.id)] == ["completed"]
+        cost = await portal.jobs.cost(job.id)
+        attempts = await portal.jobs.attempts(job.id)
+        assert [a.workload_id for a in cost.attempts] == [a.workload_id for a in attempts]
         assert [j.id for j in await portal.jobs.list()] == [job.id]

@@ -71,6 +71,7 @@ def client_operations() -> list[core.Op[object]]:
         jobs.listed(1, None, None),
         jobs.cancel("j"),
         jobs.attempts("j", 1),
+        jobs.cost("j"),
         jobs.logs("j", None, 0, 0),
         services.deploy({}),
         services.get("s"),

@@ -85,10 +85,17 @@ def test_submit_list_logs_attempts_and_cancel(gpuportal: Gpuportal, runner: Fake
     shown = gpuportal("jobs", "attempts", jid, token="alice")
     assert shown.code == 0 and "n1" in shown.out
     # Another tenant's token: refused, nothing changed.
-    for action in ("show", "cancel", "logs", "attempts"):
+    for action in ("show", "cancel", "logs", "attempts", "cost"):
         refused = gpuportal("jobs", action, jid, token="bob")
         assert refused.code != 0, refused
         assert re.search(r"user bob (may not use|is not a member of tenant team-a)", refused.err)
+    # No prices configured here: the GPU-hours count, the money is 0 and says why.
+    priced = gpuportal("jobs", "cost", jid, token="alice")
+    assert priced.code == 0, priced.err
+    assert re.search(r"^1 +running .* 0\.00 USD$", priced.out, re.M), priced.out
+    assert "no price configured for H100-80GB" in priced.out
+    cost = json.loads(gpuportal("jobs", "cost", jid, "--json", token="alice").out)
+    assert [a["number"] for a in cost["attempts"]] == [1] and cost["gpu_hours"] > 0
     cancelled = gpuportal("jobs", "cancel", jid, "--json", token="alice")
     assert json.loads(cancelled.out)["state"] == "cancelled"
     attempts = json.loads(gpuportal("jobs", "attempts", jid, "--json", token="alice").out)
