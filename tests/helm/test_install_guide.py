@@ -36,7 +36,7 @@ from tests.helm.test_chart_k8s import PRIVILEGED, RUNTIME_CLASS, apply
 from tests.spawner.conftest import ADMIN_TOKEN, PASSWORD, PortalHub
 from tests.spawner.kube.test_kube_hub import IMAGE, NOTEBOOK_PORT, StandIns
 from tests.support import gpu_nodes
-from tests.support.hub import HubFactory, HubPorts
+from tests.support.hub import HubFactory
 from tests.support.k8s import K8sCluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub, pytest.mark.postgres, pytest.mark.slow]
@@ -260,13 +260,9 @@ def test_the_install_guide_ends_with_a_notebook_on_a_gpu(
         z2jh["hub"]["services"]["gpuportal-dashboards"]["url"]: "http://127.0.0.1:9",
     }
     config = hub_config(z2jh, local_urls)
-
-    def hub_text(_ports: HubPorts) -> str:
-        return config
-
     env = {"KUBECONFIG": str(hub_kubeconfig), "NO_PROXY": "*", "no_proxy": "*"}
     with StandIns(core, TENANT_NAMESPACE):
-        hub = hub_factory(hub_text, env=env, name="install-hub")
+        hub = hub_factory(config, env=env, name="install-hub")
         try:
             (tmp_path / "portal").mkdir()
             portal.start(core, hub.api_url, portal_kubeconfig)
