@@ -48,6 +48,12 @@ def portal_state(svc: Service) -> tuple[dict[str, Any], list[tuple[str, int, int
     return by_name, [(q["name"], q["position"], q["tenant_position"]) for q in queue]
 
 
+def facts(url: str) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, int, int]]]:
+    """What the database says is held: per tenant and flavor, and per GPU (in a fixed order)."""
+    held, per_gpu = database_facts(url)
+    return sorted(held), per_gpu
+
+
 def test_a_rolling_upgrade_keeps_every_allocation_and_the_queue(
     k8s_cluster: K8sCluster, service_factory: ServiceFactory, postgres_url: str, tmp_path: Path
 ) -> None:
@@ -60,7 +66,7 @@ def test_a_rolling_upgrade_keeps_every_allocation_and_the_queue(
     workloads, queue = portal_state(old)
     assert {n for n, (_, s, _) in workloads.items() if s == "running"} == {n for *_, n in RUNNING}
     assert [n for n, *_ in queue] == [n for *_, n in QUEUED]
-    devices = database_facts(postgres_url)
+    devices = facts(postgres_url)
 
     # The new version's pod: a standby while the old leader serves.
     new.start(wait_for="/health")
@@ -72,7 +78,7 @@ def test_a_rolling_upgrade_keeps_every_allocation_and_the_queue(
     assert "gave up the lease" in old.tail(200)
 
     assert portal_state(new) == (workloads, queue)
-    assert database_facts(postgres_url) == devices
+    assert facts(postgres_url) == devices
     assert_nothing_twice_or_above_a_limit(postgres_url)
 
     # Writes go on under the new leader: a release frees 4 of team-a's quota, which admits
