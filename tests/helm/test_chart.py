@@ -225,13 +225,19 @@ def test_replicas_elect_a_leader_with_a_lease_they_alone_may_renew(helm: Helm) -
             "portal.leaderElection.enabled",
             "at '/portal/leaderElection/enabled': value must be true",
         ),
-        ("database.url", "at '/database': 'anyOf' failed"),
+        ("database.url", "at '/database/url': '' does not match pattern '^postgresql'"),
+        (
+            "sqlite",
+            "at '/database/url': 'sqlite:////var/lib/gpuportal/portal.db' does not match pattern",
+        ),
     ],
 )
 def test_more_replicas_without_election_or_postgresql_are_refused(
     helm: Helm, drop: str, message: str
 ) -> None:
     sets = {k: v for k, v in HA.items() if k != drop}
+    if drop == "sqlite":  # an SQLite URL given: one file on one pod's volume
+        sets["database.url"] = '"sqlite:////var/lib/gpuportal/portal.db"'
     proc = helm.template(sets=sets)
     assert proc.returncode != 0 and proc.stdout == ""
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
