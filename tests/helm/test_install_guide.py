@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,9 @@ from tests.helm.test_chart_k8s import PRIVILEGED, RUNTIME_CLASS, apply
 from tests.spawner.conftest import ADMIN_TOKEN, PASSWORD, PortalHub
 from tests.spawner.kube.test_kube_hub import IMAGE, NOTEBOOK_PORT, StandIns
 from tests.support import gpu_nodes
-from tests.support.hub import HubFactory
+from tests.support.hub import HubFactory, HubPorts
 from tests.support.k8s import K8sCluster
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub, pytest.mark.postgres, pytest.mark.slow]
 
@@ -124,6 +127,33 @@ def hub_config(z2jh: dict[str, Any], local_urls: dict[str, str]) -> str:
     lines.append(f"c.JupyterHub.services.append({admin!r})")
     lines.append(f"c.JupyterHub.load_roles.append({admin_role!r})")
     return "\n".join(lines) + "\n"
+
+
+class StandInService:
+    """An HTTP server on a loopback port answering 200, standing in for a hub service this
+    test does not run (the hub checks its external services once at start, and waits long
+    for one that does not answer)."""
+
+    def __init__(self) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Ok)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> StandInService:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Ok(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 def wait_until(check: Any, what: str, timeout_s: float = 60.0) -> Any:
@@ -254,18 +284,24 @@ def test_the_install_guide_ends_with_a_notebook_on_a_gpu(
 
     # 5. JupyterHub from the z2jh values, with the same tokens.
     z2jh = z2jh_values(tokens)
+    dashboards = StandInService()  # not part of this walk-through: something that answers
     local_urls = {
         z2jh["hub"]["services"]["gpuportal"]["url"]: f"http://127.0.0.1:{portal.port}",
-        # The dashboards are not part of this walk-through: a port nothing listens on.
-        z2jh["hub"]["services"]["gpuportal-dashboards"]["url"]: "http://127.0.0.1:9",
+        z2jh["hub"]["services"]["gpuportal-dashboards"]["url"]: dashboards.url,
     }
     config = hub_config(z2jh, local_urls)
+
+    def start_portal_then_configure(ports: HubPorts) -> str:
+        # The guide's order: the portal (step 5) runs before the hub (step 6) starts, which
+        # checks its external services once at start; the portal needs only the hub's address.
+        (tmp_path / "portal").mkdir()
+        portal.start(core, f"http://127.0.0.1:{ports.hub}/hub/api", portal_kubeconfig)
+        return config
+
     env = {"KUBECONFIG": str(hub_kubeconfig), "NO_PROXY": "*", "no_proxy": "*"}
-    with StandIns(core, TENANT_NAMESPACE):
-        hub = hub_factory(config, env=env, name="install-hub")
+    with StandIns(core, TENANT_NAMESPACE), dashboards:
         try:
-            (tmp_path / "portal").mkdir()
-            portal.start(core, hub.api_url, portal_kubeconfig)
+            hub = hub_factory(start_portal_then_configure, env=env, name="install-hub")
             ph = PortalHub(hub, portal.url, tmp_path / "portal")
 
             # 6. The seed: the tenants exist, and the portal made team-a's namespace.
