@@ -315,6 +315,20 @@ def test_the_install_guide_ends_with_a_notebook_on_a_gpu(
                 ),
                 "the portal making team-a's namespace",
             )
+            # What the guide's `kubectl get namespaces -l ...` lists.
+            tenant_namespaces = {TENANT_NAMESPACE, IsolationSettings().namespace("team-b")}
+            wait_until(
+                lambda: (
+                    tenant_namespaces
+                    <= {
+                        n.metadata.name
+                        for n in core.list_namespace(
+                            label_selector="gpuportal.io/managed-by=gpuportal"
+                        ).items
+                    }
+                ),
+                "both tenants' namespaces labelled as the portal's",
+            )
 
             # 7. First login, then a notebook on one H100.
             with httpx.Client(base_url=hub.url, timeout=30) as browser:
