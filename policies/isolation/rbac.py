@@ -29,7 +29,10 @@ def tenant_admin_role(spec: TenantSpec, settings: IsolationSettings) -> Manifest
         "kind": "Role",
         "metadata": metadata(settings, TENANT_ADMIN_ROLE, spec.name, settings.namespace(spec.name)),
         "rules": [
-            _rule([""], ["events", "pods", "pods/log"], READ),
+            _rule([""], ["events", "pods"], READ),
+            # Logs are read with get only; granting list or watch on them would also need the
+            # portal, which creates this Role, to hold them (RBAC refuses to grant more).
+            _rule([""], ["pods/log"], ["get"]),
             _rule(["events.k8s.io"], ["events"], READ),
         ],
     }

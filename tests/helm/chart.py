@@ -17,6 +17,7 @@ from tests.support.k8s import REPO_ROOT, locate_binaries
 CHART = REPO_ROOT / "helm" / "gpuportal"
 EXAMPLES = CHART / "examples"
 PRODUCTION_VALUES = EXAMPLES / "production-values.yaml"
+INSTALL_VALUES = EXAMPLES / "install-values.yaml"  # the install guide's (docs/helm.md)
 Z2JH_VALUES = EXAMPLES / "z2jh-values.yaml"
 WORKLOAD_KINDS = frozenset({"Deployment", "DaemonSet", "StatefulSet", "Job"})
 

@@ -23,6 +23,7 @@ from portal.settings import SERVICE_POLICIES, Settings, load_settings
 from spawner.hubconfig import spawner_role
 from tests.helm.chart import (
     CHART,
+    INSTALL_VALUES,
     PRODUCTION_VALUES,
     Z2JH_VALUES,
     Helm,
@@ -51,8 +52,8 @@ def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 # --- lint and render ---------------------------------------------------------------------------
 
 
-def test_lint_passes_strict_with_default_and_production_values(helm: Helm) -> None:
-    for extra in ([], ["--values", str(PRODUCTION_VALUES)]):
+def test_lint_passes_strict_with_default_production_and_install_guide_values(helm: Helm) -> None:
+    for extra in ([], ["--values", str(PRODUCTION_VALUES)], ["--values", str(INSTALL_VALUES)]):
         proc = helm.run("lint", "--strict", str(CHART), *extra)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
@@ -189,7 +190,7 @@ def test_replicas_elect_a_leader_with_a_lease_they_alone_may_renew(helm: Helm) -
     objects = helm.render(sets=HA)
     deployment = named(objects, "Deployment", "gpuportal")
     assert deployment["spec"]["replicas"] == 2
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     env = env_of(deployment["spec"]["template"], "portal")
     assert env["GPUPORTAL_LEADER_ELECTION"] == "lease"
     assert (env["GPUPORTAL_LEASE_NAME"], env["GPUPORTAL_LEASE_NAMESPACE"]) == (
@@ -224,17 +225,48 @@ def test_replicas_elect_a_leader_with_a_lease_they_alone_may_renew(helm: Helm) -
             "portal.leaderElection.enabled",
             "at '/portal/leaderElection/enabled': value must be true",
         ),
-        ("database.url", "at '/database': 'anyOf' failed"),
+        ("database.url", "at '/database/url': '' does not match pattern '^postgresql'"),
+        (
+            "sqlite",
+            "at '/database/url': 'sqlite:////var/lib/gpuportal/portal.db' does not match pattern",
+        ),
     ],
 )
 def test_more_replicas_without_election_or_postgresql_are_refused(
     helm: Helm, drop: str, message: str
 ) -> None:
     sets = {k: v for k, v in HA.items() if k != drop}
+    if drop == "sqlite":  # an SQLite URL given: one file on one pod's volume
+        sets["database.url"] = '"sqlite:////var/lib/gpuportal/portal.db"'
     proc = helm.template(sets=sets)
     assert proc.returncode != 0 and proc.stdout == ""
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
     assert message in proc.stderr, proc.stderr
+
+
+ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"}}
+RECREATE = {"type": "Recreate"}
+POSTGRES_URL = '"postgresql+psycopg://gp:pw@db:5432/gpuportal"'
+
+
+@pytest.mark.parametrize(
+    ("sets", "strategy"),
+    [
+        ({}, RECREATE),
+        ({"portal.leaderElection.enabled": "true"}, RECREATE),  # SQLite: one file, one pod
+        ({"database.url": POSTGRES_URL}, RECREATE),  # no election: the writer guard refuses
+        ({"database.existingSecret": '"db"'}, RECREATE),
+        ({"portal.leaderElection.enabled": "true", "database.url": POSTGRES_URL}, ROLLING),
+        ({"portal.leaderElection.enabled": "true", "database.existingSecret": '"db"'}, ROLLING),
+        (HA, ROLLING),
+        ({**HA, "portal.replicas": "3"}, ROLLING),
+    ],
+)
+def test_the_portal_is_rolled_only_with_leader_election_on_postgresql(
+    helm: Helm, sets: dict[str, str], strategy: dict[str, object]
+) -> None:
+    deployment = named(helm.render(sets=sets), "Deployment", "gpuportal")
+    assert deployment["spec"]["strategy"] == strategy
 
 
 def test_every_gpuportal_variable_the_chart_sets_is_a_setting_of_the_process_it_configures(

@@ -34,6 +34,14 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* Non-empty when the portal may be upgraded by a rolling update: leader election on
+PostgreSQL (an existing Secret, or a postgresql URL). */}}
+{{- define "gpuportal.rollingUpgrade" -}}
+{{- if and .Values.portal.leaderElection.enabled (or .Values.database.existingSecret (hasPrefix "postgresql" .Values.database.url)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "gpuportal.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

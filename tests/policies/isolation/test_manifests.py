@@ -18,6 +18,7 @@ from policies.isolation import (
     portal_manifests,
     tenant_manifests,
 )
+from policies.isolation.rbac import portal_cluster_role
 from tests.policies.isolation.cases import FULL, LOCKED, SETTINGS
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -38,6 +39,24 @@ def golden(name: str) -> list[Any]:
 )
 def test_builders_match_the_golden_files(build: Any, file: str) -> None:
     assert build() == golden(file)
+
+
+@pytest.mark.parametrize("spec", [FULL, LOCKED], ids=["full-tenant", "locked-tenant"])
+def test_the_portal_holds_everything_the_roles_it_writes_grant(spec: TenantSpec) -> None:
+    # RBAC refuses a Role that grants what its creator does not hold (no escalate verb).
+    held = {
+        (group, resource, verb)
+        for rule in portal_cluster_role(SETTINGS)["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    for role in (m for m in tenant_manifests(spec, SETTINGS) if m["kind"] == "Role"):
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    missing = {v for v in rule["verbs"] if (group, resource, v) not in held}
+                    assert not missing, (role["metadata"]["name"], group, resource, missing)
 
 
 def test_kinds_and_order_of_a_tenant() -> None:
