@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuportal",
         description="Jupyter-native, multi-tenant GPU portal.",
     )
+    # The flag as well as the subcommand: image and packaging checks expect `--version`.
+    parser.add_argument("--version", action="version", version=f"gpuportal {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     version_cmd = commands.add_parser("version", help="print the gpuportal version")

@@ -33,6 +33,13 @@ def test_version_prints_the_installed_package_version(capsys: pytest.CaptureFixt
     assert capsys.readouterr().out == f"gpuportal {version('gpuportal')}\n"
 
 
+def test_version_flag_prints_the_same_as_the_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"gpuportal {version('gpuportal')}\n"
+
+
 def test_console_script_exits_zero_on_success() -> None:
     result = gpuportal("version")
     assert result.returncode == 0, result.stderr
