@@ -358,7 +358,8 @@ class JobController:
                     self._finish(job, JobState.FAILED, JobReason.LAUNCH_FAILED, exc.message)
             return
         assert job.workload_id is not None
-        st = self._alloc.status(job.workload_id)
+        # No ETA: each would walk the queue, and a round reads every queued job's workload.
+        st = self._alloc.status(job.workload_id, estimate=False)
         if job.state is JobState.QUEUED:
             if st.state is WorkloadState.RUNNING:
                 self._launch(job, spec, st)
@@ -409,6 +410,7 @@ class JobController:
             self._workload_request(job, spec, spec.devices),
             idempotency_key=attempt_key(job.id, number),
             expected_duration_s=spec.expected_duration_s,
+            estimate=False,  # its place in the queue would cost a walk over the queue
         )
         now = self.now
         attempt = AttemptRecord(
