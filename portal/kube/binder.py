@@ -16,9 +16,10 @@ One pass (``Binder.bind_pending``), in steps:
    same name is never bound on a stale decision), or post a Warning Event on the pod that says
    why it waits (named after pod, uid and reason, so repeating a pass posts it once).
 
-A pass is idempotent and keeps no state: a pod already bound is not listed again, and a Binding
-refused because the pod is bound meanwhile (409) counts as done. A restarted binder simply runs
-the next pass.
+A pass is idempotent and keeps no state that Kubernetes does not hold (it remembers only which
+held pods' Events it posted, so that a pod waiting in the queue costs no call per pass): a pod
+already bound is not listed again, and a Binding refused because the pod is bound meanwhile
+(409) counts as done. A restarted binder simply runs the next pass.
 
 The reverse direction, pods deleted behind the hub's back, is ``portal.kube.sweep``;
 ``portal.kube.service`` runs both as loops of ``gpuportal serve``.
@@ -47,6 +48,7 @@ from kubernetes.client.exceptions import ApiException
 from policies.errors import NotFound
 from policies.isolation import IsolationSettings
 from portal.kube import jobpods
+from portal.kube.informer import Informer
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME, PodKeys
 from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
 from portal.store.records import WorkloadState
@@ -134,7 +136,7 @@ def decide(
             "devices for: start it through JupyterHub or the portal API",
         )
     try:
-        status = source.status(workload_id)
+        status = source.status(workload_id, estimate=False)
     except NotFound:
         return Hold(
             pod,
@@ -225,6 +227,7 @@ class Binder:
         *,
         clock: Clock = utcnow,
         instance: str = "gpuportal",
+        jobs: Informer | None = None,
     ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._batch = client.BatchV1Api(api_client)
@@ -233,22 +236,33 @@ class Binder:
         self._keys = PodKeys.of(settings)
         self._clock = clock
         self._instance = instance
+        self._jobs = jobs  # a copy of the Jobs kept by a watch (the job runner's), else lists
         self._lock = threading.Lock()
+        self._held: set[tuple[str, str]] = set()  # (pod uid, reason) whose Event is posted
 
     def pending(self) -> list[PodView]:
         """Our scheduler's pods that no node holds yet (and that are not being deleted)."""
-        pods = self._core.list_pod_for_all_namespaces(
-            field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName="
-        ).items
+        pods = self._list_pods(field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName=")
         return [v for v in map(pod_view, pods) if not v.deleting]
 
     def portal_pods(self) -> list[PodView]:
-        """Every pod carrying the portal's workload and allocation labels."""
-        pods = self._core.list_pod_for_all_namespaces(label_selector=self._keys.selector()).items
+        """Every pod carrying the portal's workload and allocation labels that has not
+        finished (a finished pod holds nothing: ``in_use``; the apiserver filters, so the
+        pass does not grow with the pods that ran before)."""
+        finished = ",".join(f"status.phase!={phase}" for phase in sorted(FINISHED_PHASES))
+        pods = self._list_pods(label_selector=self._keys.selector(), field_selector=finished)
         return [pod_view(p) for p in pods]
+
+    def _list_pods(self, **selectors: Any) -> list[dict[str, Any]]:
+        # Plain JSON: building the client's models costs more than the call on a busy cluster.
+        response: Any = self._core.list_pod_for_all_namespaces(_preload_content=False, **selectors)
+        return list(json.loads(response.data).get("items") or [])
 
     def job_refs(self) -> dict[tuple[str, str], jobpods.JobRef]:
         """The Jobs the portal runs attempts in (labelled with their workload)."""
+        if self._jobs is not None:
+            # A Job labelled a moment ago may be missing: its pods wait one more pass.
+            return jobpods.job_refs(self._jobs.items(), self._settings)
         key = PodKeys.of(self._settings).workload
         response: Any = self._batch.list_job_for_all_namespaces(
             label_selector=key, _preload_content=False
@@ -292,7 +306,11 @@ class Binder:
             bound: list[tuple[str, str]] = []
             held: list[tuple[str, HoldReason]] = []
             failed: list[tuple[str, str]] = []
-            for decision in self.decide_all():
+            decisions = self.decide_all()
+            # Forget the holds of pods no longer pending: the set stays as small as the queue.
+            waiting = {d.pod.uid for d in decisions}
+            self._held = {k for k in self._held if k[0] in waiting}
+            for decision in decisions:
                 try:
                     self.act(decision)
                 except ApiException as e:
@@ -365,10 +383,16 @@ class Binder:
         )
 
     def _post_event(self, decision: Hold) -> None:
+        # A pod waiting in the queue is held again on every pass: its Event is posted once
+        # (a restarted binder learns of the earlier ones from the apiserver's 409).
+        key = (decision.pod.uid, str(decision.reason))
+        if key in self._held:
+            return
         if self._event(
             decision.pod, str(decision.reason), decision.reason.event_type, decision.message
         ):
             log.info("binder: holding %s: %s", decision.pod, decision.message)
+        self._held.add(key)
 
     def _event(self, pod: PodView, reason: str, kind: str, message: str) -> bool:
         """Post an Event on ``pod``; False when one for this pod and reason exists already."""
