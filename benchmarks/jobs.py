@@ -156,7 +156,7 @@ def queued_round(queued: int, folder: Path) -> dict[str, Any]:
         controller.start()
         for i in range(queued):
             c = CLASSES[i % len(CLASSES)]
-            controller.submit(_spec(names[i % len(names)][0], f"{c.name}-{i}", c))
+            controller.enqueue(_spec(names[i % len(names)][0], f"{c.name}-{i}", c))
         waiting = sum(1 for j in controller.active_jobs() if j.state is JobState.QUEUED)
         rounds = []
         for _ in range(3):

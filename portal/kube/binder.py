@@ -37,6 +37,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -48,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 from policies.errors import NotFound
 from policies.isolation import IsolationSettings
 from portal.kube import jobpods
+from portal.kube.calls import drain
 from portal.kube.informer import Informer
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME, PodKeys
 from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
@@ -56,6 +58,8 @@ from portal.store.records import WorkloadState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+ACT_WORKERS = 4
+"""Decisions of a pass carried out at once (each pod's calls stay in order)."""
 
 
 def utcnow() -> datetime:
@@ -310,18 +314,27 @@ class Binder:
             # Forget the holds of pods no longer pending: the set stays as small as the queue.
             waiting = {d.pod.uid for d in decisions}
             self._held = {k for k in self._held if k[0] in waiting}
-            for decision in decisions:
-                try:
-                    self.act(decision)
-                except ApiException as e:
-                    log.warning("binder: %s failed: %s", decision.pod, _status_message(e))
-                    failed.append((str(decision.pod), _status_message(e)))
+            # Each decision is about a pod of its own: acting on them at once overlaps the
+            # apiserver's round trips (three calls a bind) instead of queueing them.
+            with ThreadPoolExecutor(ACT_WORKERS, thread_name_prefix="binder") as pool:
+                errors = list(pool.map(self._try_act, decisions))
+            for decision, error in zip(decisions, errors, strict=True):
+                if error is not None:
+                    log.warning("binder: %s failed: %s", decision.pod, error)
+                    failed.append((str(decision.pod), error))
                     continue
                 if isinstance(decision, Bind):
                     bound.append((str(decision.pod), decision.node))
                 else:
                     held.append((str(decision.pod), decision.reason))
             return BindReport(tuple(bound), tuple(held), tuple(failed))
+
+    def _try_act(self, decision: Decision) -> str | None:
+        try:
+            self.act(decision)
+        except ApiException as e:
+            return _status_message(e)
+        return None
 
     def act(self, decision: Decision) -> None:
         """Carry out one decision. A pod bound or deleted meanwhile is not an error."""
@@ -344,8 +357,10 @@ class Binder:
         }
         try:
             # The generated client cannot read the Status this call answers with: skip parsing.
-            self._core.create_namespaced_pod_binding(
-                pod.name, pod.namespace, body, _preload_content=False
+            drain(
+                self._core.create_namespaced_pod_binding(
+                    pod.name, pod.namespace, body, _preload_content=False
+                )
             )
         except ApiException as e:
             if e.status in (404, 409):
@@ -374,12 +389,14 @@ class Binder:
                 "annotations": dict(decision.annotations),
             }
         }
-        self._core.patch_namespaced_pod(
-            pod.name,
-            pod.namespace,
-            patch,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        drain(
+            self._core.patch_namespaced_pod(
+                pod.name,
+                pod.namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         )
 
     def _post_event(self, decision: Hold) -> None:
@@ -420,7 +437,7 @@ class Binder:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(pod.namespace, event, _preload_content=False)
+            drain(self._core.create_namespaced_event(pod.namespace, event, _preload_content=False))
         except ApiException as e:
             if e.status == 409:
                 return False  # posted by an earlier pass

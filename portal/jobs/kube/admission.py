@@ -45,6 +45,7 @@ from portal.jobs.controller import JobController
 from portal.jobs.kube.manifests import JobKeys
 from portal.jobs.kube.runner import KubeRunner
 from portal.jobs.spec import JobSpec
+from portal.kube.calls import drain
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class Admission:
         try:
             self._jobs.get(job_id)
         except PortalError:
-            self._jobs.submit(spec_of(job, tenant), job_id=job_id)
+            self._jobs.enqueue(spec_of(job, tenant), job_id=job_id)
             log.info("jobs: admitted Job %s/%s as %s", meta["namespace"], meta["name"], job_id)
         body: Any = {"metadata": {"labels": {self._keys.job: job_id, self._keys.tenant: tenant}}}
         self._batch.patch_namespaced_job(
@@ -264,7 +265,9 @@ class Admission:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+            drain(
+                self._core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+            )
         except ApiException as e:
             if e.status != 409:  # 409: posted by an earlier pass
                 log.warning("jobs: no event on Job %s: %s", meta["name"], e.reason)

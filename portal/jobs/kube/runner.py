@@ -47,6 +47,7 @@ from portal.jobs.kube import manifests as m
 from portal.jobs.kube import pods as kpods
 from portal.jobs.kube.copies import ClusterCopies
 from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
+from portal.kube.calls import drain
 from portal.kube.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -266,8 +267,10 @@ class KubeRunner:
             self._await_suspended(namespace, name)
             body["spec"] = {"suspend": False}
         try:
-            self._batch.patch_namespaced_job(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            drain(
+                self._batch.patch_namespaced_job(
+                    name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+                )
             )
             self._write_workload(namespace, name, members, labels, m.owner_reference(job))
         except ApiException as e:
@@ -332,10 +335,10 @@ class KubeRunner:
         )
 
     @staticmethod
-    def _create_quietly(create: Callable[[], object]) -> None:
+    def _create_quietly(create: Callable[[], Any]) -> None:
         """Create, taking "exists already" (a launch repeated after a restart) as done."""
         try:
-            create()
+            drain(create())
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -376,12 +379,14 @@ class KubeRunner:
 
     def _suspend(self, t: _Attempt) -> None:
         try:
-            self._batch.patch_namespaced_job(
-                t.name,
-                t.namespace,
-                {"spec": {"suspend": True}},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
+            drain(
+                self._batch.patch_namespaced_job(
+                    t.name,
+                    t.namespace,
+                    {"spec": {"suspend": True}},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
             )
         except ApiException as e:
             if e.status != 404:
@@ -392,8 +397,13 @@ class KubeRunner:
     def _delete_pod(self, pod: Mapping[str, Any], grace: int) -> None:
         meta = pod["metadata"]
         try:
-            self._core.delete_namespaced_pod(
-                meta["name"], meta["namespace"], grace_period_seconds=grace, _preload_content=False
+            drain(
+                self._core.delete_namespaced_pod(
+                    meta["name"],
+                    meta["namespace"],
+                    grace_period_seconds=grace,
+                    _preload_content=False,
+                )
             )
         except ApiException as e:
             if e.status != 404:
@@ -402,8 +412,10 @@ class KubeRunner:
 
     def _delete_job(self, namespace: str, name: str) -> None:
         try:
-            self._batch.delete_namespaced_job(
-                name, namespace, propagation_policy="Background", _preload_content=False
+            drain(
+                self._batch.delete_namespaced_job(
+                    name, namespace, propagation_policy="Background", _preload_content=False
+                )
             )
         except ApiException as e:
             if e.status != 404:
