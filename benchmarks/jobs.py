@@ -12,10 +12,11 @@ namespace with ``schedulerName: gpuportal`` (``tests.support.k8s`` starts etcd, 
 kube-controller-manager and kwok); the portal admits it (``portal.jobs.kube.admission``), the
 allocator places it, the binder binds its pod, and kwok completes the pod after the job's
 runtime (``tests.support.kwok_stages``). The portal's loops (admission, allocator tick, job
-controller, binder) run back to back in one thread. Reported: wall time (first Job created to
-last job ended), GPU usage (GPU-seconds held by running jobs over capacity x wall time) and the
-mean time from a Job's creation to its admission (its attempt started), per class, next to
-Kueue's published baseline.
+controller, binder) run each in a thread of its own, as in ``gpuportal serve``. Reported: wall
+time (first Job created to last job ended), GPU usage (GPU-seconds held by running jobs over
+capacity x wall time) and the mean time from a Job's creation to its admission (its attempt
+started), per class, next to Kueue's published baseline; and the portal's apiserver calls per
+job. kube-controller-manager runs with a higher client rate than its default (``--kcm-qps``).
 
 **Policy level.** ``JobController.submit`` over a real allocator on SQLite with a runner that
 starts nothing: jobs of the three classes, spread over the tenants, each placed and its attempt
@@ -221,8 +222,8 @@ class PathOptions:
     """How the Kubernetes path runs (``main``'s flags)."""
 
     kcm_qps: int = 200  # the controller manager's client rate (its default, 20, caps Jobs/s)
-    interval_s: float = 0.05  # the least time between two rounds of the portal's loops
-    profile: Path | None = None  # cProfile statistics of the loop thread go here
+    interval_s: float = 0.05  # the least time between two rounds of each of the portal's loops
+    profile: Path | None = None  # cProfile statistics of each loop thread: <profile>.<loop>
 
 
 DEFAULTS = PathOptions()
@@ -302,30 +303,25 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
             creator = threading.Thread(
                 target=_create_all, args=(cluster, plan, settings, created), daemon=True
             )
-            profiler = cProfile.Profile() if options.profile else None
+            loops = {
+                "jobs-admission": admission.admit,
+                "allocator": alloc.tick,
+                "jobs": controller.step,
+                "binder": binder.bind_pending,
+            }
             start = time.time()
             creator.start()
-            rounds = 0
-            while True:
-                began = time.monotonic()
-                if profiler is not None:
-                    profiler.enable()
-                admission.admit()
-                alloc.tick()
-                controller.step()
-                binder.bind_pending()
-                if profiler is not None:
-                    profiler.disable()
-                rounds += 1
-                settled = len(created) == total and not controller.active_jobs()
-                if settled and len(controller.jobs()) == total:
-                    break
-                time.sleep(max(0.0, options.interval_s - (time.monotonic() - began)))
+
+            def settled() -> bool:
+                if len(created) < total or controller.active_jobs():
+                    return False
+                return len(controller.jobs()) == total
+
+            rounds = _run_loops(loops, settled, options)
             runner.close()
-            if profiler is not None and options.profile is not None:
-                profiler.dump_stats(options.profile)
             report = _report(controller, created, start, scale, total)
             report["loop_rounds"] = rounds
+            report["loop_interval_s"] = options.interval_s
             report["kcm_qps"] = options.kcm_qps
             report["portal_api_calls"] = dict(sorted(calls.items(), key=lambda kv: -kv[1]))
             report["portal_api_calls_per_job"] = sum(calls.values()) / total
@@ -333,16 +329,57 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _run_loops(loops: dict[str, Any], settled: Any, options: PathOptions) -> dict[str, int]:
+    """Run each loop in a thread of its own, as ``gpuportal serve`` does (a loop waits for
+    the apiserver while the others work), until ``settled``; rounds per loop."""
+    done = threading.Event()
+    rounds = dict.fromkeys(loops, 0)
+    errors: list[BaseException] = []
+
+    def run(name: str, step: Any) -> None:
+        profiler = cProfile.Profile() if options.profile else None
+        try:
+            while not done.is_set():
+                began = time.monotonic()
+                if profiler is not None:
+                    profiler.enable()
+                step()
+                if profiler is not None:
+                    profiler.disable()
+                rounds[name] += 1
+                done.wait(max(0.0, options.interval_s - (time.monotonic() - began)))
+        except BaseException as e:  # the run is void: say why
+            errors.append(e)
+            done.set()
+        finally:
+            if profiler is not None and options.profile is not None:
+                profiler.dump_stats(f"{options.profile}.{name}")
+
+    threads = [threading.Thread(target=run, args=item, name=item[0]) for item in loops.items()]
+    for t in threads:
+        t.start()
+    while not done.is_set() and not settled():
+        done.wait(0.5)
+    done.set()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return rounds
+
+
 def _count_calls(api: Any) -> dict[str, int]:
     """Count the portal's apiserver requests by method and path (templated: one row per kind
     of call, not per object). Watches count once per request."""
     calls: dict[str, int] = {}
+    lock = threading.Lock()
     call_api = api.call_api
 
     def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
         query = dict(kwargs.get("query_params") or ())
         what = f"{method} {resource_path}" + (" (watch)" if query.get("watch") else "")
-        calls[what] = calls.get(what, 0) + 1
+        with lock:
+            calls[what] = calls.get(what, 0) + 1
         return call_api(resource_path, method, *args, **kwargs)
 
     api.call_api = counted
@@ -459,7 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULTS.interval_s,
         help="least seconds between two rounds of the portal's loops",
     )
-    parser.add_argument("--profile", type=Path, help="cProfile statistics of the portal's loops")
+    parser.add_argument(
+        "--profile", type=Path, help="cProfile statistics of each loop: PROFILE.<loop>"
+    )
     args = parser.parse_args(argv)
     options = PathOptions(args.kcm_qps, args.interval_s, args.profile)
     with tempfile.TemporaryDirectory(prefix="gpuportal-jobs-bench-") as tmp:
