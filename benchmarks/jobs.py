@@ -30,6 +30,7 @@ import argparse
 import cProfile
 import heapq
 import json
+import re
 import tempfile
 import threading
 import time
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings, TenantSpec
@@ -368,6 +370,15 @@ def _run_loops(loops: dict[str, Any], settled: Any, options: PathOptions) -> dic
     return rounds
 
 
+def call_kind(method: str, url: str) -> str:
+    """``GET /api/v1/namespaces/{namespace}/pods/{name}``: a request without its server,
+    query, namespace and object name (a watch says so)."""
+    parts = urlsplit(url)
+    path = re.sub(r"/namespaces/[^/]+", "/namespaces/{namespace}", parts.path)
+    path = re.sub(r"/(pods|jobs|nodes|services|workloads)/[^/]+", r"/\1/{name}", path)
+    return f"{method} {path}" + (" (watch)" if "watch=true" in parts.query else "")
+
+
 def _count_calls(api: Any) -> dict[str, int]:
     """Count the portal's apiserver requests by method and path (templated: one row per kind
     of call, not per object). Watches count once per request."""
@@ -376,8 +387,7 @@ def _count_calls(api: Any) -> dict[str, int]:
     call_api = api.call_api
 
     def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        query = dict(kwargs.get("query_params") or ())
-        what = f"{method} {resource_path}" + (" (watch)" if query.get("watch") else "")
+        what = call_kind(method, resource_path)
         with lock:
             calls[what] = calls.get(what, 0) + 1
         return call_api(resource_path, method, *args, **kwargs)
