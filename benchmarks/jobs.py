@@ -12,10 +12,11 @@ namespace with ``schedulerName: gpuportal`` (``tests.support.k8s`` starts etcd, 
 kube-controller-manager and kwok); the portal admits it (``portal.jobs.kube.admission``), the
 allocator places it, the binder binds its pod, and kwok completes the pod after the job's
 runtime (``tests.support.kwok_stages``). The portal's loops (admission, allocator tick, job
-controller, binder) run back to back in one thread. Reported: wall time (first Job created to
-last job ended), GPU usage (GPU-seconds held by running jobs over capacity x wall time) and the
-mean time from a Job's creation to its admission (its attempt started), per class, next to
-Kueue's published baseline.
+controller, binder) run each in a thread of its own, as in ``gpuportal serve``. Reported: wall
+time (first Job created to last job ended), GPU usage (GPU-seconds held by running jobs over
+capacity x wall time) and the mean time from a Job's creation to its admission (its attempt
+started), per class, next to Kueue's published baseline; and the portal's apiserver calls per
+job. kube-controller-manager runs with a higher client rate than its default (``--kcm-qps``).
 
 **Policy level.** ``JobController.submit`` over a real allocator on SQLite with a runner that
 starts nothing: jobs of the three classes, spread over the tenants, each placed and its attempt
@@ -26,8 +27,10 @@ second.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import heapq
 import json
+import re
 import tempfile
 import threading
 import time
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings, TenantSpec
@@ -137,6 +141,35 @@ def policy_level(jobs: int, folder: Path) -> dict[str, Any]:
     return {"jobs": jobs, "admitted": admitted, "seconds": elapsed, "per_s": admitted / elapsed}
 
 
+def queued_round(queued: int, folder: Path) -> dict[str, Any]:
+    """Seconds of one round of the loops (allocator tick, then job controller step) with
+    ``queued`` jobs waiting: Kueue's cluster (30 nodes of 20 GPUs, the tenants' quotas) full,
+    every job of the three classes behind it. A round reads every active job, so its cost
+    in the queue's length bounds how fast a long queue turns over."""
+    nodes = generate({"hgx-h100-8": NODES * NODE_GPUS // 8})
+    with Store(f"sqlite:///{folder / 'queued.db'}") as store:
+        alloc = Allocator(store)
+        alloc.start(nodes)
+        names = tenants()
+        for tenant, cohort in names:
+            alloc.set_tenant(tenant, cohort=cohort)
+            alloc.set_quota(tenant, FLAVOR, guaranteed=GUARANTEED, limit=LIMIT)
+        backend = Backend(kind=BackendKind.KUBERNETES, runner=_NoRunner())
+        controller = JobController(alloc, backend=backend)
+        controller.start()
+        for i in range(queued):
+            c = CLASSES[i % len(CLASSES)]
+            controller.enqueue(_spec(names[i % len(names)][0], f"{c.name}-{i}", c))
+        waiting = sum(1 for j in controller.active_jobs() if j.state is JobState.QUEUED)
+        rounds = []
+        for _ in range(3):
+            started = time.perf_counter()
+            alloc.tick()
+            controller.step()
+            rounds.append(time.perf_counter() - started)
+    return {"jobs": queued, "queued": waiting, "round_s": sorted(rounds)[1], "rounds_s": rounds}
+
+
 def _spec(tenant: str, name: str, c: JobClass) -> JobSpec:
     devices = DeviceRequest(kind=FlavorKind.GPU, count=c.gpus, models=frozenset({FLAVOR}))
     return JobSpec(tenant, "bench", name, c.members, devices, image="registry.invalid/bench:0")
@@ -186,12 +219,25 @@ def _job_manifest(name: str, namespace: str, c: JobClass) -> dict[str, Any]:
     }
 
 
-def kubernetes_path(scale: float, folder: Path) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class PathOptions:
+    """How the Kubernetes path runs (``main``'s flags)."""
+
+    kcm_qps: int = 200  # the controller manager's client rate (its default, 20, caps Jobs/s)
+    interval_s: float = 0.05  # the least time between two rounds of each of the portal's loops
+    profile: Path | None = None  # cProfile statistics of each loop thread: <profile>.<loop>
+
+
+DEFAULTS = PathOptions()
+
+
+def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS) -> dict[str, Any]:
     """The Kueue-shaped run through the test control plane (see the module doc)."""
     from kubernetes import client
 
     from portal.isolation import reconcile
     from portal.jobs.kube.admission import Admission
+    from portal.jobs.kube.runner import KubeRunner
     from portal.jobs.kube.service import kube_backend
     from portal.kube.binder import Binder
     from tests.support import gpu_nodes
@@ -199,7 +245,15 @@ def kubernetes_path(scale: float, folder: Path) -> dict[str, Any]:
 
     settings = IsolationSettings()
     plan = [(c, max(1, round(c.count * scale))) for c in CLASSES]
-    with running_cluster(folder / "k8s") as cluster, cluster.api_client() as api:
+    flags = {
+        "kube-controller-manager": [
+            f"--kube-api-qps={options.kcm_qps}",
+            f"--kube-api-burst={2 * options.kcm_qps}",
+            # The Job controller's workers (5 by default) each wait on the apiserver.
+            f"--concurrent-job-syncs={max(5, options.kcm_qps // 10)}",
+        ]
+    }
+    with running_cluster(folder / "k8s", flags) as cluster, cluster.api_client() as api:
         core = client.CoreV1Api(api)
         specs = [
             TenantSpec(
@@ -238,27 +292,108 @@ def kubernetes_path(scale: float, folder: Path) -> dict[str, Any]:
             for t, cohort in tenants():
                 alloc.set_tenant(t, cohort=cohort)
                 alloc.set_quota(t, FLAVOR, guaranteed=GUARANTEED, limit=LIMIT)
-            controller = JobController(alloc, backend=kube_backend(settings, api), stop_grace_s=0)
+            backend = kube_backend(settings, api)
+            runner = backend.runner
+            assert isinstance(runner, KubeRunner)
+            controller = JobController(alloc, backend=backend, stop_grace_s=0)
             controller.start()
-            binder = Binder(api, alloc, settings)
+            binder = Binder(api, alloc, settings, jobs=runner.jobs_informer())
             admission = Admission(api, controller, settings)
+            calls = _count_calls(api)
             created: dict[str, tuple[str, float]] = {}  # "ns/name" -> (class, created at)
             total = len(tenants()) * sum(n for _, n in plan)
             creator = threading.Thread(
                 target=_create_all, args=(cluster, plan, settings, created), daemon=True
             )
+            loops = {
+                "jobs-admission": admission.admit,
+                "allocator": alloc.tick,
+                "jobs": controller.step,
+                "binder": binder.bind_pending,
+            }
             start = time.time()
             creator.start()
-            while True:
-                admission.admit()
-                alloc.tick()
-                controller.step()
-                binder.bind_pending()
-                settled = len(created) == total and not controller.active_jobs()
-                if settled and len(controller.jobs()) == total:
-                    break
-            return _report(controller, created, start, scale, total)
+
+            def settled() -> bool:
+                if len(created) < total or controller.active_jobs():
+                    return False
+                return len(controller.jobs()) == total
+
+            rounds = _run_loops(loops, settled, options)
+            runner.close()
+            report = _report(controller, created, start, scale, total)
+            report["loop_rounds"] = rounds
+            report["loop_interval_s"] = options.interval_s
+            report["kcm_qps"] = options.kcm_qps
+            report["portal_api_calls"] = dict(sorted(calls.items(), key=lambda kv: -kv[1]))
+            report["portal_api_calls_per_job"] = sum(calls.values()) / total
+            return report
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _run_loops(loops: dict[str, Any], settled: Any, options: PathOptions) -> dict[str, int]:
+    """Run each loop in a thread of its own, as ``gpuportal serve`` does (a loop waits for
+    the apiserver while the others work), until ``settled``; rounds per loop."""
+    done = threading.Event()
+    rounds = dict.fromkeys(loops, 0)
+    errors: list[BaseException] = []
+
+    def run(name: str, step: Any) -> None:
+        profiler = cProfile.Profile() if options.profile else None
+        try:
+            while not done.is_set():
+                began = time.monotonic()
+                if profiler is not None:
+                    profiler.enable()
+                step()
+                if profiler is not None:
+                    profiler.disable()
+                rounds[name] += 1
+                done.wait(max(0.0, options.interval_s - (time.monotonic() - began)))
+        except BaseException as e:  # the run is void: say why
+            errors.append(e)
+            done.set()
+        finally:
+            if profiler is not None and options.profile is not None:
+                profiler.dump_stats(f"{options.profile}.{name}")
+
+    threads = [threading.Thread(target=run, args=item, name=item[0]) for item in loops.items()]
+    for t in threads:
+        t.start()
+    while not done.is_set() and not settled():
+        done.wait(0.5)
+    done.set()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return rounds
+
+
+def call_kind(method: str, url: str) -> str:
+    """``GET /api/v1/namespaces/{namespace}/pods/{name}``: a request without its server,
+    query, namespace and object name (a watch says so)."""
+    parts = urlsplit(url)
+    path = re.sub(r"/namespaces/[^/]+", "/namespaces/{namespace}", parts.path)
+    path = re.sub(r"/(pods|jobs|nodes|services|workloads)/[^/]+", r"/\1/{name}", path)
+    return f"{method} {path}" + (" (watch)" if "watch=true" in parts.query else "")
+
+
+def _count_calls(api: Any) -> dict[str, int]:
+    """Count the portal's apiserver requests by method and path (templated: one row per kind
+    of call, not per object). Watches count once per request."""
+    calls: dict[str, int] = {}
+    lock = threading.Lock()
+    call_api = api.call_api
+
+    def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        what = call_kind(method, resource_path)
+        with lock:
+            calls[what] = calls.get(what, 0) + 1
+        return call_api(resource_path, method, *args, **kwargs)
+
+    api.call_api = counted
+    return calls
 
 
 def _create_all(
@@ -352,8 +487,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of Kueue's job counts")
     parser.add_argument("--policy-jobs", type=int, default=2000, help="jobs at the policy level")
     parser.add_argument("--policy-only", action="store_true", help="skip the Kubernetes path")
+    parser.add_argument(
+        "--queued",
+        type=int,
+        default=0,
+        help="also time one round of the loops with this many jobs submitted (0: skip)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--kcm-qps",
+        type=int,
+        default=DEFAULTS.kcm_qps,
+        help="kube-controller-manager's --kube-api-qps (burst twice that; its default is 20)",
+    )
+    parser.add_argument(
+        "--interval-s",
+        type=float,
+        default=DEFAULTS.interval_s,
+        help="least seconds between two rounds of the portal's loops",
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="cProfile statistics of each loop: PROFILE.<loop>"
+    )
     args = parser.parse_args(argv)
+    options = PathOptions(args.kcm_qps, args.interval_s, args.profile)
     with tempfile.TemporaryDirectory(prefix="gpuportal-jobs-bench-") as tmp:
         results: dict[str, Any] = {"policy": policy_level(args.policy_jobs, Path(tmp))}
         print(
@@ -361,8 +518,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"in {results['policy']['seconds']:.2f} s: {results['policy']['per_s']:.0f} jobs/s "
             "(goal >= 50/s)"
         )
+        if args.queued:
+            results["queued_round"] = q = queued_round(args.queued, Path(tmp))
+            print(
+                f"one round of the loops with {q['queued']} of {q['jobs']} jobs queued: "
+                f"{q['round_s']:.2f} s (median of 3)"
+            )
         if not args.policy_only:
-            k8s = kubernetes_path(args.scale, Path(tmp))
+            k8s = kubernetes_path(args.scale, Path(tmp), options)
             results["kubernetes"] = k8s
             base = KUEUE_BASELINE
             print(f"kubernetes path, scale {args.scale:g} ({k8s['jobs']} jobs): {k8s['states']}")

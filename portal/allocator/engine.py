@@ -481,11 +481,13 @@ class Allocator:
         *,
         idempotency_key: str | None = None,
         expected_duration_s: float | None = None,
+        estimate: bool = True,
     ) -> WorkloadStatus:
         """Allocate now if quota and capacity allow, else queue with a reason.
 
         A retry with the same ``idempotency_key`` (per tenant and owner) returns the first
-        answer's workload instead of allocating again.
+        answer's workload instead of allocating again. ``estimate=False``: a queued answer
+        without its place and ETA (as ``status``), for callers that do not show them.
         """
         wid = uuid.uuid4().hex
 
@@ -524,7 +526,7 @@ class Allocator:
             return wid
 
         def status(found: str | WorkloadStatus) -> WorkloadStatus:
-            return self._status_of(found) if isinstance(found, str) else found
+            return self._status_of(found, estimate=estimate) if isinstance(found, str) else found
 
         return self._decide_then(decide, status)
 
@@ -576,11 +578,13 @@ class Allocator:
         self._decide(decide)
         return self.status(workload_id)
 
-    def status(self, workload_id: str) -> WorkloadStatus:
-        """A workload's status; while queued with its ETA's interval and reason."""
+    def status(self, workload_id: str, *, estimate: bool = True) -> WorkloadStatus:
+        """A workload's status; while queued with its place, ETA, interval and reason.
+        ``estimate=False`` leaves those out: a loop that reads every queued workload's state
+        would otherwise walk the queue once per workload."""
         with self._lock:
             if workload_id in self._state.live:
-                return self._status_of(workload_id, interval=True)
+                return self._status_of(workload_id, interval=True, estimate=estimate)
             stored = self._store.workload(workload_id)
             if stored is None:
                 raise NotFound("workload", workload_id)
@@ -708,9 +712,12 @@ class Allocator:
 
     # ================================================================ internals
 
-    def _status_of(self, wid: str, *, interval: bool = False) -> WorkloadStatus:
+    def _status_of(
+        self, wid: str, *, interval: bool = False, estimate: bool = True
+    ) -> WorkloadStatus:
         """``interval``: with the ETA's interval and reason (status reads; a decision's
-        answer carries the point alone, which costs no walk over the running work)."""
+        answer carries the point alone, which costs no walk over the running work);
+        ``estimate=False``: no place in the queue nor ETA (no walk over the queue)."""
         state = self._state
         lv = state.live.get(wid)
         if lv is None:
@@ -718,7 +725,7 @@ class Allocator:
             if stored is None:
                 raise NotFound("workload", wid)
             return status_of(stored, stored.message)
-        if lv.rec.state is not WorkloadState.QUEUED:
+        if lv.rec.state is not WorkloadState.QUEUED or not estimate:
             return status_of(lv.rec, lv.message, lv.allocations)
         # Only this workload's entry: building every entry costs an ETA per queued workload.
         found = estimates.queue_position(state, wid, self._clock())

@@ -294,7 +294,7 @@ class ServiceCostOut(_Model):
 )
 def service_hours(
     caller: Annotated[Caller, requires(Scope.COST_READ)],
-    acc: Annotated[Accounting, Depends(_accounting)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
     alloc: Annotated[Allocator, Depends(allocator)],
     start: Start = None,
     end: End = None,

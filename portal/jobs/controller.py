@@ -224,6 +224,11 @@ class JobController:
         """Take a job and request its first attempt. Bad input raises before anything is
         created (the allocator's own checks included). ``job_id``: the id to give it (a Job
         admitted from Kubernetes keeps one derived from its uid); a new one by default."""
+        return self.view(self.enqueue(spec, job_id=job_id).id)
+
+    def enqueue(self, spec: JobSpec, *, job_id: str | None = None) -> JobRecord:
+        """``submit``, answering with the job's record alone: a view's place in the queue and
+        ETA cost a walk over the queue, which a caller admitting many jobs does not read."""
         spec.check_backend(self.kind)
         if self._refuse is not None:
             raise Unavailable(self._refuse)
@@ -247,10 +252,9 @@ class JobController:
                 version=0,  # not stored yet: its first write is version 1
             )
             try:
-                job = self._request(job, spec, first=True)
+                return self._request(job, spec, first=True)
             except InvalidRequest as exc:
                 raise api_field(exc) from None
-            return self.view(job.id)
 
     def get(self, job_id: str) -> JobRecord:
         job = stored.job(self._alloc.store, job_id)
@@ -358,7 +362,8 @@ class JobController:
                     self._finish(job, JobState.FAILED, JobReason.LAUNCH_FAILED, exc.message)
             return
         assert job.workload_id is not None
-        st = self._alloc.status(job.workload_id)
+        # No ETA: each would walk the queue, and a round reads every queued job's workload.
+        st = self._alloc.status(job.workload_id, estimate=False)
         if job.state is JobState.QUEUED:
             if st.state is WorkloadState.RUNNING:
                 self._launch(job, spec, st)
@@ -409,6 +414,7 @@ class JobController:
             self._workload_request(job, spec, spec.devices),
             idempotency_key=attempt_key(job.id, number),
             expected_duration_s=spec.expected_duration_s,
+            estimate=False,  # its place in the queue would cost a walk over the queue
         )
         now = self.now
         attempt = AttemptRecord(

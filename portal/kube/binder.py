@@ -16,9 +16,10 @@ One pass (``Binder.bind_pending``), in steps:
    same name is never bound on a stale decision), or post a Warning Event on the pod that says
    why it waits (named after pod, uid and reason, so repeating a pass posts it once).
 
-A pass is idempotent and keeps no state: a pod already bound is not listed again, and a Binding
-refused because the pod is bound meanwhile (409) counts as done. A restarted binder simply runs
-the next pass.
+A pass is idempotent and keeps no state that Kubernetes does not hold (it remembers only which
+held pods' Events it posted, so that a pod waiting in the queue costs no call per pass): a pod
+already bound is not listed again, and a Binding refused because the pod is bound meanwhile
+(409) counts as done. A restarted binder simply runs the next pass.
 
 The reverse direction, pods deleted behind the hub's back, is ``portal.kube.sweep``;
 ``portal.kube.service`` runs both as loops of ``gpuportal serve``.
@@ -36,6 +37,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -47,6 +49,8 @@ from kubernetes.client.exceptions import ApiException
 from policies.errors import NotFound
 from policies.isolation import IsolationSettings
 from portal.kube import jobpods
+from portal.kube.calls import drain
+from portal.kube.informer import Informer
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME, PodKeys
 from portal.kube.views import FINISHED_PHASES, AllocationSource, PodView, pod_view
 from portal.store.records import WorkloadState
@@ -54,6 +58,8 @@ from portal.store.records import WorkloadState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+ACT_WORKERS = 4
+"""Decisions of a pass carried out at once (each pod's calls stay in order)."""
 
 
 def utcnow() -> datetime:
@@ -134,7 +140,7 @@ def decide(
             "devices for: start it through JupyterHub or the portal API",
         )
     try:
-        status = source.status(workload_id)
+        status = source.status(workload_id, estimate=False)
     except NotFound:
         return Hold(
             pod,
@@ -225,6 +231,7 @@ class Binder:
         *,
         clock: Clock = utcnow,
         instance: str = "gpuportal",
+        jobs: Informer | None = None,
     ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._batch = client.BatchV1Api(api_client)
@@ -233,22 +240,33 @@ class Binder:
         self._keys = PodKeys.of(settings)
         self._clock = clock
         self._instance = instance
+        self._jobs = jobs  # a copy of the Jobs kept by a watch (the job runner's), else lists
         self._lock = threading.Lock()
+        self._held: set[tuple[str, str]] = set()  # (pod uid, reason) whose Event is posted
 
     def pending(self) -> list[PodView]:
         """Our scheduler's pods that no node holds yet (and that are not being deleted)."""
-        pods = self._core.list_pod_for_all_namespaces(
-            field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName="
-        ).items
+        pods = self._list_pods(field_selector=f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName=")
         return [v for v in map(pod_view, pods) if not v.deleting]
 
     def portal_pods(self) -> list[PodView]:
-        """Every pod carrying the portal's workload and allocation labels."""
-        pods = self._core.list_pod_for_all_namespaces(label_selector=self._keys.selector()).items
+        """Every pod carrying the portal's workload and allocation labels that has not
+        finished (a finished pod holds nothing: ``in_use``; the apiserver filters, so the
+        pass does not grow with the pods that ran before)."""
+        finished = ",".join(f"status.phase!={phase}" for phase in sorted(FINISHED_PHASES))
+        pods = self._list_pods(label_selector=self._keys.selector(), field_selector=finished)
         return [pod_view(p) for p in pods]
+
+    def _list_pods(self, **selectors: Any) -> list[dict[str, Any]]:
+        # Plain JSON: building the client's models costs more than the call on a busy cluster.
+        response: Any = self._core.list_pod_for_all_namespaces(_preload_content=False, **selectors)
+        return list(json.loads(response.data).get("items") or [])
 
     def job_refs(self) -> dict[tuple[str, str], jobpods.JobRef]:
         """The Jobs the portal runs attempts in (labelled with their workload)."""
+        if self._jobs is not None:
+            # A Job labelled a moment ago may be missing: its pods wait one more pass.
+            return jobpods.job_refs(self._jobs.items(), self._settings)
         key = PodKeys.of(self._settings).workload
         response: Any = self._batch.list_job_for_all_namespaces(
             label_selector=key, _preload_content=False
@@ -292,18 +310,31 @@ class Binder:
             bound: list[tuple[str, str]] = []
             held: list[tuple[str, HoldReason]] = []
             failed: list[tuple[str, str]] = []
-            for decision in self.decide_all():
-                try:
-                    self.act(decision)
-                except ApiException as e:
-                    log.warning("binder: %s failed: %s", decision.pod, _status_message(e))
-                    failed.append((str(decision.pod), _status_message(e)))
+            decisions = self.decide_all()
+            # Forget the holds of pods no longer pending: the set stays as small as the queue.
+            waiting = {d.pod.uid for d in decisions}
+            self._held = {k for k in self._held if k[0] in waiting}
+            # Each decision is about a pod of its own: acting on them at once overlaps the
+            # apiserver's round trips (three calls a bind) instead of queueing them.
+            with ThreadPoolExecutor(ACT_WORKERS, thread_name_prefix="binder") as pool:
+                errors = list(pool.map(self._try_act, decisions))
+            for decision, error in zip(decisions, errors, strict=True):
+                if error is not None:
+                    log.warning("binder: %s failed: %s", decision.pod, error)
+                    failed.append((str(decision.pod), error))
                     continue
                 if isinstance(decision, Bind):
                     bound.append((str(decision.pod), decision.node))
                 else:
                     held.append((str(decision.pod), decision.reason))
             return BindReport(tuple(bound), tuple(held), tuple(failed))
+
+    def _try_act(self, decision: Decision) -> str | None:
+        try:
+            self.act(decision)
+        except ApiException as e:
+            return _status_message(e)
+        return None
 
     def act(self, decision: Decision) -> None:
         """Carry out one decision. A pod bound or deleted meanwhile is not an error."""
@@ -326,8 +357,10 @@ class Binder:
         }
         try:
             # The generated client cannot read the Status this call answers with: skip parsing.
-            self._core.create_namespaced_pod_binding(
-                pod.name, pod.namespace, body, _preload_content=False
+            drain(
+                self._core.create_namespaced_pod_binding(
+                    pod.name, pod.namespace, body, _preload_content=False
+                )
             )
         except ApiException as e:
             if e.status in (404, 409):
@@ -356,19 +389,27 @@ class Binder:
                 "annotations": dict(decision.annotations),
             }
         }
-        self._core.patch_namespaced_pod(
-            pod.name,
-            pod.namespace,
-            patch,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        drain(
+            self._core.patch_namespaced_pod(
+                pod.name,
+                pod.namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         )
 
     def _post_event(self, decision: Hold) -> None:
+        # A pod waiting in the queue is held again on every pass: its Event is posted once
+        # (a restarted binder learns of the earlier ones from the apiserver's 409).
+        key = (decision.pod.uid, str(decision.reason))
+        if key in self._held:
+            return
         if self._event(
             decision.pod, str(decision.reason), decision.reason.event_type, decision.message
         ):
             log.info("binder: holding %s: %s", decision.pod, decision.message)
+        self._held.add(key)
 
     def _event(self, pod: PodView, reason: str, kind: str, message: str) -> bool:
         """Post an Event on ``pod``; False when one for this pod and reason exists already."""
@@ -396,7 +437,7 @@ class Binder:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(pod.namespace, event, _preload_content=False)
+            drain(self._core.create_namespaced_event(pod.namespace, event, _preload_content=False))
         except ApiException as e:
             if e.status == 409:
                 return False  # posted by an earlier pass

@@ -106,7 +106,7 @@ def place_job_pod(
             "bound once its gang is placed",
         )
     try:
-        status = source.status(ref.workload_id)
+        status = source.status(ref.workload_id, estimate=False)
     except NotFound:
         return JobHold(
             "UnknownGPUAllocation",

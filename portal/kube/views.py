@@ -16,8 +16,9 @@ class AllocationSource(Protocol):
     """What the binder and the sweep need from the allocator (``portal.allocator.Allocator``
     has exactly these methods)."""
 
-    def status(self, workload_id: str) -> WorkloadStatus:
-        """The workload's status; raises ``NotFound`` for an unknown id."""
+    def status(self, workload_id: str, *, estimate: bool = True) -> WorkloadStatus:
+        """The workload's status (``estimate=False``: without its place in the queue and
+        ETA, which binding never reads); raises ``NotFound`` for an unknown id."""
         ...
 
     def workloads(self, tenant: str | None = None) -> list[WorkloadStatus]:

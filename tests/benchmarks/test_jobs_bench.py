@@ -25,3 +25,13 @@ def test_the_shape_is_kueues() -> None:
         (100, 5, 500, 500),
         (50, 20, 1000, 1200),
     ]
+
+
+def test_a_loop_round_behind_a_queue_is_timed(tmp_path: Path) -> None:
+    out = tmp_path / "jobs.json"
+    # 200 jobs of the three classes ask for ~1,700 GPUs: on Kueue's 600 some wait.
+    argv = ["--policy-only", "--policy-jobs", "6", "--queued", "200", "--json", str(out)]
+    assert jobs.main(argv) == 0
+    result = json.loads(out.read_text())["queued_round"]
+    assert result["jobs"] == 200 and 0 < result["queued"] < 200
+    assert len(result["rounds_s"]) == 3 and result["round_s"] in result["rounds_s"]

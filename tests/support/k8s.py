@@ -446,8 +446,20 @@ def _write_yaml(path: Path, data: Mapping[str, Any]) -> Path:
     return path
 
 
-def start_cluster(work_dir: Path, bin_dir: Path, openssl: str) -> K8sCluster:
-    """Start etcd, kube-apiserver, kube-controller-manager and kwok; stop them all on failure."""
+def start_cluster(
+    work_dir: Path,
+    bin_dir: Path,
+    openssl: str,
+    extra_flags: Mapping[str, Sequence[str]] | None = None,
+) -> K8sCluster:
+    """Start etcd, kube-apiserver, kube-controller-manager and kwok; stop them all on failure.
+
+    ``extra_flags`` adds flags to components by name (``BINARIES``): a benchmark raises the
+    controller manager's client rate limits, say, without changing the test suite's cluster.
+    """
+    unknown = set(extra_flags or {}) - set(BINARIES)
+    if unknown:
+        raise ClusterSetupError(f"flags for unknown components {sorted(unknown)}: {BINARIES}")
     log_dir = work_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     pki = Pki(work_dir / "pki", openssl)
@@ -481,7 +493,8 @@ def start_cluster(work_dir: Path, bin_dir: Path, openssl: str) -> K8sCluster:
     cluster = K8sCluster(server, pki.ca_cert, admin_kubeconfig, work_dir, bin_dir)
     try:
         _start_all(cluster, pki, serving, tokens, (sa_private, sa_public), kcm_kubeconfig,
-                   (etcd_port, etcd_peer_port, api_port, kcm_port, kwok_port))  # fmt: skip
+                   (etcd_port, etcd_peer_port, api_port, kcm_port, kwok_port),
+                   extra_flags or {})  # fmt: skip
     except BaseException:
         cluster.stop()
         raise
@@ -496,6 +509,7 @@ def _start_all(
     sa_keys: tuple[Path, Path],
     kcm_kubeconfig: Path,
     ports: tuple[int, int, int, int, int],
+    extra: Mapping[str, Sequence[str]],
 ) -> None:
     etcd_port, etcd_peer_port, api_port, kcm_port, kwok_port = ports
     bins, logs, work = cluster.bin_dir, cluster.log_dir, cluster.work_dir
@@ -507,7 +521,7 @@ def _start_all(
         f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
         f"--initial-cluster=gpuportal-test={peer_url}",
         # Test data is thrown away: skipping fsync makes every write much cheaper.
-        "--unsafe-no-fsync", "--log-level=warn",
+        "--unsafe-no-fsync", "--log-level=warn", *extra.get("etcd", ()),
     ], logs)  # fmt: skip
     cluster.components.append(etcd)
     wait_until(etcd, lambda: http_ok(f"{etcd_url}/health"), "GET /health")
@@ -533,6 +547,7 @@ def _start_all(
         "--runtime-config=resource.k8s.io/v1=true,scheduling.k8s.io/v1alpha1=true",
         "--feature-gates=GenericWorkload=true",
         "--endpoint-reconciler-type=none", "--profiling=false",
+        *extra.get("kube-apiserver", ()),
     ], logs)  # fmt: skip
     cluster.components.append(apiserver)
     ca = ssl.create_default_context(cafile=str(pki.ca_cert))
@@ -553,6 +568,7 @@ def _start_all(
         f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
         # Fake nodes have no cloud and no IPAM; kwok assigns pod IPs itself.
         "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller",
+        *extra.get("kube-controller-manager", ()),
     ], logs)  # fmt: skip
     cluster.components.append(kcm)
     insecure = ssl.create_default_context()
@@ -572,17 +588,20 @@ def _start_all(
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
         f"--node-ip={LOOPBACK}", f"--cidr={POD_CIDR}",
         f"--server-address={LOOPBACK}:{kwok_port}", f"--config={stages}",
+        *extra.get("kwok", ()),
     ], logs, env={"HOME": str(kwok_home)})  # fmt: skip
     cluster.components.append(kwok)
     wait_until(kwok, lambda: http_ok(f"http://{LOOPBACK}:{kwok_port}/healthz"), "GET /healthz")
 
 
 @contextlib.contextmanager
-def running_cluster(work_dir: Path) -> Iterator[K8sCluster]:
-    """Start a control plane for the duration of the ``with`` block."""
+def running_cluster(
+    work_dir: Path, extra_flags: Mapping[str, Sequence[str]] | None = None
+) -> Iterator[K8sCluster]:
+    """Start a control plane for the duration of the ``with`` block (``start_cluster``)."""
     bin_dir = locate_binaries()
     openssl = require_tool("openssl")
-    cluster = start_cluster(work_dir, bin_dir, openssl)
+    cluster = start_cluster(work_dir, bin_dir, openssl, extra_flags)
     # Also covers sessions that end without fixture teardown (e.g. a second Ctrl-C).
     atexit.register(cluster.stop)
     try:

@@ -3,8 +3,9 @@
 
 Each pass (``Admission.admit``), in steps:
 
-1. list the Jobs whose pod template names the portal's scheduler and that carry no ``job``
-   label yet, and the portal's tenant namespaces;
+1. read the Jobs whose pod template names the portal's scheduler and that carry no ``job``
+   label yet (from the Kubernetes runner's copy of the Jobs, ``KubeRunner.jobs_informer``, or a
+   list when the controller runs no such runner), and list the portal's tenant namespaces;
 2. decide each on that snapshot (``spec_of``): the **tenant is the namespace's** — a namespace
    the portal's isolation made, labelled ``managed-by: gpuportal`` with its ``tenant`` label
    and named ``<prefix><tenant>`` — never a label or annotation the Job carries; the members
@@ -42,7 +43,9 @@ from policies.jobs import RestartPolicy
 from policies.requests import DeviceRequest
 from portal.jobs.controller import JobController
 from portal.jobs.kube.manifests import JobKeys
+from portal.jobs.kube.runner import KubeRunner
 from portal.jobs.spec import JobSpec
+from portal.kube.calls import drain
 from portal.kube.keys import EVENT_SOURCE, SCHEDULER_NAME
 
 log = logging.getLogger(__name__)
@@ -157,13 +160,18 @@ class Admission:
         self._core = client.CoreV1Api(api_client)
         self._batch = client.BatchV1Api(api_client)
         self._jobs = controller
+        runner = controller.backend.runner if controller.backend is not None else None
+        self._runner = runner if isinstance(runner, KubeRunner) else None
         self._settings = settings or IsolationSettings()
         self._keys = JobKeys.of(self._settings)
         self._lock = threading.Lock()
 
     def admit(self) -> AdmissionReport:
         with self._lock:
-            jobs = self._list(self._batch.list_job_for_all_namespaces)
+            if self._runner is not None:
+                jobs = self._runner.jobs_informer().items()
+            else:
+                jobs = self._list(self._batch.list_job_for_all_namespaces)
             candidates = [j for j in jobs if wants_portal(j, self._keys)]
             admitted: list[tuple[str, str]] = []
             refused: list[tuple[str, str]] = []
@@ -196,7 +204,7 @@ class Admission:
         try:
             self._jobs.get(job_id)
         except PortalError:
-            self._jobs.submit(spec_of(job, tenant), job_id=job_id)
+            self._jobs.enqueue(spec_of(job, tenant), job_id=job_id)
             log.info("jobs: admitted Job %s/%s as %s", meta["namespace"], meta["name"], job_id)
         body: Any = {"metadata": {"labels": {self._keys.job: job_id, self._keys.tenant: tenant}}}
         self._batch.patch_namespaced_job(
@@ -212,11 +220,24 @@ class Admission:
         for record in self._jobs.active_jobs():
             if not record.spec.get("kube_job"):
                 continue
-            if record.id not in present:
+            if record.id not in present and self._gone(str(record.spec["kube_job"]), record.id):
                 self._jobs.cancel(record.id)
                 cancelled.append(record.id)
                 log.info("jobs: the Job of %s (%s) is gone: cancelled", record.id, record.name)
         return tuple(cancelled)
+
+    def _gone(self, kube_job: str, job_id: str) -> bool:
+        """Whether the Job is gone indeed: a copy of the Jobs may lag (a direct read)."""
+        if self._runner is None:
+            return True  # read from a list a moment ago
+        namespace, _, name = kube_job.partition("/")
+        try:
+            job: Any = self._batch.read_namespaced_job(name, namespace, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return job_id_of(json.loads(job.data)["metadata"]["uid"]) != job_id
 
     def _refuse(self, job: Mapping[str, Any], message: str) -> None:
         meta = job["metadata"]
@@ -244,7 +265,9 @@ class Admission:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+            drain(
+                self._core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+            )
         except ApiException as e:
             if e.status != 409:  # 409: posted by an earlier pass
                 log.warning("jobs: no event on Job %s: %s", meta["name"], e.reason)

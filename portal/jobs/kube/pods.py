@@ -83,3 +83,12 @@ def exit_code(status: Mapping[str, Any]) -> int | None:
 def terminated_at(status: Mapping[str, Any], default: float) -> float:
     stamps = [t.get("finishedAt") for t in container_states(status) if t.get("finishedAt")]
     return min((epoch(s, default) for s in stamps), default=default)
+
+
+def node_state(node: Mapping[str, Any], now: float) -> NodeState:
+    """A node's readiness (not ready since ``now`` when it reports no Ready condition)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None:
+        return NodeState(False, now)
+    return NodeState(ready.get("status") == "True", epoch(ready.get("lastTransitionTime"), now))

@@ -7,7 +7,10 @@ to its rank's node. For a Job created with kubectl
 (``MemberLaunch.kube_job``) it creates nothing: it labels that Job with the attempt and its
 workload (so the binder finds them) and resumes it if it was suspended.
 
-``poll`` reads the pods, Jobs and Nodes (three lists a round) and reports each member once:
+``poll`` reads the pods, Jobs and Nodes from informers (``portal.kube.informer``: listed once,
+then followed by watches, so a round costs no list that grows with every Job ever run; what
+the copies lack or show finished too early is confirmed by a direct read) and reports each
+member once:
 ``Succeeded`` exits 0, ``Failed`` with its container's exit code, a pod whose node is gone or
 not ready for ``node_lost_after_s`` as lost (the controller's ``node lost``), and a member
 whose pod is gone with its Job (or that its Job stopped) as killed (SIGKILL); a kubectl Job
@@ -42,8 +45,11 @@ from policies.isolation.common import MANAGER
 from portal.jobs.backend import LogChunk
 from portal.jobs.kube import manifests as m
 from portal.jobs.kube import pods as kpods
+from portal.jobs.kube.copies import ClusterCopies
 from portal.jobs.kube.volumes import ensure_checkpoint_claim
 from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
+from portal.kube.calls import drain
+from portal.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,8 @@ class KubeRunner:
         self._lock = threading.Lock()
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._workloads_served: bool | None = None
+        self._informers: ClusterCopies | None = None
+        self._watch_lock = threading.Lock()
 
     @property
     def settings(self) -> IsolationSettings:
@@ -111,6 +119,24 @@ class KubeRunner:
     @property
     def api_client(self) -> client.ApiClient:
         return self._api
+
+    def jobs_informer(self) -> Informer:
+        """The cluster's Jobs as the runner sees them (started on first use); the admission
+        pass and the binder read the same copy instead of listing every Job themselves."""
+        return self._watch().jobs
+
+    def close(self) -> None:
+        """Stop the informers' watches (a later poll starts them again)."""
+        with self._watch_lock:
+            informers, self._informers = self._informers, None
+        if informers is not None:
+            informers.stop()
+
+    def _watch(self) -> ClusterCopies:
+        with self._watch_lock:  # the admission pass asks from a thread of its own
+            if self._informers is None:
+                self._informers = ClusterCopies.start(self._batch, self._core)
+            return self._informers
 
     def rendezvous(self, job_id: str, attempt: int) -> tuple[str, int]:
         """Rank 0's stable name and port (``Backend.rendezvous``)."""
@@ -237,8 +263,10 @@ class KubeRunner:
             self._await_suspended(namespace, name)
             body["spec"] = {"suspend": False}
         try:
-            self._batch.patch_namespaced_job(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            drain(
+                self._batch.patch_namespaced_job(
+                    name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+                )
             )
             self._write_workload(namespace, name, members, labels, m.owner_reference(job))
         except ApiException as e:
@@ -305,10 +333,10 @@ class KubeRunner:
         )
 
     @staticmethod
-    def _create_quietly(create: Callable[[], object]) -> None:
+    def _create_quietly(create: Callable[[], Any]) -> None:
         """Create, taking "exists already" (a launch repeated after a restart) as done."""
         try:
-            create()
+            drain(create())
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -349,12 +377,14 @@ class KubeRunner:
 
     def _suspend(self, t: _Attempt) -> None:
         try:
-            self._batch.patch_namespaced_job(
-                t.name,
-                t.namespace,
-                {"spec": {"suspend": True}},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
+            drain(
+                self._batch.patch_namespaced_job(
+                    t.name,
+                    t.namespace,
+                    {"spec": {"suspend": True}},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
             )
         except ApiException as e:
             if e.status != 404:
@@ -365,8 +395,13 @@ class KubeRunner:
     def _delete_pod(self, pod: Mapping[str, Any], grace: int) -> None:
         meta = pod["metadata"]
         try:
-            self._core.delete_namespaced_pod(
-                meta["name"], meta["namespace"], grace_period_seconds=grace, _preload_content=False
+            drain(
+                self._core.delete_namespaced_pod(
+                    meta["name"],
+                    meta["namespace"],
+                    grace_period_seconds=grace,
+                    _preload_content=False,
+                )
             )
         except ApiException as e:
             if e.status != 404:
@@ -375,8 +410,10 @@ class KubeRunner:
 
     def _delete_job(self, namespace: str, name: str) -> None:
         try:
-            self._batch.delete_namespaced_job(
-                name, namespace, propagation_policy="Background", _preload_content=False
+            drain(
+                self._batch.delete_namespaced_job(
+                    name, namespace, propagation_policy="Background", _preload_content=False
+                )
             )
         except ApiException as e:
             if e.status != 404:
@@ -391,25 +428,23 @@ class KubeRunner:
         with self._lock:
             if not self._attempts:
                 return []
-            pods = self._portal_pods()
-            jobs = {
-                (j["metadata"]["namespace"], j["metadata"]["name"]): j for j in self._portal_jobs()
-            }
-            nodes = self._nodes()
+            informers = self._watch()
+            nodes = self._nodes(informers.nodes.items())
             now = self._clock()
             exits: list[tuple[float, MemberExit]] = []
             for key, t in list(self._attempts.items()):
-                job = jobs.get((t.namespace, t.name))
+                # The copy may not have seen a Job just created (or taken over): ask.
+                job = informers.jobs.get(t.namespace, t.name) or self._read_job(t.namespace, t.name)
                 if job is not None and t.uid and job["metadata"].get("uid") != t.uid:
                     job = None  # a Job of that name made later is not this attempt's
                 if job is None and t.external and not t.stopping:
                     continue  # its owner deleted it: the admission pass cancels the job
                 over = job is None or kpods.finished(job) or t.stopping
-                by_rank: dict[int, list[Mapping[str, Any]]] = {}
-                for pod in self._pods_of(t, pods):
-                    index = kpods.index(pod)
-                    if index is not None:
-                        by_rank.setdefault(index, []).append(pod)
+                by_rank = self._ranks(t, informers.pods.by((t.namespace, t.name)))
+                if over and any(r not in t.reported and r not in by_rank for r in range(t.members)):
+                    # Over, with a member the copy has no pod for: a lagging watch must not
+                    # turn a pod that succeeded into a member killed. Read them.
+                    by_rank = self._ranks(t, self._list_pods(t))
                 for rank in range(t.members):
                     if rank in t.reported:
                         continue
@@ -448,7 +483,7 @@ class KubeRunner:
                 )
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
-            if node and self._lost(nodes.get(node), now):
+            if node and self._lost(nodes.get(node) or self._node(node, now), now):
                 return now, MemberExit(t.job_id, t.attempt, rank, None, None, node_lost=True)
         if any(kpods.live(p) for p in pods) or not over:
             return None
@@ -552,15 +587,15 @@ class KubeRunner:
         ).get("items")
         return list(items or [])
 
-    def _portal_pods(self) -> list[dict[str, Any]]:
-        """Pods of the watched attempts, in one list: the portal's Jobs' by their label, or,
-        when a kubectl Job is watched too, every Job's pods (theirs carry no label of ours)."""
-        external = any(t.external for t in self._attempts.values())
-        selector = m.JOB_NAME_LABEL if external else self._keys.job
-        items = kpods.json_of(
-            self._core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)
-        ).get("items")
-        return list(items or [])
+    def _ranks(
+        self, t: _Attempt, pods: Iterable[Mapping[str, Any]]
+    ) -> dict[int, list[Mapping[str, Any]]]:
+        by_rank: dict[int, list[Mapping[str, Any]]] = {}
+        for pod in self._pods_of(t, pods):
+            index = kpods.index(pod)
+            if index is not None:
+                by_rank.setdefault(index, []).append(pod)
+        return by_rank
 
     def _list_pods(self, t: _Attempt) -> list[dict[str, Any]]:
         selector = f"{m.JOB_NAME_LABEL}={t.name}"
@@ -590,15 +625,16 @@ class KubeRunner:
             out.append(p)
         return out
 
-    def _nodes(self) -> dict[str, kpods.NodeState]:
+    def _nodes(self, items: Iterable[Mapping[str, Any]]) -> dict[str, kpods.NodeState]:
         now = self._clock()
-        out = {}
-        for n in kpods.json_of(self._core.list_node(_preload_content=False)).get("items") or []:
-            conditions = (n.get("status") or {}).get("conditions") or []
-            ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-            if ready is None:
-                out[n["metadata"]["name"]] = kpods.NodeState(False, now)
-                continue
-            since = kpods.epoch(ready.get("lastTransitionTime"), now)
-            out[n["metadata"]["name"]] = kpods.NodeState(ready.get("status") == "True", since)
-        return out
+        return {n["metadata"]["name"]: kpods.node_state(n, now) for n in items}
+
+    def _node(self, name: str, now: float) -> kpods.NodeState | None:
+        """A node the informer does not know (added a moment ago, or deleted), read."""
+        try:
+            node = kpods.json_of(self._core.read_node(name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise RunnerError(f"cannot read node {name}: {kpods.api_message(e)}") from e
+        return kpods.node_state(node, now)

@@ -178,7 +178,9 @@ class Loops:
 
 @pytest.fixture
 def loops(allocator: Allocator, api: client.ApiClient, batch: client.BatchV1Api) -> Iterator[Loops]:
-    yield Loops(allocator, api)
+    loops = Loops(allocator, api)
+    yield loops
+    loops.runner.close()  # its watches
     # Leave no Job behind for the next test (their pods would wait for a binder).
     for job in batch.list_job_for_all_namespaces(label_selector=JOB_KEYS.job).items:
         batch.delete_namespaced_job(
@@ -545,6 +547,7 @@ def test_a_restarted_portal_adopts_the_running_attempt_and_sees_it_succeed(
     )
     assert done.state is JobState.SUCCEEDED, done.message
     assert [a.exit_reason for a in restarted.jobs.attempts(job_id)] == ["completed"]
+    restarted.runner.close()
 
 
 def test_cancelling_a_running_job_deletes_its_pods_and_job_and_frees_the_gang(
