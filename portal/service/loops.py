@@ -70,6 +70,7 @@ class Loops:
         self._loops: dict[str, Loop] = {}
         self._stopping = threading.Event()
         self._started = False
+        self._at_stop: list[Callable[[], None]] = []
 
     def add(
         self,
@@ -102,6 +103,11 @@ class Loops:
         self._loops[name] = loop
         return loop
 
+    def at_stop(self, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` once the loops have stopped (threads of their own that a loop's work
+        started, such as watches, would otherwise outlive the service)."""
+        self._at_stop.append(cleanup)
+
     def __getitem__(self, name: str) -> Loop:
         return self._loops[name]
 
@@ -131,6 +137,11 @@ class Loops:
                         loop.name,
                         extra={"fields": {"loop": loop.name}},
                     )
+        for cleanup in self._at_stop:
+            try:
+                cleanup()
+            except Exception:  # one failed cleanup must not skip the others
+                log.exception("cleanup after the loops failed")
 
     @property
     def stopping(self) -> threading.Event:

@@ -38,4 +38,5 @@ def register_admission(loops: Loops, controller: JobController) -> Admission | N
         admission.admit()
 
     loops.add("jobs-admission", ADMISSION_INTERVAL_S, admit)
+    loops.at_stop(runner.close)  # the runner's watches
     return admission

@@ -111,7 +111,9 @@ def loops(node: Any, api: client.ApiClient, tmp_path: Path) -> Iterator[Loops]:
         alloc.set_tenant(OWNER.name, cohort="kp")
         alloc.set_quota(BORROWER.name, "H100-80GB", guaranteed=0, limit=8)
         alloc.set_quota(OWNER.name, "H100-80GB", guaranteed=8, limit=8)
-        yield Loops(alloc, api)
+        loops = Loops(alloc, api)
+        yield loops
+        loops.runner.close()  # its watches
     batch = batch_of(api)
     for job in batch.list_job_for_all_namespaces(label_selector=JOB_KEYS.job).items:
         if job.metadata.namespace in (NS_A, NS_B):

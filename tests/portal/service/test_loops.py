@@ -69,6 +69,30 @@ def test_stop_waits_for_the_round_in_progress() -> None:
     assert not any(lp.thread is not None and lp.thread.is_alive() for lp in loops)
 
 
+def test_cleanups_run_after_every_loop_stopped_even_when_one_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    order: list[str] = []
+
+    def round_() -> None:
+        time.sleep(0.05)
+        order.append("round")
+
+    def broken() -> None:
+        raise RuntimeError("broken cleanup")
+
+    loops = Loops()
+    loops.add("work", 0.01, round_, first_after_s=0)
+    loops.at_stop(broken)
+    loops.at_stop(lambda: order.append("closed"))
+    loops.start()
+    wait_for(lambda: "round" in order)
+    with caplog.at_level(logging.ERROR):
+        loops.stop()
+    assert order[-1] == "closed" and order.count("closed") == 1
+    assert "broken cleanup" in caplog.text
+
+
 @pytest.mark.parametrize("interval", [0, -1.0, float("nan")])
 def test_a_loop_needs_a_positive_interval(interval: float) -> None:
     with pytest.raises(InvalidRequest, match="interval of loop x"):
