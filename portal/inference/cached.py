@@ -38,6 +38,13 @@ def in_use(store: Store) -> frozenset[tuple[str, str]]:
     return frozenset(used)
 
 
+def holders(backend: ServiceBackend | None, digest: str) -> frozenset[str]:
+    """The nodes whose cache holds ``digest``: where placement tries a replica first."""
+    if backend is None or backend.weights is None:
+        return frozenset()
+    return frozenset(e.node for e in backend.weights.entries(()) if e.digest == digest)
+
+
 def replica_weights(
     backend: ServiceBackend, store: Store, svc: ServiceRecord, node: str, now: datetime
 ) -> tuple[str | None, str]:
@@ -50,7 +57,7 @@ def replica_weights(
     if backend.weights is None:
         return None, ""
     model = model_of(svc)
-    elsewhere = {e.node for e in backend.weights.entries(()) if e.digest == model.digest}
+    elsewhere = holders(backend, model.digest)
     got = backend.weights.ensure(node, svc.tenant, model, in_use(store), now)
     if not got.cold:
         return str(got.path), f"weights cached on {node}"

@@ -44,7 +44,7 @@ from policies.services import (
 )
 from portal.allocator import Allocator, WorkloadStatus
 from portal.inference.backend import ServiceBackend, replica_launch
-from portal.inference.cached import HAS_PROCESS, replica_weights
+from portal.inference.cached import HAS_PROCESS, holders, replica_weights
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import Hold, ServiceSpec
 from portal.inference.traffic import TrafficBook
@@ -434,6 +434,7 @@ class ServiceController:
                 kind=WorkloadKind.INFERENCE,
                 priority=WARM_PRIORITY if warm else spec.priority,
                 labels={"service": svc.id},
+                prefer_nodes=holders(self.backend, spec.model.digest),
             )
         )
         rep = ReplicaRecord(svc.id, number, status.id, ReplicaState.QUEUED, self.now, warm=warm)
