@@ -4,6 +4,7 @@ that say why a start was cold."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from policies.services import ModelRef, ReplicaState
@@ -66,7 +67,7 @@ def replica_weights(
 
 
 def listing(
-    backend: ServiceBackend | None, store: Store, tenants: set[str] | None
+    backend: ServiceBackend | None, store: Store, tenants: Collection[str] | None
 ) -> list[CacheEntry]:
     """The cache's entries per node and tenant (only ``tenants``' when given)."""
     if backend is None or backend.weights is None:
