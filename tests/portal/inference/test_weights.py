@@ -17,8 +17,12 @@ import pytest
 
 from policies.errors import Conflict, InvalidRequest, Unavailable
 from policies.services import ModelRef
+from portal.allocator import Allocator
 from portal.inference.digest import folder_digest
+from portal.inference.service import build_for_service
 from portal.inference.weights import WeightCache
+from portal.settings import load_settings
+from portal.store.writer import Store
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -200,3 +204,38 @@ def test_bad_uris_and_sizes_are_clear_errors(tmp_path: Path, served: Served) -> 
     assert wc.entries(()) == [] and not list((tmp_path / "cache" / "n1").iterdir())
     with pytest.raises(InvalidRequest, match="tenant bytes <= node bytes"):
         WeightCache(tmp_path / "c2", node_bytes=100, tenant_bytes=200)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"GPUPORTAL_WEIGHT_CACHE_BYTES": "lots"}, "GPUPORTAL_WEIGHT_CACHE_BYTES"),
+        ({"GPUPORTAL_WEIGHT_CACHE_BYTES": "0"}, "GPUPORTAL_WEIGHT_CACHE_BYTES"),
+        (
+            {"GPUPORTAL_WEIGHT_CACHE_BYTES": "100", "GPUPORTAL_WEIGHT_CACHE_TENANT_BYTES": "200"},
+            "GPUPORTAL_WEIGHT_CACHE_TENANT_BYTES",
+        ),
+    ],
+)
+def test_bad_cache_settings_name_the_variable(
+    env: dict[str, str], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidRequest, match=named):
+        load_settings()
+
+
+def test_the_service_builds_its_cache_from_the_settings(tmp_path: Path) -> None:
+    settings = load_settings(
+        state_dir=tmp_path, weight_cache_bytes=5000, weight_cache_tenant_bytes=3000
+    )
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        controller = build_for_service(Allocator(store), settings)
+        weights = controller.backend.weights if controller.backend else None
+        assert weights is not None
+        assert (weights.node_bytes, weights.tenant_bytes) == (5000, 3000)
+        assert weights.root == tmp_path / "weights"
+    finally:
+        store.close()
