@@ -121,15 +121,17 @@ class WeightCache:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             entry = self._entry_dir(node, model.digest)
-            if entry.exists() and not self._meta_path(node, model.digest).exists():
-                _remove(entry)  # left by a crash in an eviction: no record counts it
-            if entry.is_dir():
-                with self._meta_lock:
+            # Under the meta lock, as evictions are: an entry is there with its record or not.
+            with self._meta_lock:
+                if self._meta_path(node, model.digest).exists() and entry.is_dir():
                     meta = self._read_meta(node, model.digest)
                     if tenant not in meta.tenants:
                         self._make_room(node, tenant, meta.size, in_use, model.digest, 0)
                     self._touch(node, model.digest, tenant, now, meta.size)
-                return Fetched(entry, 0)
+                    return Fetched(entry, 0)
+                self._meta_path(node, model.digest).unlink(missing_ok=True)
+                if entry.exists():
+                    _remove(entry)  # left by a crash in an eviction: no record counts it
             limit = self.tenant_bytes
             tmp = entry.parent / f".fetch-{entry.name}-{uuid.uuid4().hex}"
             tmp.mkdir(parents=True, mode=0o700)
