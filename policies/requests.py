@@ -154,6 +154,9 @@ class WorkloadRequest:
     gang_size: int = 1
     priority: int = 0
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    # A hint, not a rule (e.g. the nodes that hold a model's weights): placement tries these
+    # nodes first and falls back to any other. Not stored: a restarted portal places anywhere.
+    prefer_nodes: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.gang_size <= MAX_GANG_SIZE:

@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies.errors import InvalidRequest
@@ -171,6 +178,24 @@ class Settings(BaseSettings):
         ),
     )
 
+    weight_cache_bytes: int = Field(
+        default=200 * 2**30,
+        ge=1,
+        description=(
+            "Bytes of model weights the local backend's weight cache holds per node; least "
+            "recently used models no running replica uses are evicted to make room "
+            "(docs/services.md)."
+        ),
+    )
+    weight_cache_tenant_bytes: int = Field(
+        default=100 * 2**30,
+        ge=1,
+        description=(
+            "Bytes of the weight cache one tenant may hold per node (each model it uses counts "
+            "in full); at most `GPUPORTAL_WEIGHT_CACHE_BYTES`."
+        ),
+    )
+
     leader_election: Literal["off", "lease"] = Field(
         default="off",
         description=(
@@ -202,6 +227,14 @@ class Settings(BaseSettings):
         if name not in SERVICE_POLICIES:
             raise ValueError("one of " + ", ".join(SERVICE_POLICIES))
         return name
+
+    @field_validator("weight_cache_tenant_bytes")
+    @classmethod
+    def _tenant_cache_within_node(cls, size: int, info: ValidationInfo) -> int:
+        node = info.data.get("weight_cache_bytes")
+        if node is not None and size > node:
+            raise ValueError(f"at most GPUPORTAL_WEIGHT_CACHE_BYTES ({node})")
+        return size
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

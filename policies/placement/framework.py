@@ -53,13 +53,15 @@ class PlacementContext:
     ``pools``: the tenant's node pools; nodes with a pool label outside it are skipped (nodes
     without a pool are open to all). ``tolerations``: taint keys the workload tolerates.
     ``only``: restrict to these nodes (gangs, reservations); ``avoid``: never use these nodes
-    (e.g. a node reserved for the head of the queue).
+    (e.g. a node reserved for the head of the queue). ``prefer``: nodes tried first; only if
+    none of them fits is the rest of the cluster considered (a preference, never a limit).
     """
 
     pools: frozenset[str] = frozenset()
     tolerations: frozenset[str] = frozenset()
     only: frozenset[str] | None = None
     avoid: frozenset[str] = frozenset()
+    prefer: frozenset[str] = frozenset()
 
 
 @runtime_checkable

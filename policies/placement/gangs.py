@@ -153,7 +153,7 @@ def place_gang(
     for domain in domains(cluster, req, topology, members, ctx, policy):
         # Keep the caller's restriction: a domain narrows it, it never widens it.
         only = ctx.only if domain is None else domain if ctx.only is None else domain & ctx.only
-        sub = PlacementContext(ctx.pools, ctx.tolerations, only, ctx.avoid)
+        sub = PlacementContext(ctx.pools, ctx.tolerations, only, ctx.avoid, ctx.prefer)
         placed: list[Placement] = []
         try:
             for _ in range(members):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.flavors import FlavorKind
 from policies.inventory import TaintEffect
@@ -86,7 +86,15 @@ def place(
     Ties go to the node first in the cluster's order. When the policy's scores can be cached
     (``Policy.cache_token``) and the context names no node lists, the answer comes from a
     per-request-shape index that re-scores only the nodes changed since its last use.
+    ``ctx.prefer``: the best of those nodes that fits, else the best of all.
     """
+    if ctx.prefer:
+        rest = replace(ctx, prefer=frozenset())
+        only = ctx.prefer if ctx.only is None else ctx.prefer & ctx.only
+        got = _scan(req, cluster, policy, replace(rest, only=only)) if only else None
+        if isinstance(got, Placement):
+            return got
+        ctx = rest
     if ctx.only is None:
         token = policy.cache_token()
         if token is not None:

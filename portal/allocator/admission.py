@@ -84,7 +84,7 @@ def try_start(draft: Draft, lv: Live, avoid: frozenset[str]) -> Blocked | None:
                     return replace(refusal, message=refusal.message + "; reclaiming it now")
             return refusal
     member, gang_topology = member_shape(draft, dev, frozenset(admitted))
-    ctx = PlacementContext(pools=frozenset(tenant.pools), avoid=avoid)
+    ctx = PlacementContext(pools=frozenset(tenant.pools), avoid=avoid, prefer=lv.req.prefer_nodes)
     got = place_gang(member, members, draft.cluster, draft.policy, ctx, gang_topology)
     if isinstance(got, NoFit):
         reason = quota.QueueReason.TOPOLOGY if got.topology else quota.QueueReason.CAPACITY

@@ -36,9 +36,11 @@ from portal.api.inputs import KEY, Label, StringRule, bounded
 from portal.api.jobs import ARG, ENV_NAME, ENV_VALUE
 from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, WorkloadOut
 from portal.api.workloads import charge
+from portal.inference.cached import listing
 from portal.inference.controller import ServiceController, ServiceView
 from portal.inference.spec import MAX_ARGS, Engine, Hold, Preset, ServiceSpec
 from portal.inference.traffic import Traffic, TrafficBook
+from portal.inference.weights import CacheEntry
 from portal.jobs.backend import read_file_log
 from portal.jobs.spec import device_request
 from portal.store.records import EventRecord, ReplicaRecord
@@ -314,6 +316,50 @@ def list_services(
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     views = [v for v in controller.services(shown) if state is None or v.service.state is state]
     return page.page_of(views, lambda v: service_out(v, controller.traffic))
+
+
+class CacheEntryOut(Model):
+    """One tenant's use of one model in one node's weight cache."""
+
+    node: str
+    tenant: str
+    digest: str = Field(description="sha256:<hex> of the model's files: the entry's address.")
+    size_bytes: int = Field(ge=0, description="Counted in full against each tenant that uses it.")
+    last_used: datetime = Field(description="When a replica of this tenant last started on it.")
+    in_use: bool = Field(description="A running replica uses it: it is never evicted.")
+
+
+@router.get(
+    "/cache",
+    response_model=Page[CacheEntryOut],
+    responses={404: {"model": ErrorBody, "description": "no such tenant"}},
+    summary="List the weight cache's entries per node and tenant",
+)
+def list_weight_cache(
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    controller: Annotated[ServiceController, Depends(services)],
+    page: Annotated[Paging, Depends(paging)],
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
+    node: Annotated[Label | None, Query(description="Only this node.")] = None,
+) -> Page[CacheEntryOut]:
+    """The caller's tenants' entries (every tenant's for the platform admin); empty where
+    services run without a weight cache (Kubernetes)."""
+    shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
+    rows = listing(controller.backend, controller.store, shown)
+    rows = [e for e in rows if node is None or e.node == node]
+    return page.page_of(rows, _cache_entry_out)
+
+
+def _cache_entry_out(e: CacheEntry) -> CacheEntryOut:
+    return CacheEntryOut(
+        node=e.node,
+        tenant=e.tenant,
+        digest=e.digest,
+        size_bytes=e.size,
+        last_used=e.last_used,
+        in_use=e.in_use,
+    )
 
 
 def _readable(caller: Caller, controller: ServiceController, service_id: str) -> ServiceView:

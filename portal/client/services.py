@@ -28,7 +28,7 @@ from portal.errors import Unavailable
 
 if TYPE_CHECKING:
     from portal.api.schemas import DevicesIn
-    from portal.api.services import EventOut, LogOut, ReplicaOut, ServiceOut
+    from portal.api.services import CacheEntryOut, EventOut, LogOut, ReplicaOut, ServiceOut
     from portal.client.sync import Portal
 
 
@@ -50,6 +50,13 @@ def listed(page_size: int, tenant: str | None) -> Op[list[ServiceOut]]:
 
     params = _filters(tenant=tenant)
     return (yield from core.every_page(f"{API}/services", ServiceOut, page_size, params))
+
+
+def cache(page_size: int, tenant: str | None, node: str | None) -> Op[list[CacheEntryOut]]:
+    from portal.api.services import CacheEntryOut
+
+    params = _filters(tenant=tenant, node=node)
+    return (yield from core.every_page(f"{API}/services/cache", CacheEntryOut, page_size, params))
 
 
 def patch(service_id: str, body: Mapping[str, Any]) -> Op[ServiceOut]:
@@ -151,6 +158,12 @@ class Services:
         """Every service the token may read, deleted ones included, oldest first."""
         found = self._portal._run(listed(self._portal._page_size, tenant))
         return [Service(self, s) for s in found]
+
+    def cache(
+        self, tenant: str | None = None, node: str | None = None
+    ) -> builtins.list[CacheEntryOut]:
+        """The weight cache's entries per node and tenant that the token may read."""
+        return self._portal._run(cache(self._portal._page_size, tenant, node))
 
     def scale(
         self,

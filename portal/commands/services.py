@@ -1,5 +1,5 @@
-"""``gpuportal services`` (list) and its actions ``deploy``, ``show``, ``scale``, ``logs``,
-``delete``."""
+"""``gpuportal services`` (list) and its actions ``deploy``, ``show``, ``scale``, ``cache``,
+``logs``, ``delete``."""
 
 from __future__ import annotations
 
@@ -72,6 +72,13 @@ def register(commands: Any) -> None:
     scale.add_argument("--max", type=int, default=None, dest="max_replicas")
     add_connection_options(scale, nested=True)
     scale.set_defaults(handler=scale_service)
+
+    text = "the weight cache: models per node and tenant, their size, last use and whether in use"
+    cache = actions.add_parser("cache", help=text, description=text[0].upper() + text[1:] + ".")
+    cache.add_argument("--tenant", default=argparse.SUPPRESS, help="only this tenant")
+    cache.add_argument("--node", help="only this node")
+    add_connection_options(cache, nested=True)
+    cache.set_defaults(handler=show_cache)
 
     logs = actions.add_parser("logs", help="a replica's engine log", description="A log.")
     logs.add_argument("service_id", metavar="ID", help="the service's id")
@@ -171,4 +178,20 @@ def scale_service(args: argparse.Namespace) -> int:
 def show_logs(args: argparse.Namespace) -> int:
     text = call(args, lambda p: p.services.get(args.service_id).logs(args.replica))
     sys.stdout.write(text)
+    return 0
+
+
+CACHE_HEADERS = ("NODE", "TENANT", "DIGEST", "BYTES", "LAST USED", "IN USE")
+
+
+def show_cache(args: argparse.Namespace) -> int:
+    found = call(args, lambda p: p.services.cache(args.tenant, args.node))
+    if args.json:
+        print_json(found)
+        return 0
+    rows = [
+        (e.node, e.tenant, e.digest[:19], e.size_bytes, e.last_used, "yes" if e.in_use else "no")
+        for e in found
+    ]
+    print(table(CACHE_HEADERS, rows))
     return 0

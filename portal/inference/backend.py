@@ -17,6 +17,7 @@ import httpx
 
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import ServiceSpec
+from portal.inference.weights import WeightCache
 from portal.jobs.backend import Runner
 from portal.jobs.launch import free_port, visible_devices
 from portal.jobs.runner import LocalRunner, MemberLaunch
@@ -60,7 +61,8 @@ def http_post(url: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class ServiceBackend:
     """What the service controller uses of a backend: the runner of engine processes, where
-    they listen, a folder to run them in, the health probe and the sleep and wake calls."""
+    they listen, a folder to run them in, the health probe and the sleep and wake calls, and
+    the weight cache (None: replicas serve a ``file://`` model's folder itself)."""
 
     kind: BackendKind
     runner: Runner
@@ -68,14 +70,15 @@ class ServiceBackend:
     host: str = LOOPBACK
     probe: Probe = http_probe
     post: Probe = http_post
+    weights: WeightCache | None = None
 
     def url(self, port: int) -> str:
         return f"http://{self.host}:{port}"
 
 
-def local_backend(state_dir: Path) -> ServiceBackend:
+def local_backend(state_dir: Path, weights: WeightCache | None = None) -> ServiceBackend:
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return ServiceBackend(BackendKind.LOCAL, LocalRunner(state_dir), state_dir)
+    return ServiceBackend(BackendKind.LOCAL, LocalRunner(state_dir), state_dir, weights=weights)
 
 
 def fill(arg: str, values: dict[str, str]) -> str:
@@ -91,12 +94,14 @@ def replica_launch(
     spec: ServiceSpec,
     allocation: AllocationRecord,
     port: int | None = None,
+    model_path: str | None = None,
 ) -> tuple[MemberLaunch, int]:
-    """The engine process of replica ``number``, and the port it will listen on."""
+    """The engine process of replica ``number`` serving ``model_path`` (default: the
+    model's own folder, or its URI), and the port it will listen on."""
     port = port if port is not None else free_port(backend.host)
     engine = spec.engine.resolved
     values = {
-        "model": spec.model.local_path or spec.model.uri,
+        "model": model_path or spec.model.local_path or spec.model.uri,
         "name": spec.served_name,
         "port": str(port),
         "host": backend.host,

@@ -28,7 +28,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -44,9 +44,12 @@ from policies.services import (
 )
 from portal.allocator import Allocator, WorkloadStatus
 from portal.inference.backend import ServiceBackend, replica_launch
+from portal.inference.cached import HAS_PROCESS, holders, replica_weights
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import Hold, ServiceSpec
 from portal.inference.traffic import TrafficBook
+from portal.inference.views import ReplicaView as ReplicaView
+from portal.inference.views import ServiceView as ServiceView
 from portal.inference.warm import WARM_PRIORITY, EngineCalls, plan, woken
 from portal.jobs.runner import MemberExit, RunnerError
 from portal.store import services as stored
@@ -65,28 +68,6 @@ log = logging.getLogger(__name__)
 DEFAULT_STOP_GRACE_S = 10.0
 LAST_REQUEST_WRITE_S = 5.0
 LOST_AT_RESTART = "engine process gone while the portal restarted"
-HAS_PROCESS = frozenset(
-    {ReplicaState.STARTING, ReplicaState.READY, ReplicaState.ASLEEP, ReplicaState.STOPPING}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaView:
-    replica: ReplicaRecord
-    workload: WorkloadStatus | None
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceView:
-    """A service as its owner sees it: the record and its live replicas (each with its
-    workload: queue reason, position and ETA while it waits)."""
-
-    service: ServiceRecord
-    replicas: tuple[ReplicaView, ...]
-
-    @property
-    def ready(self) -> int:
-        return sum(1 for r in self.replicas if r.replica.state is ReplicaState.READY)
 
 
 class ServiceController:
@@ -453,6 +434,7 @@ class ServiceController:
                 kind=WorkloadKind.INFERENCE,
                 priority=WARM_PRIORITY if warm else spec.priority,
                 labels={"service": svc.id},
+                prefer_nodes=holders(self.backend, spec.model.digest),
             )
         )
         rep = ReplicaRecord(svc.id, number, status.id, ReplicaState.QUEUED, self.now, warm=warm)
@@ -472,7 +454,12 @@ class ServiceController:
     def _launch(self, svc: ServiceRecord, r: ReplicaRecord, st: WorkloadStatus) -> ServiceRecord:
         assert self.backend is not None
         (allocation,) = st.allocations
-        launch, port = replica_launch(self.backend, svc.id, r.number, self.spec_of(svc), allocation)
+        try:  # the weights first: a replica starts only on a checked, read-only copy
+            model, how = replica_weights(self.backend, self.store, svc, allocation.node, self.now)
+        except PortalError as exc:
+            return self._end(svc, r, f"weights refused: {exc.message}", failed=True)
+        spec = self.spec_of(svc)
+        launch, port = replica_launch(self.backend, svc.id, r.number, spec, allocation, None, model)
         try:
             self.backend.runner.launch([launch])
         except RunnerError as exc:
@@ -488,7 +475,8 @@ class ServiceController:
         self._commit(
             [], [started], "service.replica_started", svc,
             f"{svc.name}: replica {r.number} starting on {allocation.node} "
-            f"(devices {','.join(launch.devices) or 'none'}, port {port})",
+            f"(devices {','.join(launch.devices) or 'none'}, port {port})"
+            + (f"; {how}" if how else ""),
         )  # fmt: skip
         return svc
 

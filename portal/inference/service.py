@@ -9,6 +9,7 @@ from portal.inference.autoscaler import EVALUATE_EVERY_S, Autoscaler
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
 from portal.inference.spec import Backend as BackendKind
+from portal.inference.weights import WeightCache
 from portal.service.loops import Loops
 from portal.settings import Settings
 
@@ -30,9 +31,13 @@ def build_for_service(allocator: Allocator, settings: Settings) -> ServiceContro
             allocator, kind=BackendKind.KUBERNETES, refuse=NO_KUBERNETES_BACKEND
         )
     else:
-        controller = ServiceController(
-            allocator, backend=local_backend(settings.state_dir / "services")
+        weights = WeightCache(
+            settings.state_dir / "weights",
+            node_bytes=settings.weight_cache_bytes,
+            tenant_bytes=settings.weight_cache_tenant_bytes,
         )
+        backend = local_backend(settings.state_dir / "services", weights)
+        controller = ServiceController(allocator, backend=backend)
     controller.start()
     return controller
 

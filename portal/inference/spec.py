@@ -18,6 +18,7 @@ from typing import Any
 from policies.errors import InvalidRequest
 from policies.requests import MAX_PRIORITY, DeviceRequest
 from policies.services import ModelRef, Replicas, ScalingMetric, ScalingRule
+from portal.inference.weights import check_fetchable
 from portal.jobs.spec import RESERVED_ENV, device_request
 from portal.jobs.spec import Backend as Backend
 from portal.store.records import QuotaRecord
@@ -214,15 +215,10 @@ class ServiceSpec:
         return self.name
 
     def check_backend(self, backend: Backend) -> None:
-        """The local backend runs a command on weights in a folder: the preset must have a
-        command, and (until the weight cache) the model a ``file://`` URI."""
+        """The local backend runs a command on weights its weight cache fetches from a
+        ``file://``, ``http://`` or ``https://`` URI; Kubernetes needs an image."""
         if backend is Backend.LOCAL:
-            if self.model.local_path is None:
-                raise InvalidRequest(
-                    "model.uri",
-                    self.model.uri,
-                    "a file:// URI: the local backend serves models from a folder of this host",
-                )
+            check_fetchable(self.model.uri)
         elif not self.engine.resolved.image:
             raise InvalidRequest("engine.image", "missing", "a container image for Kubernetes")
 

@@ -38,6 +38,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from portal.inference.digest import folder_digest
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -49,7 +51,6 @@ WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 MAX_TOKENS = 4096
-READ_CHUNK = 1 << 20
 
 
 def reply_words(prompt: str, n: int) -> list[str]:
@@ -64,17 +65,16 @@ def reply_words(prompt: str, n: int) -> list[str]:
 
 
 def read_model(model_dir: Path) -> tuple[int, str]:
-    """Read every file under ``model_dir`` (sorted by path); return the bytes read and a
-    sha256 over the files' paths and contents (``sha256:<hex>``)."""
-    digest = hashlib.sha256()
+    """Read every file under ``model_dir`` (the load); return the bytes read and the model's
+    digest as ``portal.inference.digest`` defines it."""
     total = 0
-    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(model_dir)).encode() + b"\0")
-        with path.open("rb") as f:
-            while chunk := f.read(READ_CHUNK):
-                digest.update(chunk)
-                total += len(chunk)
-    return total, f"sha256:{digest.hexdigest()}"
+
+    def seen(n: int) -> None:
+        nonlocal total
+        total += n
+
+    digest = folder_digest(model_dir, seen)
+    return total, digest
 
 
 @dataclass

@@ -243,3 +243,22 @@ class ClusterMachine(RuleBasedStateMachine):
 
 TestClusterMachine = ClusterMachine.TestCase
 TestClusterMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_preferred_nodes_win_when_they_fit_and_never_when_they_do_not() -> None:
+    c = ClusterState([h100_node("a"), h100_node("b"), h100_node("c", gpus=2)])
+    prefer = PlacementContext(prefer=frozenset({"c", "gone"}))
+    for policy in (NONE, binpack()):
+        got = place(gpus(1), c, policy, prefer)
+        assert isinstance(got, Placement) and got.node == "c"
+    # "c" has 2 GPUs: a request for 4 goes where it fits, as if nothing were preferred.
+    got = place(gpus(4), c, binpack(), prefer)
+    assert isinstance(got, Placement) and got.node == "a"
+    # A preference never widens a restriction or lifts an avoid.
+    only = PlacementContext(only=frozenset({"b"}), prefer=frozenset({"c"}))
+    got = place(gpus(1), c, NONE, only)
+    assert isinstance(got, Placement) and got.node == "b"
+    avoid = PlacementContext(avoid=frozenset({"c"}), prefer=frozenset({"c"}))
+    got = place(gpus(1), c, NONE, avoid)
+    assert isinstance(got, Placement) and got.node == "a"
+    assert isinstance(place(gpus(8), c, NONE, prefer), NoFit)

@@ -35,7 +35,7 @@ BAD: list[tuple[str, object, str]] = [
     ("devices", {"kind": None}, "devices.kind"),
     ("model.uri", "ftp://host/model", "model.uri"),
     ("model.uri", "file://relative/dir", "model.uri"),
-    ("model.uri", "https://models.example/tiny", "model.uri"),  # local backend: a folder
+    ("model.uri", "s3://models/tiny", "model.uri"),  # the local backend fetches file or http(s)
     ("model.uri", "not a uri", "model.uri"),
     ("model.digest", "md5:0123", "model.digest"),
     ("model.digest", "sha256:" + "AB" * 32, "model.digest"),

@@ -29,6 +29,7 @@ from portal.client import Portal
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
 from portal.inference.testengine import read_model, reply_words
+from portal.inference.weights import WeightCache
 from tests.portal.api.conftest import TOKENS
 from tests.portal.client.conftest import PREFIX, serving
 
@@ -45,7 +46,9 @@ def model_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def url(allocator: Allocator, tmp_path: Path) -> Iterator[str]:
-    controller = ServiceController(allocator, backend=local_backend(tmp_path / "services"))
+    weights = WeightCache(tmp_path / "weights", node_bytes=1 << 20, tenant_bytes=1 << 20)
+    backend = local_backend(tmp_path / "services", weights)
+    controller = ServiceController(allocator, backend=backend)
     controller.start()
     app = create_app(allocator, StaticAuthenticator(TOKENS), service_controller=controller)
     stop = threading.Event()
@@ -83,6 +86,10 @@ def test_deploy_call_scale_and_delete_from_python(url: str, model_dir: Path) -> 
                        headers={"Authorization": f"Bearer {llm.api_key}"})  # fmt: skip
         assert r.json()["choices"][0]["message"]["content"] == " ".join(reply_words("user: hi", 4))
         assert "loaded llm" in llm.logs()
+        # The replica serves its read-only copy in the weight cache, which it uses.
+        (entry,) = p.services.cache()
+        assert (entry.tenant, entry.digest, entry.size_bytes) == ("team-a", digest, 4096)
+        assert entry.in_use
         assert [s.id for s in p.services.list()] == [llm.id]
         assert p.services.scale(llm.id, min_replicas=2).desired == 2
         assert llm.wait_ready(2, timeout_s=60).ready == 2
@@ -94,8 +101,12 @@ def test_deploy_call_scale_and_delete_from_python(url: str, model_dir: Path) -> 
                               flavor="H100-80GB", preset="test")  # fmt: skip
         assert e.value.field == "model.uri"
         assert llm.delete().state.value == "deleted"
-    with Portal(url, token="bob") as p, pytest.raises(Forbidden):
-        p.services.get(llm.id)
+    with Portal(url, token="bob") as p:
+        with pytest.raises(Forbidden):
+            p.services.get(llm.id)
+        with pytest.raises(Forbidden):
+            p.services.cache(tenant="team-a")
+        assert p.services.cache() == []
 
 
 def test_the_cli_deploys_shows_scales_and_deletes(
@@ -118,6 +129,8 @@ def test_the_cli_deploys_shows_scales_and_deletes(
     sid = json.loads(out)["id"]
     code, out, _ = gp("services")
     assert sid in out and "gateway/team-a/llm/v1" in out
+    code, out, _ = gp("services", "cache", "--tenant", "team-a")
+    assert code == 0 and "team-a" in out and digest[:19] in out
     code, out, _ = gp("services", "scale", sid, "--max", "2")
     assert code == 0 and "wanted" in out
     with pytest.raises(SystemExit):  # argparse knows the presets
