@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +42,7 @@ from portal.allocator import Allocator, WorkloadStatus
 from portal.jobs.launch import visible_devices
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import ClusterFacts
+from portal.ray.idle import IDLE_CHECK_S, Due, IdleReads
 from portal.ray.local import LocalRay, cluster_of, head_key, worker_key
 from portal.ray.spec import (
     RaySpec,
@@ -64,10 +64,6 @@ from portal.store.records import (
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
-
-IDLE_CHECK_S = 10.0
-"""Seconds between reads of the heads' idleness: one read starts an interpreter that imports
-ray (seconds of CPU), so it is not done every round."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +107,7 @@ class RayController:
         self._ready: set[tuple[str, int]] = set()
         self._started = False
         self._last_created: datetime | None = None
-        self._idle_check_s = idle_check_s
-        self._probe: threading.Thread | None = None
-        self._probe_due = 0.0  # monotonic
-        # Cluster id -> (its version when read, every node's idle ms or None: unread).
-        self._idle_read: dict[str, tuple[int, list[int] | None]] = {}
+        self._idle = IdleReads(backend.idle_times, idle_check_s) if backend else None
         # Clusters whose Ray temp dir goes once none of their nodes runs.
         self._to_clean: set[str] = set()
 
@@ -275,7 +267,8 @@ class RayController:
                 for s in requested:
                     self._alloc.release(s.workload_id, reason="Ray resume not recorded")
                 raise
-            self._idle_read.pop(cluster_id, None)
+            if self._idle is not None:
+                self._idle.forget(cluster_id)
             if self.backend is not None:
                 self._reconcile(new)
             return self.view(cluster_id)
@@ -311,7 +304,8 @@ class RayController:
 
     def _idle_round(self, active: list[RayClusterRecord]) -> None:
         """Release the clusters the last read found idle; start the next read when due."""
-        read, self._idle_read = self._idle_read, {}
+        assert self._idle is not None
+        read = self._idle.take()
         for cluster in active:
             got = read.get(cluster.id)
             if got is None or got[1] is None:
@@ -322,27 +316,13 @@ class RayController:
             fresh = now.version == got[0] and now.state is RayState.RUNNING
             if fresh and idle_s is not None and is_idle(got[1], idle_s):
                 self.release_idle(now.id, min(got[1]) / 1000.0)
-        due = [
-            (c.id, c.version, c.address)
-            for c in active
-            if c.state is RayState.RUNNING and c.address and self._spec(c).idle_s is not None
-        ]
-        busy = self._probe is not None and self._probe.is_alive()
-        if due and not busy and time.monotonic() >= self._probe_due:
-            self._probe_due = time.monotonic() + self._idle_check_s
-            self._probe = threading.Thread(
-                target=self._read_idle, args=(due,), name="ray-idle", daemon=True
-            )
-            self._probe.start()
-
-    def _read_idle(self, due: list[tuple[str, int, str | None]]) -> None:
-        assert self.backend is not None
-        began = time.monotonic()
-        times = self.backend.idle_times([a for _, _, a in due if a])
-        log.debug("Ray idle read of %d heads took %.2f s", len(due), time.monotonic() - began)
-        with self._lock:
-            for cid, version, address in due:
-                self._idle_read[cid] = (version, times.get(address or ""))
+        self._idle.start_if_due(
+            [
+                Due(c.id, c.version, c.address)
+                for c in active
+                if c.state is RayState.RUNNING and c.address and self._spec(c).idle_s is not None
+            ]
+        )
 
     def release_idle(self, cluster_id: str, idle_s: float) -> RayView:
         """Give a cluster idle for ``idle_s`` seconds back: stop its workers and release

@@ -17,10 +17,17 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+IDLE_CHECK_S = 10.0
+"""Seconds between reads of the heads' idleness: one read starts an interpreter that imports
+ray (seconds of CPU), so it is not done every round of the ``ray`` loop."""
 
 PROBE_TIMEOUT_S = 60.0
 """The longest one read may take (the child imports ray: seconds on a loaded host)."""
@@ -84,3 +91,57 @@ def idle_times(python: str, addresses: Sequence[str]) -> dict[str, list[int] | N
             log.info("Ray idle read of %s: %s", address, value)
             result[address] = None
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A running cluster with ``idle_s`` to read: its id, its record's version (a read made
+    before the record changed is stale), and its head's address."""
+
+    cluster_id: str
+    version: int
+    address: str
+
+
+class IdleReads:
+    """Reads idleness in a thread of its own, at most every ``every_s`` seconds and one read
+    at a time, so the controller's round never waits for the child interpreter."""
+
+    def __init__(
+        self, read: Callable[[Sequence[str]], dict[str, list[int] | None]], every_s: float
+    ) -> None:
+        self._read = read
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._next = 0.0  # monotonic
+        self._found: dict[str, tuple[int, list[int] | None]] = {}
+
+    def take(self) -> dict[str, tuple[int, list[int] | None]]:
+        """What the last finished read found, once: cluster id -> (version read, every
+        node's idle milliseconds or None: unread)."""
+        with self._lock:
+            found, self._found = self._found, {}
+        return found
+
+    def forget(self, cluster_id: str) -> None:
+        with self._lock:
+            self._found.pop(cluster_id, None)
+
+    def start_if_due(self, due: Sequence[Due]) -> None:
+        busy = self._thread is not None and self._thread.is_alive()
+        if not due or busy or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self._every_s
+        self._thread = threading.Thread(
+            target=self._run, args=(tuple(due),), name="ray-idle", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, due: tuple[Due, ...]) -> None:
+        began = time.monotonic()
+        times = self._read([d.address for d in due])
+        log.debug("Ray idle read of %d heads took %.2f s", len(due), time.monotonic() - began)
+        with self._lock:
+            for d in due:
+                self._found[d.cluster_id] = (d.version, times.get(d.address))
