@@ -269,6 +269,7 @@ class RayController:
                 raise
             if self._idle is not None:
                 self._idle.forget(cluster_id)
+            self._to_clean.discard(cluster_id)  # its head starts again in that directory
             if self.backend is not None:
                 self._reconcile(new)
             return self.view(cluster_id)
@@ -297,7 +298,8 @@ class RayController:
                 except PortalError as exc:
                     log.warning("Ray cluster %s: %s", cluster.id, exc.message)
             if self.backend is not None:
-                self._idle_round(active)
+                # Read again: this round's reconcile may have moved some clusters on.
+                self._idle_round(stored.clusters(self._alloc.store, active=True))
                 self._clean_sessions()
 
     # ---------------------------------------------------------------- idleness
