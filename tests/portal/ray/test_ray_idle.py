@@ -37,10 +37,10 @@ BUSY = textwrap.dedent(
     ray.init(address=sys.argv[1], log_to_driver=False)
 
     @ray.remote(num_gpus=1)
-    def busy():
-        time.sleep(float(sys.argv[2]))
+    def busy(seconds):
+        time.sleep(seconds)
 
-    ray.get(busy.remote(), timeout=300)
+    ray.get(busy.remote(float(sys.argv[2])), timeout=300)
     os._exit(0)
     """
 )
