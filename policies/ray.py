@@ -23,11 +23,18 @@ class RayState(StrEnum):
     QUEUED = "queued"  # its first slice (head + min workers) waits in the allocator's queue
     STARTING = "starting"  # admitted; the head or some admitted workers have not joined yet
     RUNNING = "running"  # the head is up and every admitted worker has joined
+    IDLE = "idle"  # nothing ran for its idle time: workers released, the head kept
+    SUSPENDED = "suspended"  # idle with ``idle_suspend``: every node stopped, nothing held
     STOPPED = "stopped"  # taken down: every process stopped, every slice released
 
     @property
     def terminal(self) -> bool:
         return self is RayState.STOPPED
+
+    @property
+    def released(self) -> bool:
+        """Given back for idleness: holds no slice until resumed."""
+        return self in (RayState.IDLE, RayState.SUSPENDED)
 
 
 class SliceState(StrEnum):
@@ -82,3 +89,10 @@ def plan_scale(live: Sequence[SliceFacts], target: int) -> ScalePlan:
         release.append(s.number)
         left -= s.workers
     return ScalePlan(tuple(release), max(0, target - left))
+
+
+def is_idle(idle_ms: Sequence[int], idle_s: float) -> bool:
+    """Whether a cluster whose nodes (the head and every worker, as the head's GCS reports
+    them) have each been idle ``idle_ms`` milliseconds counts as idle for ``idle_s`` seconds.
+    No node reported: not idle (the read says nothing)."""
+    return bool(idle_ms) and min(idle_ms) >= idle_s * 1000.0

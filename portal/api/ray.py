@@ -1,4 +1,4 @@
-"""``/api/v1/ray``: Ray clusters per tenant — create, read, scale, delete.
+"""``/api/v1/ray``: Ray clusters per tenant — create, read, scale, resume, delete.
 
 A Ray cluster is charged to a tenant like a workload, and guarded the same way: creating,
 scaling and deleting need ``workloads:write`` on the tenant (and, for users, membership of
@@ -75,7 +75,14 @@ class RayIn(InModel):
         default=None,
         gt=0,
         le=MAX_IDLE_S,
-        description="Idle time after which workers are released (recorded; not acted on yet).",
+        description=(
+            "Seconds with no Ray task or actor on any node after which the workers are "
+            "released (quota and devices free, the head kept: state idle). null: never."
+        ),
+    )
+    idle_suspend: bool = Field(
+        default=False,
+        description="When idle, stop the head too and release everything (state suspended).",
     )
     priority: int = Field(
         default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Within the tenant's quota."
@@ -104,7 +111,9 @@ class RayOut(Model):
     tenant: str
     owner: str
     name: str
-    state: RayState = Field(description="queued, starting, running or stopped.")
+    state: RayState = Field(
+        description="queued, starting, running, idle (workers released), suspended or stopped."
+    )
     message: str = Field(description="Where it stands, as a sentence.")
     address: str | None = Field(description="The head's host:port for ray.init; null before.")
     workers: int = Field(ge=0, description="Workers wanted now.")
@@ -175,6 +184,7 @@ def spec_of(body: RayIn, owner: str, installed: str | None) -> RaySpec:
         worker_cpus=w.cpus,
         idle_s=body.idle_s,
         priority=body.priority,
+        idle_suspend=body.idle_suspend,
     )
 
 
@@ -238,6 +248,26 @@ def scale_cluster(
 ) -> RayOut:
     charge(caller, rays.get(cluster_id).tenant)
     return ray_out(rays.scale(cluster_id, body.workers))
+
+
+@router.post(
+    "/{cluster_id}/resume",
+    response_model=RayOut,
+    responses={
+        **_404,
+        409: {"model": ErrorBody, "description": "the cluster is not idle or suspended"},
+    },
+    summary="Resume an idle or suspended cluster: its previous size goes through admission",
+)
+def resume_cluster(
+    cluster_id: ClusterId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    rays: Annotated[RayController, Depends(controller)],
+) -> RayOut:
+    """Its slices are requested again as at creation and may wait in the queue with their
+    reason; a suspended cluster's head starts again at a new address."""
+    charge(caller, rays.get(cluster_id).tenant)
+    return ray_out(rays.resume(cluster_id))
 
 
 @router.delete(

@@ -6,6 +6,7 @@
     import ray
     ray.init(address=address)
     Portal().ray.scale(cluster_id, 4)   # +2 as a charged slice; waits with a reason if over quota
+    Portal().ray.resume(cluster_id)     # after idle release: the previous size, through admission
     Portal().ray.down(cluster_id)       # every worker stopped, every GPU given back
 
 The operations are built as the other client calls are (``portal.client.core``); ``up`` adds
@@ -60,6 +61,14 @@ def scale(cluster_id: str, workers: int) -> Op[RayOut]:
     return (yield from core.one(call, RayOut))
 
 
+def resume(cluster_id: str) -> Op[RayOut]:
+    from portal.api.ray import RayOut
+
+    # Not retried: a lost answer may have requested the slices.
+    call = Call("POST", f"{API}/ray/{_seg(cluster_id)}/resume")
+    return (yield from core.one(call, RayOut))
+
+
 def delete(cluster_id: str) -> Op[RayOut]:
     from portal.api.ray import RayOut
 
@@ -79,6 +88,7 @@ def body(
     ray_version: str | None,
     idle_s: float | None,
     priority: int,
+    idle_suspend: bool = False,
 ) -> dict[str, Any]:
     """The ``POST /ray`` body; the server checks every value and names the one wrong."""
     return {
@@ -93,6 +103,7 @@ def body(
         },
         "ray_version": ray_version,
         "idle_s": idle_s,
+        "idle_suspend": idle_suspend,
         "priority": priority,
     }
 
@@ -129,10 +140,13 @@ class Ray:
         ray_version: str | None = None,
         idle_s: float | None = None,
         priority: int = 0,
+        idle_suspend: bool = False,
     ) -> RayOut:
         """Ask for a cluster of ``workers`` workers (admitted with the head as one gang), each
         with ``count`` GPUs of ``flavor`` (or a MIG instance, a share, or any ``devices``),
-        growing up to ``max_workers`` (default ``workers``). Returns at once."""
+        growing up to ``max_workers`` (default ``workers``). After ``idle_s`` seconds with
+        nothing running, its workers are released (``idle_suspend``: the head too) until
+        ``resume``. Returns at once."""
         want = core.devices_for(
             flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
         )
@@ -147,6 +161,7 @@ class Ray:
             ray_version=ray_version,
             idle_s=idle_s,
             priority=priority,
+            idle_suspend=idle_suspend,
         )
         return self._portal._run(create(sent))
 
@@ -197,6 +212,22 @@ class Ray:
         """Set the worker count: an increase is one new charged slice (it may wait with its
         reason), a decrease releases slices."""
         return self._portal._run(scale(cluster_id, workers))
+
+    def resume(
+        self, cluster_id: str, *, wait: bool = False, timeout_s: float | None = 600.0
+    ) -> RayOut:
+        """Ask for an idle or suspended cluster's previous size again, through admission (it
+        may wait in the queue). ``wait``: until it runs again (a suspended cluster's head
+        comes back at a new address: see the answer's ``address``).
+
+        Raises:
+            Conflict: the cluster is not idle or suspended.
+        """
+        info = self._portal._run(resume(cluster_id))
+        if wait:
+            self.wait(cluster_id, timeout_s=timeout_s)
+            info = self.get(cluster_id)
+        return info
 
     def down(self, cluster_id: str) -> RayOut:
         """Stop every node and release every slice (idempotent)."""

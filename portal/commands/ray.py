@@ -1,4 +1,4 @@
-"""``gpuportal ray`` (list) and its actions ``up``, ``scale``, ``down``."""
+"""``gpuportal ray`` (list) and its actions ``up``, ``scale``, ``resume``, ``down``."""
 
 from __future__ import annotations
 
@@ -43,6 +43,15 @@ def register(commands: Any) -> None:
     sub.add_argument("--count", type=int, default=1, help="whole GPUs per worker (default 1)")
     sub.add_argument("--milli", type=int, default=0, help="share of one GPU, 1..999 (share)")
     sub.add_argument("--name", default=None, help="a name for people (default: ray)")
+    sub.add_argument(
+        "--idle-s",
+        type=float,
+        default=None,
+        help="release the workers after this many seconds with nothing running (default: never)",
+    )
+    sub.add_argument(
+        "--idle-suspend", action="store_true", help="when idle, stop the head too (suspended)"
+    )
     sub.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     sub.add_argument("--no-wait", action="store_true", help="print the cluster and return")
     add_connection_options(sub)
@@ -56,6 +65,20 @@ def register(commands: Any) -> None:
     sub.add_argument("workers", type=int, help="workers wanted (min..max)")
     add_connection_options(sub)
     sub.set_defaults(handler=scale)
+
+    sub = actions.add_parser(
+        "resume",
+        help="ask for an idle or suspended cluster's previous size again, through admission",
+        description=(
+            "Request the workers an idle (or suspended) cluster had; they may wait in the "
+            "queue with a reason. Waits until it runs (--no-wait: at once)."
+        ),
+    )
+    sub.add_argument("cluster_id")
+    sub.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    sub.add_argument("--no-wait", action="store_true", help="print the cluster and return")
+    add_connection_options(sub)
+    sub.set_defaults(handler=resume)
 
     sub = actions.add_parser("down", help="stop every node and release every slice")
     sub.add_argument("cluster_id")
@@ -113,6 +136,8 @@ def up(args: argparse.Namespace) -> int:
             count=args.count,
             milli=args.milli,
             name=args.name,
+            idle_s=args.idle_s,
+            idle_suspend=args.idle_suspend,
         )
         if not args.no_wait:
             portal.ray.wait(info.id, timeout_s=args.timeout)
@@ -124,6 +149,13 @@ def up(args: argparse.Namespace) -> int:
 
 def scale(args: argparse.Namespace) -> int:
     return _print_one(args, call(args, lambda p: p.ray.scale(args.cluster_id, args.workers)))
+
+
+def resume(args: argparse.Namespace) -> int:
+    def go(portal: Portal) -> RayOut:
+        return portal.ray.resume(args.cluster_id, wait=not args.no_wait, timeout_s=args.timeout)
+
+    return _print_one(args, call(args, go))
 
 
 def down(args: argparse.Namespace) -> int:

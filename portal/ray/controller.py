@@ -15,7 +15,12 @@ position and reason, fairness, cost and alerts apply to Ray clusters unchanged:
    allocation's devices; a worker whose process ended is started again on the same
    allocation (its devices are still the cluster's); a head that ended is started again and
    every worker with it. A slice preempted or lost is released and its workers requested again.
-4. **delete**: every node is stopped and every slice released at once.
+4. **idle** (``idle_s``): every few seconds (``idle_check_s``) the head's GCS is asked how
+   long each node has been idle (``portal.ray.idle``, in a thread of its own: the read costs
+   seconds); once every node has been idle for ``idle_s``, every slice is released and the
+   workers stopped, keeping the head (state ``idle``), or with ``idle_suspend`` the head too
+   (``suspended``). ``resume`` asks for the previous size again through admission.
+5. **delete**: every node is stopped and every slice released at once.
 
 Every change is committed through the store (``ChangeSet.ray_clusters``/``ray_slices``)
 before memory changes; the controller is the only writer of Ray clusters, under its lock.
@@ -30,13 +35,14 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from policies.errors import InvalidRequest, NotFound, PortalError, Unavailable
-from policies.ray import RayState, SliceFacts, SliceState, check_bounds, plan_scale
+from policies.errors import Conflict, InvalidRequest, NotFound, PortalError, Unavailable
+from policies.ray import RayState, SliceFacts, SliceState, check_bounds, is_idle, plan_scale
 from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.jobs.launch import visible_devices
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import ClusterFacts
+from portal.ray.idle import IDLE_CHECK_S, Due, IdleReads
 from portal.ray.local import LocalRay, cluster_of, head_key, worker_key
 from portal.ray.spec import (
     RaySpec,
@@ -88,6 +94,7 @@ class RayController:
         refuse: str | None = None,
         installed: str | None = None,
         clock: Callable[[], datetime] | None = None,
+        idle_check_s: float = IDLE_CHECK_S,
     ) -> None:
         self._alloc = alloc
         self.backend = backend
@@ -100,6 +107,9 @@ class RayController:
         self._ready: set[tuple[str, int]] = set()
         self._started = False
         self._last_created: datetime | None = None
+        self._idle = IdleReads(backend.idle_times, idle_check_s) if backend else None
+        # Clusters whose Ray temp dir goes once none of their nodes runs.
+        self._to_clean: set[str] = set()
 
     @property
     def now(self) -> datetime:
@@ -192,6 +202,8 @@ class RayController:
                 message=f"scaled from {before} to {workers} workers",
             )
             self._commit([new], [], "ray.scaled", new, new.message)
+            if cluster.state.released:  # the size ``resume`` asks for: nothing held now
+                return self.view(cluster_id)
             try:
                 self._plan(new)
             except PortalError:
@@ -220,6 +232,46 @@ class RayController:
                     cluster, state=RayState.STOPPED, message="deleted", ended_at=self.now
                 )
                 self._commit([new], released, "ray.stopped", new, "deleted")
+                self._to_clean.add(cluster_id)
+            return self.view(cluster_id)
+
+    def resume(self, cluster_id: str) -> RayView:
+        """Ask for the size an idle (or suspended) cluster had, through admission: its
+        slices are requested as at creation and may wait in the queue with their reason.
+
+        Raises:
+            Conflict: the cluster was not released for idleness (nothing changes).
+        """
+        with self._lock:
+            cluster = self.get(cluster_id)
+            if not cluster.state.released:
+                raise Conflict(
+                    f"Ray cluster {cluster_id} is {cluster.state.value}: only an idle or "
+                    "suspended cluster can be resumed"
+                )
+            spec = self._spec(cluster)
+            numbers = [s.number for s in stored.slices(self._alloc.store, cluster_id)]
+            first = max(numbers, default=0) + 1
+            sizes = [n for n in (spec.min_workers, spec.workers - spec.min_workers) if n]
+            requested: list[RaySliceRecord] = []
+            new = self._versioned(
+                cluster,
+                state=RayState.QUEUED if spec.min_workers else RayState.STARTING,
+                message=f"resumed: asking for {spec.workers} workers",
+            )
+            try:
+                for number, workers in enumerate(sizes, start=first):
+                    requested.append(self._request_slice(new, spec, number, workers))
+                self._commit([new], requested, "ray.resumed", new, new.message)
+            except BaseException:
+                for s in requested:
+                    self._alloc.release(s.workload_id, reason="Ray resume not recorded")
+                raise
+            if self._idle is not None:
+                self._idle.forget(cluster_id)
+            self._to_clean.discard(cluster_id)  # its head starts again in that directory
+            if self.backend is not None:
+                self._reconcile(new)
             return self.view(cluster_id)
 
     # ---------------------------------------------------------------- the loop's side
@@ -235,13 +287,93 @@ class RayController:
                         del self._running[e.key]
                         self._ready.discard((e.key, e.start))
                         log.info("Ray node %s start %d ended (%s)", e.key, e.start, e.code)
-            for cluster in stored.clusters(self._alloc.store, active=True):
+            active = stored.clusters(self._alloc.store, active=True)
+            for cluster in active:
+                if cluster.state.released:
+                    continue
                 try:
                     self._plan(cluster)
                     if self.backend is not None:
                         self._reconcile(self.get(cluster.id))
                 except PortalError as exc:
                     log.warning("Ray cluster %s: %s", cluster.id, exc.message)
+            if self.backend is not None:
+                # Read again: this round's reconcile may have moved some clusters on.
+                self._idle_round(stored.clusters(self._alloc.store, active=True))
+                self._clean_sessions()
+
+    # ---------------------------------------------------------------- idleness
+
+    def _idle_round(self, active: list[RayClusterRecord]) -> None:
+        """Release the clusters the last read found idle; start the next read when due."""
+        assert self._idle is not None
+        read = self._idle.take()
+        for cluster in active:
+            got = read.get(cluster.id)
+            if got is None or got[1] is None:
+                continue
+            now = self.get(cluster.id)
+            idle_s = self._spec(now).idle_s
+            # A change since the read (a scale, a node replaced) makes it stale.
+            fresh = now.version == got[0] and now.state is RayState.RUNNING
+            if fresh and idle_s is not None and is_idle(got[1], idle_s):
+                self.release_idle(now.id, min(got[1]) / 1000.0)
+        self._idle.start_if_due(
+            [
+                Due(c.id, c.version, c.address)
+                for c in active
+                if c.state is RayState.RUNNING and c.address and self._spec(c).idle_s is not None
+            ]
+        )
+
+    def release_idle(self, cluster_id: str, idle_s: float) -> RayView:
+        """Give a cluster idle for ``idle_s`` seconds back: stop its workers and release
+        every slice; with ``idle_suspend`` stop the head too.
+
+        Raises:
+            Conflict: the cluster is stopped or released already (nothing changes).
+        """
+        with self._lock:
+            cluster = self.get(cluster_id)
+            if cluster.state.terminal or cluster.state.released:
+                raise Conflict(
+                    f"Ray cluster {cluster_id} is {cluster.state.value}: only a cluster that "
+                    "holds its slices is released for idleness"
+                )
+            self._release_idle(cluster, idle_s)
+            return self.view(cluster_id)
+
+    def _release_idle(self, cluster: RayClusterRecord, idle_s: float) -> None:
+        suspend = self._spec(cluster).idle_suspend
+        for key, start in list(self._running.items()):
+            if cluster_of(key) == cluster.id and (suspend or key != head_key(cluster.id)):
+                self._stop_node(key, start)
+        released = [
+            self._release_slice(s, "idle")
+            for s in stored.slices(self._alloc.store, cluster.id)
+            if s.state is not SliceState.RELEASED
+        ]
+        what = "every node stopped" if suspend else "workers released, head kept"
+        new = self._versioned(
+            cluster,
+            state=RayState.SUSPENDED if suspend else RayState.IDLE,
+            address=None if suspend else cluster.address,
+            message=f"idle for {idle_s:.0f} s: {what}; resume brings back "
+            f"{self._spec(cluster).workers} workers",
+        )
+        self._commit([new], released, f"ray.{new.state.value}", new, new.message)
+        if suspend:
+            self._to_clean.add(cluster.id)
+
+    def _clean_sessions(self) -> None:
+        """Remove the Ray temp dir of each stopped or suspended cluster once its nodes ended
+        (a node stops within ``STOP_GRACE_S``)."""
+        if not self._to_clean or self.backend is None:
+            return
+        running = {cluster_of(key) for key, _ in self.backend.adopt()}
+        for cid in sorted(self._to_clean - running):
+            self.backend.remove_session(cid)
+            self._to_clean.discard(cid)
 
     # ---------------------------------------------------------------- slices
 

@@ -16,6 +16,7 @@ so several clusters share one host.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from portal.jobs.launch import free_port
 from portal.jobs.runner import LocalRunner, MemberExit, MemberLaunch
+from portal.ray import idle
 
 HOST = "127.0.0.1"
 READY_LINE = "Ray runtime started"
@@ -173,6 +175,18 @@ class LocalRay:
 
     def poll(self) -> list[NodeExit]:
         return [_node_exit(e) for e in self.runner.poll()]
+
+    def idle_times(self, addresses: Sequence[str]) -> dict[str, list[int] | None]:
+        """Each head's nodes' idle milliseconds (``portal.ray.idle``); blocks for seconds."""
+        return idle.idle_times(idle.probe_python(self._program), addresses)
+
+    def remove_session(self, cluster_id: str) -> None:
+        """Remove the cluster's Ray temp dir (sessions, sockets, logs, spilled objects):
+        called once none of its nodes runs."""
+        shutil.rmtree(self._temp_dir(cluster_id), ignore_errors=True)
+
+    def session_dir(self, cluster_id: str) -> Path:
+        return Path(self._temp_dir(cluster_id))
 
     def adopt(self) -> list[tuple[str, int]]:
         """The nodes still running after a portal restart, as ``(key, start)``."""

@@ -49,7 +49,9 @@ def worker_devices(data: Mapping[str, Any]) -> DeviceRequest:
 
 @dataclass(frozen=True, slots=True)
 class RaySpec:
-    """A Ray cluster as asked for. ``idle_s`` None: never released for idleness."""
+    """A Ray cluster as asked for. ``idle_s`` None: never released for idleness; once idle
+    for ``idle_s``, its workers are released and the head kept, or with ``idle_suspend``
+    every node is stopped."""
 
     tenant: str
     owner: str
@@ -63,6 +65,7 @@ class RaySpec:
     worker_cpus: int = 1
     idle_s: float | None = None
     priority: int = 0
+    idle_suspend: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 253:
@@ -82,6 +85,8 @@ class RaySpec:
             )
         if self.idle_s is not None and not 0 < self.idle_s <= MAX_IDLE_S:
             raise InvalidRequest("idle_s", self.idle_s, f"seconds from 1 to {MAX_IDLE_S:g}")
+        if self.idle_suspend and self.idle_s is None:
+            raise InvalidRequest("idle_suspend", True, "false while idle_s is null")
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise InvalidRequest("priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
 
@@ -102,6 +107,7 @@ class RaySpec:
             "worker_cpus": self.worker_cpus,
             "idle_s": self.idle_s,
             "priority": self.priority,
+            "idle_suspend": self.idle_suspend,
         }
 
     @classmethod
@@ -119,6 +125,8 @@ class RaySpec:
             worker_cpus=data["worker_cpus"],
             idle_s=data["idle_s"],
             priority=data["priority"],
+            # Clusters recorded before idle release existed have no such key.
+            idle_suspend=bool(data.get("idle_suspend", False)),
         )
 
 

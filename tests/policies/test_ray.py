@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies.errors import InvalidRequest
-from policies.ray import ScalePlan, SliceFacts, check_bounds, plan_scale
+from policies.ray import RayState, ScalePlan, SliceFacts, check_bounds, is_idle, plan_scale
 
 BASE = SliceFacts(1, 2)
 
@@ -37,3 +37,14 @@ def test_bounds_name_the_field() -> None:
         check_bounds("workers.replicas", 5, 1, 4)
     assert e.value.field == "workers.replicas"
     assert "1 to 4" in e.value.valid
+
+
+def test_a_cluster_is_idle_once_every_node_has_been_idle_that_long() -> None:
+    assert is_idle([5_000, 3_000], 3.0)
+    assert not is_idle([5_000, 2_999], 3.0)  # one node ran something 2.999 s ago
+    assert not is_idle([], 3.0)  # nothing read: never idle
+
+
+def test_only_idle_and_suspended_clusters_hold_nothing_until_resumed() -> None:
+    assert {s for s in RayState if s.released} == {RayState.IDLE, RayState.SUSPENDED}
+    assert not RayState.IDLE.terminal and not RayState.SUSPENDED.terminal

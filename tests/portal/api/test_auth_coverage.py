@@ -89,6 +89,9 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
     first = service_body(name="first")
     sid = client.post("/api/v1/services", json=first, headers=auth("alice")).json()["id"]
     cid = client.post("/api/v1/ray", json=RAY_BODY, headers=auth("alice")).json()["id"]
+    # Only an idle cluster can be resumed: one released for idleness, as the loop would.
+    idle = client.post("/api/v1/ray", json=RAY_BODY, headers=auth("alice")).json()["id"]
+    app.state.ray.release_idle(idle, 60.0)
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
@@ -102,7 +105,10 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         others = frozenset(PORTAL_SCOPES - {*scopes, Scope.ADMIN.value})
         lacking = Caller("mallory", CallerKind.USER, others, frozenset({"team-a"}))
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
-        url = fill(path, {"workload_id": wid, "job_id": jid, "service_id": sid, "cluster_id": cid})
+        ray_id = idle if path.endswith("/resume") else cid
+        url = fill(
+            path, {"workload_id": wid, "job_id": jid, "service_id": sid, "cluster_id": ray_id}
+        )
         body = BODIES.get((method, path))
         query = queries.get((method, path), {})
         tries = {

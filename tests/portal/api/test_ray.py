@@ -8,9 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from policies.flavors import FlavorKind
+from policies.requests import DeviceRequest, WorkloadRequest
 from portal.allocator import Allocator
+from portal.ray.controller import RayController
 from portal.ray.spec import installed_ray_version
 from portal.store import ray as stored
 from portal.store.records import WorkloadState
@@ -169,3 +173,78 @@ def test_growth_the_limit_can_never_give_is_refused_and_the_count_kept(
     view = client.get(f"/api/v1/ray/{cid}", headers=auth("alice")).json()
     assert (view["workers"], len(view["slices"])) == (1, 1)
     assert len(allocator.workloads("team-a")) == 1
+
+
+def test_an_idle_cluster_gives_its_quota_back_and_resumes_through_the_queue(
+    app: FastAPI, client: TestClient, allocator: Allocator
+) -> None:
+    rays: RayController = app.state.ray
+    r = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice"))
+    cid = r.json()["id"]
+
+    # Not idle: a resume is a 409 and changes nothing.
+    r = client.post(f"/api/v1/ray/{cid}/resume", headers=auth("alice"))
+    assert (r.status_code, r.json()["code"]) == (409, "conflict"), r.text
+    assert [
+        s["state"] for s in client.get(f"/api/v1/ray/{cid}", headers=auth("alice")).json()["slices"]
+    ] == ["running"]
+
+    # Released for idleness (the loop does this once the head reports every node idle):
+    # every slice given back, team-a's quota free.
+    rays.release_idle(cid, 60.0)
+    view = client.get(f"/api/v1/ray/{cid}", headers=auth("alice")).json()
+    assert (view["state"], view["workers"]) == ("idle", 2)
+    assert [(s["state"], s["reason"]) for s in view["slices"]] == [("released", "idle")]
+    assert allocator.workloads() == []
+    assert [e.kind for e in allocator.store.events() if e.kind == "ray.idle"] == ["ray.idle"]
+
+    # Another tenant may not resume it (403); nothing is requested.
+    r = client.post(f"/api/v1/ray/{cid}/resume", headers=auth("bob"))
+    assert (r.status_code, r.json()["code"]) == (403, "forbidden"), r.text
+    assert allocator.workloads() == []
+
+    # Meanwhile a notebook takes team-a's 2 GPUs: the resume waits in the queue with its reason.
+    nb = allocator.request(
+        WorkloadRequest(
+            tenant="team-a",
+            owner="alice",
+            name="nb",
+            devices=DeviceRequest(FlavorKind.GPU, count=2),
+        )
+    )
+    r = client.post(f"/api/v1/ray/{cid}/resume", headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "queued"
+    first, again = r.json()["slices"]
+    assert first["state"] == "released"
+    assert (again["number"], again["workers"], again["state"]) == (2, 2, "queued")
+    assert again["workload"]["reason"] == "quota", again["workload"]
+    # A second resume while it waits: 409, no second request.
+    r = client.post(f"/api/v1/ray/{cid}/resume", headers=auth("alice"))
+    assert r.status_code == 409, r.text
+    assert len(allocator.workloads("team-a")) == 2
+
+    # The notebook ends: the resumed gang is admitted.
+    allocator.release(nb.id)
+    rays.step()
+    view = client.get(f"/api/v1/ray/{cid}", headers=auth("alice")).json()
+    assert [s["state"] for s in view["slices"]] == ["released", "running"]
+    assert len(allocator.status(view["slices"][1]["workload"]["id"]).allocations) == 2
+
+
+def test_scaling_an_idle_cluster_sets_the_size_resume_asks_for(
+    app: FastAPI, client: TestClient, allocator: Allocator
+) -> None:
+    rays: RayController = app.state.ray
+    r = client.post("/api/v1/ray", json=ray_body("team-b"), headers=auth("bob"))
+    cid = r.json()["id"]
+    rays.release_idle(cid, 60.0)
+    r = client.patch(f"/api/v1/ray/{cid}", json={"workers": 3}, headers=auth("bob"))
+    assert (r.status_code, r.json()["state"], r.json()["workers"]) == (200, "idle", 3), r.text
+    assert allocator.workloads() == []  # nothing held until resumed
+    r = client.post(f"/api/v1/ray/{cid}/resume", headers=auth("bob"))
+    assert [(s["workers"], s["state"]) for s in r.json()["slices"][1:]] == [
+        (2, "running"),
+        (1, "running"),
+    ]
+    assert sum(len(w.allocations) for w in allocator.workloads("team-b")) == 3

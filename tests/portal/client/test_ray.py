@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies.errors import Forbidden, InvalidRequest
+from policies.errors import Conflict, Forbidden, InvalidRequest
 from portal.client import Portal
 from portal.client.ray import RayNotReady
+from portal.ray.controller import RayController
 from tests.portal.client.conftest import Served
 
 
@@ -53,3 +54,22 @@ def test_up_says_why_when_the_gang_does_not_fit(portal_server: Served) -> None:
         # More than the tenant's limit can ever give is refused, not queued.
         with pytest.raises(Forbidden):
             portal.ray.create("team-a", workers=3, flavor="H100-80GB")
+
+
+def test_resume_asks_for_an_idle_clusters_workers_again(portal_server: Served) -> None:
+    with Portal(portal_server.url, token="alice") as portal:
+        cid = portal.ray.create("team-a", workers=2, flavor="H100-80GB").id
+        with pytest.raises(Conflict):
+            portal.ray.resume(cid)  # it holds its workers
+        # The service's loop releases it once its head reports every node idle.
+        RayController(portal_server.allocator).release_idle(cid, 60.0)
+        assert portal.ray.get(cid).state.value == "idle"
+        assert portal_server.allocator.workloads() == []
+        with Portal(portal_server.url, token="bob") as other, pytest.raises(Forbidden):
+            other.ray.resume(cid)
+        back = portal.ray.resume(cid)
+        assert [(s.number, s.workers, s.state.value) for s in back.slices] == [
+            (1, 2, "released"),
+            (2, 2, "running"),
+        ]
+        assert len(portal_server.allocator.workloads("team-a")) == 1

@@ -1,0 +1,147 @@
+"""How long each node of a local Ray cluster has been idle, read from its head's GCS.
+
+The portal never imports ray (it would load Ray's runtime into the service), so the read
+runs in a short child interpreter: the python beside the ``ray`` program, with a script that
+asks each head's GCS for the cluster status (``ray.autoscaler.v2.sdk.get_cluster_status``,
+which needs no dashboard) and prints every node's ``idle_time_ms`` as JSON. One child reads
+every cluster due, because starting an interpreter that imports ray costs seconds of CPU.
+
+A node's idle time counts from the end of the last task or actor that held its resources,
+so tasks that ran on the head count too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+IDLE_CHECK_S = 10.0
+"""Seconds between reads of the heads' idleness: one read starts an interpreter that imports
+ray (seconds of CPU), so it is not done every round of the ``ray`` loop."""
+
+PROBE_TIMEOUT_S = 60.0
+"""The longest one read may take (the child imports ray: seconds on a loaded host)."""
+
+GCS_TIMEOUT_S = 5
+"""How long the child waits for one head's GCS before it reports that head unread."""
+
+_SCRIPT = """
+import json, sys
+from ray.autoscaler.v2.sdk import get_cluster_status
+out = {}
+for address in sys.argv[2:]:
+    try:
+        s = get_cluster_status(address, timeout=int(sys.argv[1]))
+        out[address] = [
+            n.resource_usage.idle_time_ms if n.resource_usage is not None else 0
+            for n in s.active_nodes + s.idle_nodes
+        ]
+    except Exception as exc:
+        out[address] = repr(exc)[:300]
+print(json.dumps(out))
+"""
+
+
+def probe_python(ray_program: str) -> str:
+    """The interpreter of the environment ``ray_program`` belongs to (this one otherwise)."""
+    beside = Path(ray_program).with_name("python")
+    return str(beside) if beside.exists() else sys.executable
+
+
+def idle_times(python: str, addresses: Sequence[str]) -> dict[str, list[int] | None]:
+    """Each head address -> the idle milliseconds of every live node of its cluster, or
+    None where the head did not answer (a failed read never counts as idle)."""
+    if not addresses:
+        return {}
+    try:
+        done = subprocess.run(
+            [python, "-c", _SCRIPT, str(GCS_TIMEOUT_S), *addresses],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("Ray idle read failed: %s", exc)
+        return dict.fromkeys(addresses)
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        log.warning(
+            "Ray idle read gave no answer (exit %s): %s", done.returncode, done.stderr[-500:]
+        )
+        return dict.fromkeys(addresses)
+    result: dict[str, list[int] | None] = {}
+    for address in addresses:
+        value = found.get(address)
+        if isinstance(value, list):
+            result[address] = [int(v) for v in value]
+        else:
+            log.info("Ray idle read of %s: %s", address, value)
+            result[address] = None
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A running cluster with ``idle_s`` to read: its id, its record's version (a read made
+    before the record changed is stale), and its head's address."""
+
+    cluster_id: str
+    version: int
+    address: str
+
+
+class IdleReads:
+    """Reads idleness in a thread of its own, at most every ``every_s`` seconds and one read
+    at a time, so the controller's round never waits for the child interpreter."""
+
+    def __init__(
+        self, read: Callable[[Sequence[str]], dict[str, list[int] | None]], every_s: float
+    ) -> None:
+        self._read = read
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._next = 0.0  # monotonic
+        self._found: dict[str, tuple[int, list[int] | None]] = {}
+
+    def take(self) -> dict[str, tuple[int, list[int] | None]]:
+        """What the last finished read found, once: cluster id -> (version read, every
+        node's idle milliseconds or None: unread)."""
+        with self._lock:
+            found, self._found = self._found, {}
+        return found
+
+    def forget(self, cluster_id: str) -> None:
+        with self._lock:
+            self._found.pop(cluster_id, None)
+
+    def start_if_due(self, due: Sequence[Due]) -> None:
+        busy = self._thread is not None and self._thread.is_alive()
+        if not due or busy or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self._every_s
+        self._thread = threading.Thread(
+            target=self._run, args=(tuple(due),), name="ray-idle", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, due: tuple[Due, ...]) -> None:
+        began = time.monotonic()
+        times = self._read([d.address for d in due])
+        log.debug("Ray idle read of %d heads took %.2f s", len(due), time.monotonic() - began)
+        with self._lock:
+            for d in due:
+                self._found[d.cluster_id] = (d.version, times.get(d.address))
