@@ -94,9 +94,12 @@ def test_my_work_shows_the_viewers_services_replicas_queue_and_hours(portal: Por
     llm = deploy("tok-alice", portal, "team-a", "llm", max_replicas=2, warm=1)
     big = deploy("tok-alice", portal, "team-a", "big", count=4)
     theirs = deploy("tok-bob", portal, "team-b", "bobs")
+    teammates = deploy("tok-anna", portal, "team-a", "annas")
     settle(portal, "tok-root", ready)
     alice = store(portal, "tok-alice", owner="alice")
-    assert [s.id for s in alice.services] == [llm.id, big.id]  # not bob's
+    # Neither bob's (another tenant) nor anna's (a teammate's: Tenant shows those).
+    assert [s.id for s in alice.services] == [llm.id, big.id]
+    assert teammates.id in {s.id for s in store(portal, "tok-alice", tenant="team-a").services}
     r = rows(alice)
     # state, serving, starting, queued, warm asleep, min–max (warm), waiting, in flight, p50/p99
     assert r["llm"][3:12] == ("active", "1", "0", "0", "1", "1–2 (1)", "0", "0", "— / —")
@@ -144,3 +147,21 @@ def test_the_pages_carry_the_section(portal: Portal) -> None:
     text = rendered(page.view)
     assert "Services" in text and "team-b runs no inference services." in text
     assert "llm" not in text
+
+
+def test_waiting_requests_and_latency_read_as_the_gateway_counts_them(portal: Portal) -> None:
+    deploy("tok-alice", portal, "team-a", "llm")
+    (llm,) = settle(portal, "tok-alice", lambda found: found[0].ready == 1)
+    assert service_row(llm, None, True)[9:13] == ("0", "0", "— / —", "0.00 / 0.00")
+    # The counts as the gateway reports them under load (no engine answers here).
+    busy = llm.model_copy(
+        update={
+            "traffic": {
+                "held": 3,
+                "in_flight": 2,
+                "first_byte_p50_s": 0.0123,
+                "first_byte_p99_s": 1.5,
+            }
+        }
+    )
+    assert service_row(busy, None, True)[9:12] == ("3", "2", "0.01 s / 1.50 s")
