@@ -152,13 +152,18 @@ class ServicesView(Viewer):
             "### Services",
             pn.pane.Markdown(pn.bind(self.read_error, st.error)),
             c.live(self.rows, st.services, st.hours),
-            pn.pane.Markdown(
-                "*Requests waiting, in flight and first-byte latency are the gateway's counts "
-                "since the portal last started.*"
+            # The rest only once there is a service: an empty picker and chart say nothing.
+            pn.Column(
+                pn.pane.Markdown(
+                    "*Requests waiting, in flight and first-byte latency are the gateway's "
+                    "counts since the portal last started.*"
+                ),
+                self.choose,
+                c.live(self.replicas, st.services, st.selected),
+                pn.pane.HoloViews(pn.bind(self.hours_chart, st.services, st.hours)),
+                c.message(self.store, "note"),
+                visible=pn.bind(bool, st.services),
+                sizing_mode="stretch_width",
             ),
-            self.choose,
-            c.live(self.replicas, st.services, st.selected),
-            pn.pane.HoloViews(pn.bind(self.hours_chart, st.services, st.hours)),
-            c.message(self.store, "note"),
             sizing_mode="stretch_width",
         )
