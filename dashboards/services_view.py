@@ -160,7 +160,10 @@ class ServicesView(Viewer):
                 ),
                 self.choose,
                 c.live(self.replicas, st.services, st.selected),
-                pn.pane.HoloViews(pn.bind(self.hours_chart, st.services, st.hours)),
+                pn.pane.HoloViews(
+                    pn.bind(self.hours_chart, st.services, st.hours),
+                    visible=pn.bind(lambda hours: hours is not None, st.hours),
+                ),
                 c.message(self.store, "note"),
                 visible=pn.bind(bool, st.services),
                 sizing_mode="stretch_width",
