@@ -79,6 +79,11 @@ def service_row(s: ServiceOut, hours: ServiceHoursOut | None, priced: bool) -> t
     )
 
 
+def priced(hours: dict[str, ServiceHoursOut] | None) -> bool:
+    """Whether the viewer may read the services' GPU-hours (``None``: cost refused)."""
+    return hours is not None
+
+
 def replica_row(r: ReplicaOut) -> tuple[str, ...]:
     why = waiting(r) if r.state is ReplicaState.QUEUED else r.reason or "—"
     return (
@@ -162,7 +167,7 @@ class ServicesView(Viewer):
                 c.live(self.replicas, st.services, st.selected),
                 pn.pane.HoloViews(
                     pn.bind(self.hours_chart, st.services, st.hours),
-                    visible=pn.bind(lambda hours: hours is not None, st.hours),
+                    visible=pn.bind(priced, st.hours),
                 ),
                 c.message(self.store, "note"),
                 visible=pn.bind(bool, st.services),
