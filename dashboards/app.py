@@ -25,12 +25,14 @@ from dashboards.cost import CostView
 from dashboards.jobs_view import JobsView
 from dashboards.landing import LandingView
 from dashboards.my_work import MyWorkView
+from dashboards.services_view import ServicesView
 from dashboards.sources import ApiSource, Source
 from dashboards.stores import (
     ClusterStore,
     CostStore,
     JobsStore,
     MyWorkStore,
+    ServicesStore,
     Store,
     TenantStore,
     tenants_for,
@@ -71,17 +73,23 @@ def _tenant_page(
         return Page(TITLES["tenant"], pn.pane.Markdown("*No tenant you may see.*"))
     wanted = args.get("tenant", "")
     store = TenantStore(source, tenant=wanted if wanted in names else names[0], clock=clock)
-    page = Page(TITLES["tenant"], pn.Column(sizing_mode="stretch_width"), [store])
+    services = ServicesStore(source, tenant=store.tenant, clock=clock)
+    page = Page(TITLES["tenant"], pn.Column(sizing_mode="stretch_width"), [store, services])
     choose = pn.widgets.Select(label="tenant", options=names, value=store.tenant, width=240)
 
+    def view() -> TenantView:
+        shown = ServicesView(services, empty=f"{store.tenant} runs no inference services.")
+        return TenantView(store, viewer, shown)
+
     def show(tenant: str) -> None:
-        store.tenant = tenant
+        store.tenant = services.tenant = tenant
         store.message = ""
         store.refresh()
-        page.view[:] = [choose, TenantView(store, viewer)]  # type: ignore[index]
+        services.refresh()
+        page.view[:] = [choose, view()]  # type: ignore[index]
 
     choose.param.watch(lambda e: show(e.new), "value")
-    page.view[:] = [choose, TenantView(store, viewer)]  # type: ignore[index]
+    page.view[:] = [choose, view()]  # type: ignore[index]
     return page
 
 
@@ -123,7 +131,13 @@ def build_view(
             else tenants_for(viewer, Scope.WORKLOADS_WRITE)
         )
         jobs = JobsStore(source, owner=viewer.name, may_launch=may_launch)
-        page = Page(TITLES["my_work"], MyWorkView(work, JobsView(jobs)), [work, jobs])
+        services = ServicesStore(source, owner=viewer.name, clock=clock)
+        shown = ServicesView(services, empty="You have no inference services.")
+        page = Page(
+            TITLES["my_work"],
+            MyWorkView(work, JobsView(jobs), shown),
+            [work, jobs, services],
+        )
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""
         page = Page(TITLES["landing"], LandingView(viewer, query))

@@ -13,6 +13,7 @@ from panel.viewable import Viewer
 
 from dashboards import components as c
 from dashboards.jobs_view import JobsView
+from dashboards.services_view import ServicesView
 from dashboards.stores import MyWorkStore
 from portal.api.schemas import WorkloadOut
 from portal.api.telemetry import PointOut
@@ -48,10 +49,17 @@ def usage_row(name: str, points: list[PointOut]) -> tuple[str, str, str, str, st
 
 
 class MyWorkView(Viewer):
-    def __init__(self, store: MyWorkStore, jobs: JobsView | None = None, **params: object) -> None:
+    def __init__(
+        self,
+        store: MyWorkStore,
+        jobs: JobsView | None = None,
+        services: ServicesView | None = None,
+        **params: object,
+    ) -> None:
         super().__init__(**params)
         self.store = store
         self.jobs = jobs
+        self.services = services
         self.choose = pn.widgets.Select(label="workload", options={}, width=320)
         self.stop_button = pn.widgets.Button(label="Stop / cancel", color="danger", width=140)
         self.stop_button.on_click(self._stop)
@@ -149,6 +157,7 @@ class MyWorkView(Viewer):
             pn.Row(self.choose, self.stop_button),
             c.message(self.store),
             *([self.jobs] if self.jobs is not None else []),
+            *([self.services] if self.services is not None else []),
             "### GPU usage, last hour",
             c.live(self.usage_table, st.usage),
             pn.pane.HoloViews(pn.bind(self.usage_plot, st.usage), linked_axes=False),

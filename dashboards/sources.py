@@ -17,6 +17,7 @@ from portal.api.alerts import AlertOut
 from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
 from portal.api.jobs import AttemptOut, JobCostOut, JobOut, LogOut
 from portal.api.schemas import CapacityOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
+from portal.api.services import ServiceOut
 from portal.api.telemetry import DeviceMinuteOut, PointOut
 from portal.client import Expired, Portal
 
@@ -99,7 +100,10 @@ class Source(Protocol):
         tenant: str | None = None,
     ) -> CostSummaryOut: ...
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]: ...
-    def service_hours(self, *, start: datetime, end: datetime) -> ServiceCostOut: ...
+    def service_hours(
+        self, *, start: datetime, end: datetime, tenant: str | None = None
+    ) -> ServiceCostOut: ...
+    def services(self, tenant: str | None = None) -> list[ServiceOut]: ...
     def jobs(self) -> list[JobOut]: ...
     def job_attempts(self, job_id: str) -> list[AttemptOut]: ...
     def job_cost(self, job_id: str) -> JobCostOut: ...
@@ -219,8 +223,15 @@ class ApiSource:
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
         return self._portal.budgets(tenant)
 
-    def service_hours(self, *, start: datetime, end: datetime) -> ServiceCostOut:
-        return self._portal.service_hours(start=start, end=end)
+    def service_hours(
+        self, *, start: datetime, end: datetime, tenant: str | None = None
+    ) -> ServiceCostOut:
+        return self._portal.service_hours(start=start, end=end, tenant=tenant)
+
+    def services(self, tenant: str | None = None) -> list[ServiceOut]:
+        """Every service the viewer may read (of ``tenant``), deleted ones included, with
+        their live replicas and the gateway's counts."""
+        return [s.info for s in self._portal.services.list(tenant)]
 
     def chargeback_csv(
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"

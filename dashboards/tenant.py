@@ -10,6 +10,7 @@ import panel as pn
 from panel.viewable import Viewer
 
 from dashboards import components as c
+from dashboards.services_view import ServicesView
 from dashboards.stores import QuotaDraft, TenantStore
 from portal.api.auth import Caller, Scope
 from portal.waits import eta_words
@@ -120,10 +121,17 @@ class QuotaEditor(Viewer):
 class TenantView(Viewer):
     """One tenant's quota use and queue; the editor only for its quota writers."""
 
-    def __init__(self, store: TenantStore, viewer: Caller, **params: object) -> None:
+    def __init__(
+        self,
+        store: TenantStore,
+        viewer: Caller,
+        services: ServicesView | None = None,
+        **params: object,
+    ) -> None:
         super().__init__(**params)
         self.store = store
         self.viewer = viewer
+        self.services = services
         self.editor = QuotaEditor(store) if self.may_edit() else None
 
     def may_edit(self) -> bool:
@@ -251,6 +259,7 @@ class TenantView(Viewer):
             "### Members' running workloads",
             c.live(self.workloads, st.workloads, st.latest),
             c.message(self.store, "note"),
+            *([self.services] if self.services is not None else []),
             editor,
             sizing_mode="stretch_width",
         )

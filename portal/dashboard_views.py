@@ -39,14 +39,22 @@ DASHBOARD_VIEWS: tuple[DashboardView, ...] = (
         "My work",
         "your servers, jobs and services",
         opens_with=(Scope.WORKLOADS_READ, Scope.WORKLOADS_WRITE),
-        uses=(Scope.WORKLOADS_READ, Scope.WORKLOADS_WRITE),
+        # Cost: the Services section's GPU-hours serving and warm.
+        uses=(Scope.WORKLOADS_READ, Scope.WORKLOADS_WRITE, Scope.COST_READ),
     ),
     DashboardView(
         "tenant",
         "Tenant",
-        "quota, queue and quota editor per tenant",
+        "quota, queue, services and quota editor per tenant",
         opens_with=(Scope.QUOTAS_READ,),
-        uses=(Scope.QUOTAS_READ, Scope.QUOTAS_WRITE, Scope.QUEUE_READ, Scope.USAGE_READ),
+        uses=(
+            Scope.QUOTAS_READ,
+            Scope.QUOTAS_WRITE,
+            Scope.QUEUE_READ,
+            Scope.USAGE_READ,
+            Scope.WORKLOADS_READ,  # members' workloads, alerts, services
+            Scope.COST_READ,  # members' GPU-hours, services' GPU-hours
+        ),
     ),
     DashboardView(
         "cluster",

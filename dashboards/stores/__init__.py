@@ -12,6 +12,7 @@ from dashboards.stores.cluster import ClusterStore, FreeCapacity
 from dashboards.stores.cost import CostStore
 from dashboards.stores.jobs import JobsStore
 from dashboards.stores.my_work import MyWorkStore
+from dashboards.stores.services import ServicesStore
 from dashboards.stores.tenant import Member, QuotaDraft, TenantStore
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Member",
     "MyWorkStore",
     "QuotaDraft",
+    "ServicesStore",
     "Store",
     "TenantStore",
     "tenants_for",

@@ -32,6 +32,7 @@ from portal.client import core
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import AsyncJobs
+from portal.client.services import AsyncServices
 from portal.store.records import WorkloadState
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class AsyncPortal:
         )
         self.jobs = AsyncJobs(self)
         """Training jobs (``portal.client.jobs.AsyncJobs``)."""
+        self.services = AsyncServices(self)
+        """Inference services (``portal.client.services.AsyncServices``)."""
 
     def __repr__(self) -> str:
         return f"AsyncPortal({self.url!r})"

@@ -24,6 +24,7 @@ from portal.api.auth import Caller, CallerKind, StaticAuthenticator
 from portal.api.auth import Scope as ApiScope
 from portal.api.cost import use_accounting
 from portal.api.telemetry import use_telemetry
+from portal.inference.controller import ServiceController
 from portal.jobs.controller import JobController
 from portal.store.writer import Store
 from portal.telemetry.service import Telemetry
@@ -84,6 +85,7 @@ class Portal:
     recorder: Recorder
     telemetry: Telemetry
     jobs: JobController | None = None
+    services: ServiceController | None = None
 
     def source(self, token: str) -> ApiSource:
         """A source acting as the viewer of ``token``."""
@@ -107,10 +109,13 @@ class Portal:
 
 @contextmanager
 def running_portal(
-    folder: Path, jobs: Callable[[Allocator], JobController] | None = None
+    folder: Path,
+    jobs: Callable[[Allocator], JobController] | None = None,
+    services: Callable[[Allocator], ServiceController] | None = None,
 ) -> Iterator[Portal]:
     """The seeded portal API on SQLite in ``folder``, served by uvicorn on loopback; with
-    ``jobs``, ``/jobs`` runs the controller it makes (stepped by the test, no loop)."""
+    ``jobs`` (``services``), ``/jobs`` (``/services``) runs the controller it makes (stepped
+    by the test, no loop)."""
     store = Store(f"sqlite:///{folder / 'portal.db'}")
     clock = SeedClock()
     alloc = Allocator(store, clock=clock)
@@ -118,8 +123,14 @@ def running_portal(
     controller = jobs(alloc) if jobs is not None else None
     if controller is not None:
         controller.start()
+    serving = services(alloc) if services is not None else None
+    if serving is not None:
+        serving.start()
     app = create_app(
-        alloc, StaticAuthenticator({**VIEWERS, AGENT_TOKEN: AGENT}), job_controller=controller
+        alloc,
+        StaticAuthenticator({**VIEWERS, AGENT_TOKEN: AGENT}),
+        job_controller=controller,
+        service_controller=serving,
     )
     use_accounting(app, Accounting(store, PRICES, clock=clock))
     telemetry = Telemetry(alloc, clock=lambda: clock.now.timestamp(), attribution_ttl_s=0)
@@ -136,7 +147,9 @@ def running_portal(
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the portal API did not start")
             time.sleep(0.02)
-        yield Portal(f"http://127.0.0.1:{port}", alloc, clock, recorder, telemetry, controller)
+        yield Portal(
+            f"http://127.0.0.1:{port}", alloc, clock, recorder, telemetry, controller, serving
+        )
     finally:
         server.should_exit = True
         thread.join(timeout=10)

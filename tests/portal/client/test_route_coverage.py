@@ -63,6 +63,7 @@ def client_operations() -> list[core.Op[object]]:
         core.cost(None, None, None, (), None),
         core.chargeback(None, None, None, None),
         core.budgets(1, None),
+        core.service_hours(None, None, None),
         core.series("d", None, None, None, None, None),
         core.device_usage(None, None),
         core.alerts(1, None, (), None),
@@ -76,6 +77,7 @@ def client_operations() -> list[core.Op[object]]:
         services.deploy({}),
         services.get("s"),
         services.listed(1, None),
+        services.cache(1, None, None),
         services.patch("s", {}),
         services.delete("s"),
         services.replicas("s", 1),
@@ -100,7 +102,8 @@ def api_operations(tmp_path: Path) -> set[tuple[str, str]]:
 
 
 def template_of(method: str, path: str, templates: set[tuple[str, str]]) -> tuple[str, str]:
-    for m, template in templates:
+    # Literal templates first: ``/services/cache`` also fits ``/services/{service_id}``.
+    for m, template in sorted(templates, key=lambda t: t[1].count("{")):
         pattern = re.sub(r"\{[^}]+\}", "[^/]+", template)
         if m == method and re.fullmatch(pattern, path):
             return m, template

@@ -25,7 +25,8 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.cli import run
-from portal.client import Portal
+from portal.client import AsyncPortal, Portal
+from portal.errors import Unavailable
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
 from portal.inference.testengine import read_model, reply_words
@@ -160,3 +161,39 @@ def test_an_engine_that_never_starts_fails_the_service_after_a_few_tries(
         every = p.services.replicas(broken.id)
         assert [r.state.value for r in every] == ["ended"] * MAX_START_FAILURES
         assert allocator.workloads("team-a") == []  # nothing left holding devices
+
+
+async def test_the_async_client_deploys_reads_scales_and_deletes(url: str, model_dir: Path) -> None:
+    digest = read_model(model_dir)[1]
+    async with AsyncPortal(url, token="alice") as p:
+        llm = await p.services.deploy(
+            "team-a", "llm", model_uri=model_dir.as_uri(), digest=digest,
+            flavor="H100-80GB", preset="test", args=["--token-seconds", "0.001"],
+            max_replicas=2,
+        )  # fmt: skip
+        assert llm.spec["replicas"] == {"min": 1, "max": 2, "warm": 0}
+        assert (await p.services.wait_ready(llm.id, timeout_s=60)).ready == 1
+        assert "loaded llm" in await p.services.logs(llm.id)
+        assert [r.state.value for r in await p.services.replicas(llm.id)] == ["ready"]
+        assert [s.id for s in await p.services.list()] == [llm.id]
+        assert [e.tenant for e in await p.services.cache()] == ["team-a"]
+        # Only the bound given changes; the others are kept from the service as read.
+        scaled = await p.services.scale(llm.id, warm=1)
+        assert scaled.spec["replicas"] == {"min": 1, "max": 2, "warm": 1}
+        with pytest.raises(InvalidRequest) as e:
+            await p.services.scale(llm.id, max_replicas=0)
+        assert e.value.field == "replicas.max"
+        assert (await p.services.get(llm.id)).spec["replicas"]["max"] == 2  # nothing changed
+        with pytest.raises(Unavailable):
+            await p.services.wait_ready(llm.id, 5, timeout_s=0.2, poll_s=0.05)
+        assert (await p.services.events(llm.id))[0].at <= scaled.updated_at
+    async with AsyncPortal(url, token="bob") as bob:
+        for refused in (bob.services.get(llm.id), bob.services.scale(llm.id, min_replicas=0),
+                        bob.services.delete(llm.id), bob.services.logs(llm.id),
+                        bob.services.cache(tenant="team-a")):  # fmt: skip
+            with pytest.raises(Forbidden):
+                await refused
+        assert await bob.services.list() == []
+    async with AsyncPortal(url, token="alice") as p:
+        assert (await p.services.get(llm.id)).state.value == "active"  # bob changed nothing
+        assert (await p.services.delete(llm.id)).state.value == "deleted"
