@@ -25,6 +25,7 @@ class CapacityForecastView(Viewer):
         bars = hv.Bars(rows, kdims=["week", "flavor"], vdims=["% of capacity"]).opts(
             title=title if rows else f"{title}: no forecast",
             tools=["hover"],
+            xrotation=30,
             responsive=True,
             height=300,
             framewise=True,

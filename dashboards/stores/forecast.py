@@ -62,10 +62,11 @@ class CapacityForecastStore(Store):
         ]
 
     def peak_share(self) -> list[tuple[str, str, float]]:
-        """(week start, flavor, peak forecast as % of capacity) for flavors with capacity:
-        the chart. A flavor with demand and no capacity is in the table, not here."""
+        """(week start, flavor, peak forecast as % of capacity) for flavors with capacity and
+        forecast demand: the chart. The others (idle capacity, demand without capacity) are in
+        the table, not here: a chart of every MIG profile at 0 % is unreadable."""
         return [
             (week, flavor, 100.0 * peak / capacity)
             for flavor, week, _, peak, capacity, _ in self.rows()
-            if capacity > 0
+            if capacity > 0 and peak > 0
         ]
