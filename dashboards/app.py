@@ -22,12 +22,14 @@ from panel.viewable import Viewer
 from dashboards.auth import HubOAuthIdentity, Identify, Identity
 from dashboards.cluster import ClusterView
 from dashboards.cost import CostView
+from dashboards.forecast_view import CapacityForecastView
 from dashboards.jobs_view import JobsView
 from dashboards.landing import LandingView
 from dashboards.my_work import MyWorkView
 from dashboards.services_view import ServicesView
 from dashboards.sources import ApiSource, Source
 from dashboards.stores import (
+    CapacityForecastStore,
     ClusterStore,
     CostStore,
     JobsStore,
@@ -115,7 +117,14 @@ def build_view(
     elif view == "cost":
         if viewer.holds_any(Scope.COST_READ):
             cost = CostStore(source)
-            page = Page(TITLES["cost"], CostView(cost), [cost])
+            stores: list[Store] = [cost]
+            forecast = None
+            # The capacity forecast covers every tenant: only unfiltered cost readers get it.
+            if viewer.can_everywhere(Scope.COST_READ):
+                outlook = CapacityForecastStore(source)
+                forecast = CapacityForecastView(outlook)
+                stores.append(outlook)
+            page = Page(TITLES["cost"], CostView(cost, forecast), stores)
         else:  # opened by its address: say so instead of a page of refused reads
             page = Page(
                 TITLES["cost"],

@@ -12,6 +12,7 @@ import param
 from panel.viewable import Viewer
 
 from dashboards import components as c
+from dashboards.forecast_view import CapacityForecastView
 from dashboards.stores import CostStore
 from dashboards.stores.cost import cost, efficiency, idle_cost, measured
 from portal.api.cost import CostGroupOut
@@ -29,9 +30,13 @@ class CostView(Viewer):
         default="cost", objects=["cost", "GPU-hours"], doc="What the stacked chart shows."
     )
 
-    def __init__(self, store: CostStore, **params: object) -> None:
+    def __init__(
+        self, store: CostStore, forecast: CapacityForecastView | None = None, **params: object
+    ) -> None:
         super().__init__(**params)
         self.store = store
+        # The capacity forecast section, for viewers who may read every tenant's cost.
+        self.forecast = forecast
 
     def headline(self, *_: object) -> str:
         r = self.store.report
@@ -158,5 +163,6 @@ class CostView(Viewer):
             "### Inference services: warm pool and serving",
             c.live(self.services, st.services),
             download,
+            *([self.forecast] if self.forecast is not None else []),
             sizing_mode="stretch_width",
         )

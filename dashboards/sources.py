@@ -15,6 +15,7 @@ from typing import Protocol
 
 from portal.api.alerts import AlertOut
 from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
+from portal.api.forecast import CapacityForecastOut
 from portal.api.jobs import AttemptOut, JobCostOut, JobOut, LogOut
 from portal.api.schemas import CapacityOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 from portal.api.services import ServiceOut
@@ -103,6 +104,7 @@ class Source(Protocol):
     def service_hours(
         self, *, start: datetime, end: datetime, tenant: str | None = None
     ) -> ServiceCostOut: ...
+    def capacity_forecast(self, *, weeks: int | None = None) -> CapacityForecastOut: ...
     def services(self, tenant: str | None = None) -> list[ServiceOut]: ...
     def jobs(self) -> list[JobOut]: ...
     def job_attempts(self, job_id: str) -> list[AttemptOut]: ...
@@ -227,6 +229,9 @@ class ApiSource:
         self, *, start: datetime, end: datetime, tenant: str | None = None
     ) -> ServiceCostOut:
         return self._portal.service_hours(start=start, end=end, tenant=tenant)
+
+    def capacity_forecast(self, *, weeks: int | None = None) -> CapacityForecastOut:
+        return self._portal.capacity_forecast(weeks=weeks)
 
     def services(self, tenant: str | None = None) -> list[ServiceOut]:
         """Every service the viewer may read (of ``tenant``), deleted ones included, with

@@ -10,12 +10,14 @@ from dashboards.stores.access import tenants_for, views_for
 from dashboards.stores.base import Store
 from dashboards.stores.cluster import ClusterStore, FreeCapacity
 from dashboards.stores.cost import CostStore
+from dashboards.stores.forecast import CapacityForecastStore
 from dashboards.stores.jobs import JobsStore
 from dashboards.stores.my_work import MyWorkStore
 from dashboards.stores.services import ServicesStore
 from dashboards.stores.tenant import Member, QuotaDraft, TenantStore
 
 __all__ = [
+    "CapacityForecastStore",
     "ClusterStore",
     "CostStore",
     "FreeCapacity",

@@ -17,6 +17,7 @@ from portal.api import alerts as alert_routes
 from portal.api import (
     cost,
     errors,
+    forecast,
     inventory,
     jobs,
     offers,
@@ -91,6 +92,7 @@ def create_app(
         usage,
         inventory,
         cost,
+        forecast,
         offers,
     ):
         app.include_router(module.router, prefix=PREFIX)

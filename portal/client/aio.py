@@ -38,6 +38,7 @@ from portal.store.records import WorkloadState
 if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
+    from portal.api.forecast import CapacityForecastOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
@@ -287,6 +288,11 @@ class AsyncPortal:
         tenant: str | None = None,
     ) -> ServiceCostOut:
         return await self._run(core.service_hours(start, end, tenant))
+
+    async def capacity_forecast(
+        self, *, weeks: int | None = None, history_days: int | None = None
+    ) -> CapacityForecastOut:
+        return await self._run(core.capacity_forecast(weeks, history_days))
 
     async def series(
         self,

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     # Their modules load FastAPI and the services behind the routes: imported on use only.
     from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
+    from portal.api.forecast import CapacityForecastOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
@@ -501,6 +502,14 @@ def service_hours(
     params = _filters(start=start, end=end, tenant=tenant)
     call = Call("GET", f"{API}/cost/services", params, idempotent=True)
     return (yield from one(call, ServiceCostOut))
+
+
+def capacity_forecast(weeks: int | None, history_days: int | None) -> Op[CapacityForecastOut]:
+    from portal.api.forecast import CapacityForecastOut
+
+    params = _filters(weeks=weeks, history_days=history_days)
+    call = Call("GET", f"{API}/forecast/capacity", params, idempotent=True)
+    return (yield from one(call, CapacityForecastOut))
 
 
 def budgets(page_size: int, tenant: str | None) -> Op[list[BudgetOut]]:

@@ -34,6 +34,7 @@ from portal.store.records import WorkloadState
 if TYPE_CHECKING:
     from portal.api.alerts import AlertOut
     from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
+    from portal.api.forecast import CapacityForecastOut
     from portal.api.offers import OfferOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
@@ -345,6 +346,13 @@ class Portal:
     ) -> ServiceCostOut:
         """Inference services' GPU-hours in the window, warm pool and serving apart."""
         return self._run(core.service_hours(start, end, tenant))
+
+    def capacity_forecast(
+        self, *, weeks: int | None = None, history_days: int | None = None
+    ) -> CapacityForecastOut:
+        """Forecast demand per flavor for the next weeks against capacity and guarantees
+        (leadership and platform admins)."""
+        return self._run(core.capacity_forecast(weeks, history_days))
 
     def series(
         self,
