@@ -218,23 +218,23 @@ def list_jobs(
     return page.page_of(views, job_out)
 
 
-@router.get("/jobs/{job_id}", response_model=RayJobOut, responses=_404, summary="Read one job")
+@router.get("/jobs/{ray_job_id}", response_model=RayJobOut, responses=_404, summary="Read one job")
 def get_job(
-    job_id: RayJobId,
+    ray_job_id: RayJobId,
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     jobs: Annotated[RayJobs, Depends(ray_jobs)],
 ) -> RayJobOut:
-    return job_out(_readable(caller, jobs, job_id))
+    return job_out(_readable(caller, jobs, ray_job_id))
 
 
 @router.get(
-    "/jobs/{job_id}/logs",
+    "/jobs/{ray_job_id}/logs",
     response_model=LogOut,
     responses=_404,
     summary="The driver's output from a byte offset (follow by polling with next_offset)",
 )
 def job_logs(
-    job_id: RayJobId,
+    ray_job_id: RayJobId,
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     jobs: Annotated[RayJobs, Depends(ray_jobs)],
     attempt: Annotated[
@@ -246,14 +246,14 @@ def job_logs(
         Query(ge=1, le=MAX_LOG_BYTES, description=f"At most this many bytes (<= {MAX_LOG_BYTES})."),
     ] = 65536,
 ) -> LogOut:
-    job = _readable(caller, jobs, job_id).job
+    job = _readable(caller, jobs, ray_job_id).job
     number = attempt or max(1, job.attempt)
     if number > max(1, job.attempt):
         raise InvalidRequest("attempt", number, f"1 to {max(1, job.attempt)}")
     ended = job.state.terminal or number < job.attempt
-    chunk = jobs.read_log(job_id, number, offset, limit)
+    chunk = jobs.read_log(ray_job_id, number, offset, limit)
     return LogOut(
-        job_id=job_id,
+        job_id=ray_job_id,
         attempt=number,
         rank=0,
         offset=offset,
@@ -265,30 +265,30 @@ def job_logs(
 
 
 @router.get(
-    "/jobs/{job_id}/cost",
+    "/jobs/{ray_job_id}/cost",
     response_model=JobCostOut,
     responses={**_404, 409: {"model": ErrorBody, "description": "not a one-off job"}},
     summary="A one-off job's GPU-hours and money: its cluster's slices, priced as /cost prices",
 )
 def job_cost(
-    job_id: RayJobId,
+    ray_job_id: RayJobId,
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     jobs: Annotated[RayJobs, Depends(ray_jobs)],
     acc: Annotated[Accounting, Depends(accounting_of)],
 ) -> JobCostOut:
     """`attempts` lists the cluster's slices (each an allocator workload). A job on a
     tenant's own cluster shares it: that cluster's cost is the tenant's (`/cost`)."""
-    job = _readable(caller, jobs, job_id).job
+    job = _readable(caller, jobs, ray_job_id).job
     if not job.one_off:
         raise Conflict(
-            f"Ray job {job_id} runs on the shared cluster {job.cluster_id}: its cost is the "
+            f"Ray job {ray_job_id} runs on the shared cluster {job.cluster_id}: its cost is the "
             "cluster's, in /cost; only a one-off job has a cost of its own"
         )
     slices = stored.slices(jobs.rays.store, job.cluster_id)
     costs = workload_costs(acc, [s.workload_id for s in slices])
     total = costs.total()
     return JobCostOut(
-        job_id=job_id,
+        job_id=ray_job_id,
         tenant=job.tenant,
         currency=costs.currency,
         unpriced_models=list(costs.unpriced_models),
@@ -308,18 +308,18 @@ def job_cost(
 
 
 @router.delete(
-    "/jobs/{job_id}",
+    "/jobs/{ray_job_id}",
     response_model=RayJobOut,
     responses=_404,
     summary="Stop: the driver stopped, a one-off job's cluster deleted (idempotent)",
 )
 def stop_job(
-    job_id: RayJobId,
+    ray_job_id: RayJobId,
     caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
     jobs: Annotated[RayJobs, Depends(ray_jobs)],
 ) -> RayJobOut:
-    charge(caller, jobs.get(job_id).tenant)
-    return job_out(jobs.stop(job_id))
+    charge(caller, jobs.get(ray_job_id).tenant)
+    return job_out(jobs.stop(ray_job_id))
 
 
 @router.post(
