@@ -40,6 +40,7 @@ from portal.ray.jobspec import RayJobSpec
 from portal.ray.spec import RaySpec
 from portal.store import ray as stored
 from portal.store.records import ChangeSet, EventRecord, RayJobAttempt, RayJobRecord
+from portal.store.writer import Store
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,6 @@ class RayJobs:
     def __init__(self, rays: RayController, *, drivers: LocalDrivers | None = None) -> None:
         self.rays = rays
         self.drivers = drivers
-        self._store = rays.store
         self._last_created: datetime | None = None
         # Exits the runner reported, until the job's step takes them: (job, attempt) -> code.
         self._exits: dict[tuple[str, int], int] = {}
@@ -71,6 +71,10 @@ class RayJobs:
     @property
     def now(self) -> datetime:
         return self.rays.now
+
+    @property
+    def _store(self) -> Store:
+        return self.rays.store
 
     # ---------------------------------------------------------------- the API's side
 
