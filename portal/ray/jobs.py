@@ -5,8 +5,8 @@ A Ray job holds no device of its own: the cluster's slices do, so priority (the 
 queueing, preemption and cost are the cluster's, which are those of any workload. A one-off
 job's cost is its cluster's slices (``workload_ids``), priced like a training job's attempts.
 
-The life of a job, advanced by ``step`` (the service's ``ray-jobs`` loop, after the ``ray``
-loop has brought the clusters in line):
+The life of a job, advanced by ``step`` (in each round of the service's ``ray`` loop, after
+the clusters were brought in line):
 
 1. **queued** until its cluster is ``running`` (head up, every admitted worker joined);
 2. **running**: attempt *n* starts the entrypoint (``portal.ray.drivers``) against the head;
@@ -160,11 +160,15 @@ class RayJobs:
             if self.drivers is not None:
                 for e in self.drivers.poll():
                     self._exits[(e.job_id, e.attempt)] = exit_code_of(e.exit_code, e.signal)
-            for job in stored.jobs(self._store, active=True):
+            active = stored.jobs(self._store, active=True)
+            for job in active:
                 try:
                     self._advance(job)
                 except PortalError as exc:
                     log.warning("Ray job %s: %s", job.id, exc.message)
+            # Exits of drivers whose job ended already (stopped) are nobody's.
+            ids = {j.id for j in active}
+            self._exits = {k: v for k, v in self._exits.items() if k[0] in ids}
 
     def _advance(self, job: RayJobRecord) -> None:
         cluster = self.rays.get(job.cluster_id)

@@ -45,6 +45,13 @@ def build_jobs_for_service(controller: RayController, settings: Settings) -> Ray
 
 
 def register_for_service(loops: Loops, controller: RayController, jobs: RayJobs) -> None:
-    if controller.backend is not None:
-        loops.add("ray", RAY_INTERVAL_S, controller.step)
-        loops.add("ray-jobs", RAY_INTERVAL_S, jobs.step)
+    if controller.backend is None:
+        return
+
+    def round_() -> None:
+        # Clusters first: a head that ended is seen (and started again) before the drivers
+        # that lost it, so their exits count as the cluster's, not as the jobs' failures.
+        controller.step()
+        jobs.step()
+
+    loops.add("ray", RAY_INTERVAL_S, round_)
