@@ -92,11 +92,12 @@ class RayJobs:
                     f"Ray cluster {cluster_id} is stopped: submit to a cluster that is not, "
                     "or as a one-off job with a cluster of its own"
                 )
+            if cluster.state.released:
+                # Idle or suspended: the job needs its workers, through admission again (a
+                # resume the tenant's limit refuses raises here, and no job is queued).
+                self.rays.resume(cluster_id)
             job = self._record(cluster.tenant, owner, cluster_id, spec, one_off=False)
             self._commit(job, "ray.job.submitted", f"queued on Ray cluster {cluster.name}")
-            if cluster.state.released:
-                # Idle or suspended: the job needs its workers, through admission again.
-                self.rays.resume(cluster_id)
             self._advance(job)
             return self.view(job.id)
 

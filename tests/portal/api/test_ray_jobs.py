@@ -170,3 +170,16 @@ def test_another_tenant_gets_403_on_every_route_and_changes_nothing(
     [job] = stored.jobs(allocator.store)
     assert (job.id, job.state) == (jid, JobState.QUEUED)
     assert len(allocator.workloads("team-a")) == 1
+
+
+def test_a_job_submitted_to_an_idle_cluster_resumes_it_through_admission(
+    app: FastAPI, client: TestClient, allocator: Allocator, tmp_path: Path
+) -> None:
+    cid = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice")).json()["id"]
+    app.state.ray.release_idle(cid, 60.0)
+    assert allocator.workloads() == []
+    r = client.post(f"/api/v1/ray/{cid}/jobs", json=job_body(tmp_path), headers=auth("alice"))
+    assert (r.status_code, r.json()["state"]) == (201, "queued"), r.text
+    assert r.json()["cluster_state"] in {"queued", "starting", "running"}
+    [held] = allocator.workloads("team-a")
+    assert (held.kind, len(held.allocations)) == ("ray", 2)
