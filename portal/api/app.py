@@ -24,6 +24,7 @@ from portal.api import (
     queue,
     quotas,
     ray,
+    ray_jobs,
     services,
     tenants,
     usage,
@@ -39,6 +40,7 @@ from portal.inference.gateway import Gateway
 from portal.inference.gateway import router as gateway_router
 from portal.jobs.controller import JobController
 from portal.ray.controller import RayController
+from portal.ray.jobs import RayJobs
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
@@ -53,6 +55,7 @@ def create_app(
     job_controller: JobController | None = None,
     service_controller: ServiceController | None = None,
     ray_controller: RayController | None = None,
+    ray_job_controller: RayJobs | None = None,
 ) -> FastAPI:
     """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
 
@@ -61,7 +64,8 @@ def create_app(
     ``job_controller`` runs ``/jobs`` (default: one without a backend, which takes, lists
     and cancels jobs but launches nothing: the service passes the one its loop drives);
     ``service_controller`` likewise runs ``/services`` and the gateway.
-    ``ray_controller`` runs ``/ray`` the same way.
+    ``ray_controller`` runs ``/ray`` the same way, and ``ray_job_controller`` (over it) the
+    Ray jobs.
     """
     app = FastAPI(
         title="gpuportal",
@@ -79,6 +83,7 @@ def create_app(
     app.state.gateway = Gateway(app.state.services)
     app.state.metrics.registry.register(app.state.gateway.book)
     app.state.ray = ray_controller or RayController(alloc)
+    app.state.ray_jobs = ray_job_controller or RayJobs(app.state.ray)
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
     for module in (
@@ -87,6 +92,7 @@ def create_app(
         workloads,
         jobs,
         services,
+        ray_jobs,  # before ray: /ray/jobs is not a cluster id
         ray,
         queue,
         usage,

@@ -19,12 +19,15 @@ import builtins
 import time
 from typing import TYPE_CHECKING, Any
 
-from portal.client import core
+from policies.errors import InvalidRequest
+from portal.client import core, ray_jobs
 from portal.client.core import API, Call, Op, _filters, _seg
 from portal.errors import PortalError
 
 if TYPE_CHECKING:
+    from portal.api.jobs import JobCostOut, LogOut
     from portal.api.ray import RayOut
+    from portal.api.ray_jobs import RayJobOut
     from portal.api.schemas import DevicesIn
     from portal.client.sync import Portal
 
@@ -232,3 +235,96 @@ class Ray:
     def down(self, cluster_id: str) -> RayOut:
         """Stop every node and release every slice (idempotent)."""
         return self._portal._run(delete(cluster_id))
+
+    # -------------------------------------------------------------- jobs
+
+    def submit(
+        self,
+        entrypoint: str,
+        *,
+        cluster_id: str | None = None,
+        tenant: str | None = None,
+        working_dir: str | None = None,
+        env_vars: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None,
+        workers: int = 1,
+        flavor: str | None = None,
+        count: int = 1,
+        devices: DevicesIn | None = None,
+        priority: int = 0,
+    ) -> RayJobOut:
+        """Run ``entrypoint`` (a shell command line; ``RAY_ADDRESS`` is set, so ``ray.init()``
+        joins the cluster) with ``working_dir`` and ``env_vars`` for it and its tasks.
+
+        With ``cluster_id`` it runs on that cluster once it runs (an idle one is resumed).
+        Without, it is a one-off job: a cluster of ``workers`` workers of ``flavor`` (or
+        ``devices``) for ``tenant`` is admitted like any Ray cluster, and deleted when the
+        job ends. Returns at once: see ``wait_job``.
+        """
+        cluster = None
+        if cluster_id is None:
+            if tenant is None:
+                raise InvalidRequest("tenant", None, "the tenant of a one-off job, or cluster_id")
+            want = core.devices_for(flavor, count=count, milli=0, gpu_memory_mib=0, devices=devices)
+            cluster = body(
+                tenant,
+                workers=workers,
+                max_workers=None,
+                devices=want,
+                name=None,
+                head_cpus=1,
+                worker_cpus=1,
+                ray_version=None,
+                idle_s=None,
+                priority=priority,
+            )
+        sent = ray_jobs.body(
+            entrypoint,
+            working_dir=working_dir,
+            env_vars=env_vars,
+            metadata=metadata,
+            cluster=cluster,
+        )
+        return self._portal._run(ray_jobs.submit(cluster_id, sent))
+
+    def job(self, job_id: str) -> RayJobOut:
+        return self._portal._run(ray_jobs.get(job_id))
+
+    def jobs(
+        self, tenant: str | None = None, cluster_id: str | None = None
+    ) -> builtins.list[RayJobOut]:
+        """Every Ray job the token may read (of one cluster), in submission order."""
+        return self._portal._run(ray_jobs.listed(self._portal._page_size, tenant, cluster_id))
+
+    def stop_job(self, job_id: str) -> RayJobOut:
+        """Stop the driver; a one-off job's cluster is deleted with it (idempotent)."""
+        return self._portal._run(ray_jobs.stop(job_id))
+
+    def job_logs(self, job_id: str, *, attempt: int | None = None, offset: int = 0) -> LogOut:
+        """The driver's output from ``offset`` (follow with the answer's ``next_offset``)."""
+        return self._portal._run(ray_jobs.logs(job_id, attempt, offset))
+
+    def job_cost(self, job_id: str) -> JobCostOut:
+        """A one-off job's GPU-hours and money (its cluster's slices)."""
+        return self._portal._run(ray_jobs.cost(job_id))
+
+    def wait_job(
+        self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 2.0
+    ) -> RayJobOut:
+        """Poll until the job ended (succeeded, failed or cancelled); returns it.
+
+        Raises:
+            RayNotReady: it had not ended within ``timeout_s``.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            info = self.job(job_id)
+            if info.state.terminal:
+                return info
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RayNotReady(
+                    f"Ray job {job_id} has not ended after {timeout_s:g} s: "
+                    f"{info.state.value}, {info.message}"
+                )
+            time.sleep(poll_s if left is None else min(poll_s, left))

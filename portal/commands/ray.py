@@ -1,10 +1,12 @@
-"""``gpuportal ray`` (list) and its actions ``up``, ``scale``, ``resume``, ``down``."""
+"""``gpuportal ray`` (list) and its actions ``up``, ``scale``, ``resume``, ``down``; the Ray
+job actions (``submit``, ``jobs``, ``stop``, ``logs``) are in ``portal.commands.ray_jobs``."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from portal.commands import ray_jobs
 from portal.commands.common import add_connection_options, call, print_json, table
 from portal.commands.workloads import devices
 
@@ -19,7 +21,7 @@ def register(commands: Any) -> None:
     """Add ``ray`` to the CLI's subcommands (an argparse ``_SubParsersAction``)."""
     parser = commands.add_parser(
         "ray",
-        help="list Ray clusters; bring one up, scale it, take it down",
+        help="list Ray clusters; bring one up, scale it, take it down; submit Ray jobs",
         description="Without an action: list the Ray clusters the token may read, oldest first.",
     )
     parser.add_argument("--tenant", help="only this tenant")
@@ -84,6 +86,7 @@ def register(commands: Any) -> None:
     sub.add_argument("cluster_id")
     add_connection_options(sub)
     sub.set_defaults(handler=down)
+    ray_jobs.register(actions)
 
 
 def describe(r: RayOut) -> str:

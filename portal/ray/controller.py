@@ -60,6 +60,7 @@ from portal.store.records import (
     RaySliceRecord,
     WorkloadState,
 )
+from portal.store.writer import Store
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,15 @@ class RayController:
     @property
     def now(self) -> datetime:
         return (self._clock or self._alloc.clock)()
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held by every writer of Ray state (``portal.ray.jobs`` too)."""
+        return self._lock
+
+    @property
+    def store(self) -> Store:
+        return self._alloc.store
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from portal.allocator import Allocator
 from portal.ray.controller import RayController
+from portal.ray.drivers import LocalDrivers
+from portal.ray.jobs import RayJobs
 from portal.ray.local import LocalRay
 from portal.ray.spec import installed_ray_version
 from portal.service.loops import Loops
@@ -35,6 +37,21 @@ def build_for_service(allocator: Allocator, settings: Settings) -> RayController
     return controller
 
 
-def register_for_service(loops: Loops, controller: RayController) -> None:
-    if controller.backend is not None:
-        loops.add("ray", RAY_INTERVAL_S, controller.step)
+def build_jobs_for_service(controller: RayController, settings: Settings) -> RayJobs:
+    """The service's Ray jobs: their drivers run wherever the clusters' nodes do."""
+    if controller.backend is None:
+        return RayJobs(controller)
+    return RayJobs(controller, drivers=LocalDrivers(settings.state_dir / "ray-jobs"))
+
+
+def register_for_service(loops: Loops, controller: RayController, jobs: RayJobs) -> None:
+    if controller.backend is None:
+        return
+
+    def round_() -> None:
+        # Clusters first: a head that ended is seen (and started again) before the drivers
+        # that lost it, so their exits count as the cluster's, not as the jobs' failures.
+        controller.step()
+        jobs.step()
+
+    loops.add("ray", RAY_INTERVAL_S, round_)

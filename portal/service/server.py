@@ -244,6 +244,7 @@ def _run(
     job_controller = job_service.build_for_service(allocator, settings, isolation)
     service_controller = inference_service.build_for_service(allocator, settings)
     ray_controller = ray_service.build_for_service(allocator, settings)
+    ray_jobs = ray_service.build_jobs_for_service(ray_controller, settings)
     app = create_app(
         allocator,
         where.authenticator,
@@ -251,6 +252,7 @@ def _run(
         job_controller=job_controller,
         service_controller=service_controller,
         ray_controller=ray_controller,
+        ray_job_controller=ray_jobs,
     )
     accounting = cost_api.configure(app, settings)
     # Price the month at once, then keep it priced: no viewer pays for a cold month.
@@ -261,7 +263,7 @@ def _run(
     register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
     job_service.register_for_service(loops, job_controller)
     inference_service.register_for_service(loops, service_controller)
-    ray_service.register_for_service(loops, ray_controller)
+    ray_service.register_for_service(loops, ray_controller, ray_jobs)
     # Once every setting was read and accepted (a bad one stops the service with one line).
     given = settings_report(settings, alerts)
     log.info(

@@ -410,3 +410,30 @@ class RaySlice(Base):
     started_at: Mapped[datetime | None]
     released_at: Mapped[datetime | None]
     reason: Mapped[str] = mapped_column(Text)
+
+
+class RayJob(Base):
+    """A Ray job (``portal.ray.jobs``): an entrypoint run against a Ray cluster, either a
+    tenant's cluster or a one-off one that ends with it. Its attempts are a JSON list: few,
+    read and written with the job."""
+
+    __tablename__ = "ray_jobs"
+    __table_args__ = (
+        Index("ix_ray_jobs_tenant_created_at", "tenant", "created_at"),
+        Index("ix_ray_jobs_state", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    owner: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    cluster_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("ray_clusters.id"))
+    one_off: Mapped[bool] = mapped_column(Boolean)
+    spec: Mapped[dict[str, object]]
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer)
+    attempts: Mapped[list[Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer)

@@ -1,23 +1,27 @@
 """Ray clusters and their slices in the store: records ↔ rows, and the reads the Ray
 controller and the API make. Writes go through ``Store.commit`` (``ChangeSet.ray_clusters``
-and ``.ray_slices``), with the same version checks as jobs."""
+``.ray_slices`` and
+``.ray_jobs``), with the same version checks as jobs."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import RowMapping, Table, select
 
+from policies.jobs import JobState
 from policies.ray import RayState, SliceState
 from portal.store.models import metadata
-from portal.store.records import RayClusterRecord, RaySliceRecord
+from portal.store.records import RayClusterRecord, RayJobAttempt, RayJobRecord, RaySliceRecord
 
 if TYPE_CHECKING:
     from portal.store.writer import Store
 
 CLUSTERS: Table = metadata.tables["ray_clusters"]
 SLICES: Table = metadata.tables["ray_slices"]
+JOBS: Table = metadata.tables["ray_jobs"]
 
 
 def cluster_row(c: RayClusterRecord) -> dict[str, Any]:
@@ -118,3 +122,99 @@ def slice_of_workload(store: Store, workload_id: str) -> RaySliceRecord | None:
     with store.engine.connect() as conn:
         row = conn.execute(query).mappings().first()
     return None if row is None else slice_record(row)
+
+
+def _at(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def attempt_dict(a: RayJobAttempt) -> dict[str, Any]:
+    return {
+        "number": a.number,
+        "started_at": a.started_at.isoformat(),
+        "head": a.head,
+        "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+        "exit_code": a.exit_code,
+        "reason": a.reason,
+    }
+
+
+def attempt_of(d: dict[str, Any]) -> RayJobAttempt:
+    started = _at(d["started_at"])
+    assert started is not None
+    return RayJobAttempt(
+        number=d["number"],
+        started_at=started,
+        head=d["head"],
+        ended_at=_at(d["ended_at"]),
+        exit_code=d["exit_code"],
+        reason=d["reason"],
+    )
+
+
+def job_row(j: RayJobRecord) -> dict[str, Any]:
+    return {
+        "id": j.id,
+        "tenant": j.tenant,
+        "owner": j.owner,
+        "cluster_id": j.cluster_id,
+        "one_off": j.one_off,
+        "spec": j.spec,
+        "state": j.state.value,
+        "message": j.message,
+        "attempt": j.attempt,
+        "attempts": [attempt_dict(a) for a in j.attempts],
+        "created_at": j.created_at,
+        "updated_at": j.updated_at,
+        "ended_at": j.ended_at,
+        "version": j.version,
+    }
+
+
+def job_record(r: RowMapping) -> RayJobRecord:
+    return RayJobRecord(
+        id=r["id"],
+        tenant=r["tenant"],
+        owner=r["owner"],
+        cluster_id=r["cluster_id"],
+        one_off=bool(r["one_off"]),
+        spec=r["spec"],
+        state=JobState(r["state"]),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        message=r["message"],
+        attempt=r["attempt"],
+        attempts=tuple(attempt_of(a) for a in r["attempts"]),
+        ended_at=r["ended_at"],
+        version=r["version"],
+    )
+
+
+def job(store: Store, job_id: str) -> RayJobRecord | None:
+    query = select(JOBS).where(JOBS.c.id == job_id)
+    with store.engine.connect() as conn:
+        row = conn.execute(query).mappings().one_or_none()
+    return None if row is None else job_record(row)
+
+
+_ENDED = [s.value for s in JobState if s.terminal]
+
+
+def jobs(
+    store: Store,
+    *,
+    tenants: Collection[str] | None = None,
+    cluster_id: str | None = None,
+    active: bool = False,
+) -> list[RayJobRecord]:
+    """Ray jobs in submission order, optionally of some tenants or one cluster, optionally
+    only those that have not ended."""
+    query = select(JOBS).order_by(JOBS.c.created_at, JOBS.c.id)
+    if tenants is not None:
+        query = query.where(JOBS.c.tenant.in_(sorted(tenants)))
+    if cluster_id is not None:
+        query = query.where(JOBS.c.cluster_id == cluster_id)
+    if active:
+        query = query.where(JOBS.c.state.not_in(_ENDED))
+    with store.engine.connect() as conn:
+        return [job_record(r) for r in conn.execute(query).mappings()]

@@ -257,6 +257,42 @@ class RaySliceRecord:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class RayJobAttempt:
+    """One run of a Ray job's entrypoint. ``head``: the start of the cluster's head it ran
+    against (a head started again ends the attempt without counting it as a failure);
+    ``exit_code`` None while it runs."""
+
+    number: int
+    started_at: datetime
+    head: int
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RayJobRecord:
+    """A Ray job: its spec (``portal.ray.jobspec.RayJobSpec.to_dict``), the cluster it runs
+    on (``one_off``: created for it and deleted when it ends), where it stands, and its
+    attempts, oldest first."""
+
+    id: str
+    tenant: str
+    owner: str
+    cluster_id: str
+    one_off: bool
+    spec: dict[str, object]
+    state: JobState
+    created_at: datetime
+    updated_at: datetime
+    message: str = ""
+    attempt: int = 0
+    attempts: tuple[RayJobAttempt, ...] = ()
+    ended_at: datetime | None = None
+    version: int = 1
+
+
 @dataclass(slots=True)
 class ChangeSet:
     """Everything one allocator decision changes, committed atomically by the store.
@@ -280,6 +316,7 @@ class ChangeSet:
     replicas: list[ReplicaRecord] = field(default_factory=list)  # upserts by (service, number)
     ray_clusters: list[RayClusterRecord] = field(default_factory=list)  # versioned upserts
     ray_slices: list[RaySliceRecord] = field(default_factory=list)  # upserts by (cluster, number)
+    ray_jobs: list[RayJobRecord] = field(default_factory=list)  # versioned upserts by id
 
     def empty(self) -> bool:
         return not (
@@ -298,6 +335,7 @@ class ChangeSet:
             or self.replicas
             or self.ray_clusters
             or self.ray_slices
+            or self.ray_jobs
         )
 
 

@@ -243,6 +243,7 @@ class Store:
             job_rows.JOBS,
             service_rows.SERVICES,
             ray_rows.CLUSTERS,
+            ray_rows.JOBS,
         ):
             key = table.primary_key.columns
             self._insert_new[table.name] = raw(
@@ -456,6 +457,9 @@ class Store:
             self._versioned(tx, ray_rows.CLUSTERS, ray_rows.cluster_row(c), f"Ray cluster {c.id!r}")
         if changes.ray_slices:
             tx.executemany(self._upsert_slice, [ray_rows.slice_row(r) for r in changes.ray_slices])
+        # After their clusters (the foreign key).
+        for rj in changes.ray_jobs:
+            self._versioned(tx, ray_rows.JOBS, ray_rows.job_row(rj), f"Ray job {rj.id!r}")
         if changes.events:
             tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:

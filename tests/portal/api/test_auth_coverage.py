@@ -23,6 +23,7 @@ PATH_VALUES = {
     "service_id": None,
     "service": "called",
     "cluster_id": None,
+    "ray_job_id": None,
 }
 RAY_BODY: dict[str, object] = {
     "tenant": "team-a",
@@ -40,6 +41,8 @@ BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("POST", "/gateway/{tenant}/{service}/v1/completions"): {"prompt": "x"},
     ("POST", "/api/v1/ray"): RAY_BODY,
     ("PATCH", "/api/v1/ray/{cluster_id}"): {"workers": 1},
+    ("POST", "/api/v1/ray/{cluster_id}/jobs"): {"entrypoint": "true"},
+    ("POST", "/api/v1/ray/jobs"): {"entrypoint": "true", "cluster": RAY_BODY},
     ("POST", "/api/v1/telemetry/samples"): {"node": "n1", "source": "nvml", "samples": []},
 }
 PORTAL_SCOPES = {s.value for s in Scope}
@@ -92,6 +95,8 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
     # Only an idle cluster can be resumed: one released for idleness, as the loop would.
     idle = client.post("/api/v1/ray", json=RAY_BODY, headers=auth("alice")).json()["id"]
     app.state.ray.release_idle(idle, 60.0)
+    one_off = {"entrypoint": "true", "cluster": RAY_BODY}
+    rjid = client.post("/api/v1/ray/jobs", json=one_off, headers=auth("alice")).json()["id"]
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}
@@ -107,7 +112,14 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
         app.state.authenticator = StaticAuthenticator({**TOKENS, "lacking": lacking})
         ray_id = idle if path.endswith("/resume") else cid
         url = fill(
-            path, {"workload_id": wid, "job_id": jid, "service_id": sid, "cluster_id": ray_id}
+            path,
+            {
+                "workload_id": wid,
+                "job_id": jid,
+                "service_id": sid,
+                "cluster_id": ray_id,
+                "ray_job_id": rjid,
+            },
         )
         body = BODIES.get((method, path))
         query = queries.get((method, path), {})

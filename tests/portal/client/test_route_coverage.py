@@ -15,7 +15,7 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.schemas import DevicesIn
-from portal.client import core, jobs, ray, services
+from portal.client import core, jobs, ray, ray_jobs, services
 from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
@@ -90,6 +90,14 @@ def client_operations() -> list[core.Op[object]]:
         ray.scale("r", 1),
         ray.resume("r"),
         ray.delete("r"),
+        ray_jobs.submit(None, {}),
+        ray_jobs.submit("r", {}),
+        ray_jobs.get("j"),
+        ray_jobs.listed(1, None, None),
+        ray_jobs.listed(1, None, "r"),
+        ray_jobs.stop("j"),
+        ray_jobs.logs("j", None, 0),
+        ray_jobs.cost("j"),
     ]
 
 
