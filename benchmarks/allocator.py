@@ -267,10 +267,14 @@ def _live(state: State, wid: str) -> Live | None:
     return state.live.get(wid)
 
 
-def _fill(alloc: Allocator) -> float:
+def _fill(alloc: Allocator, total_gpus: int) -> float:
+    """The share of the cluster's GPUs in use. The driver asks before every decision, under
+    the allocator's lock: ``total_gpus`` is counted once, since a walk of every node here
+    would hold the lock (and the interpreter) long enough to slow the decisions measured."""
+
     def fill(state: State) -> float:
         used = sum(sum(v.values()) for v in state.ledger.gpu_equivalents.values())
-        return used / max(1, sum(len(n.gpus) for n in state.nodes.values()))
+        return used / max(1, total_gpus)
 
     return alloc.read(fill)
 
@@ -336,7 +340,7 @@ def run(
         # Warm-up: fill to the middle of the band (not measured).
         t0 = time.perf_counter()
         guard = 0
-        while _fill(alloc) < (FILL_LOW + FILL_HIGH) / 2 and guard < gpus * 2:
+        while _fill(alloc, total_gpus) < (FILL_LOW + FILL_HIGH) / 2 and guard < gpus * 2:
             guard += 1
             submit()
             clock.now += timedelta(seconds=1)
@@ -354,7 +358,7 @@ def run(
         measured_ns = 0
         for i in range(decisions):
             clock.now += timedelta(seconds=1)
-            fill = _fill(alloc)
+            fill = _fill(alloc, total_gpus)
             if i % 100 == 0:
                 fills.append(fill)
                 queued_est = alloc.read(lambda state: len(state.queued))
@@ -424,7 +428,7 @@ def run(
             "fill": {
                 "min": round(min(fills), 3) if fills else 0.0,
                 "max": round(max(fills), 3) if fills else 0.0,
-                "end": round(_fill(alloc), 3),
+                "end": round(_fill(alloc, total_gpus), 3),
             },
             "outcomes": dict(sorted(outcomes.items())),
             "end_states": dict(sorted(states.items())),

@@ -47,6 +47,7 @@ def run_clients(
     policy_name: str | None = None,
 ) -> dict[str, Any]:
     nodes = single.inventory(gpus)
+    total_gpus = sum(len(n.gpus) for n in nodes)
     clock = SharedClock()
     store = single.TimedStore(url)
     try:
@@ -75,7 +76,7 @@ def run_clients(
             return s.state.value
 
         guard = 0
-        while single._fill(alloc) < band and guard < gpus * 2:  # warm-up, one client
+        while single._fill(alloc, total_gpus) < band and guard < gpus * 2:  # warm-up, one client
             guard += 1
             submit(guard % clients, rng)
             clock.tick(timedelta(seconds=1))
@@ -97,7 +98,7 @@ def run_clients(
                             return
                         left[0] -= 1
                     clock.tick(timedelta(milliseconds=1))
-                    fill = single._fill(alloc)
+                    fill = single._fill(alloc, total_gpus)
                     ask = fill < single.FILL_LOW or (fill <= single.FILL_HIGH and r.random() < 0.5)
                     if not mine:
                         ask = True

@@ -414,7 +414,7 @@ class Store:
         if changes.released:
             self._apply_releases(tx, changes.released)
         if changes.allocations:
-            tx.executemany(
+            tx.insert_rows(
                 self._insert_allocation,
                 [convert.allocation_row(a, now) for a in changes.allocations],
             )
@@ -457,9 +457,10 @@ class Store:
         if changes.ray_slices:
             tx.executemany(self._upsert_slice, [ray_rows.slice_row(r) for r in changes.ray_slices])
         if changes.events:
-            tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])
+            tx.insert_rows(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:
-            tx.executemany(
+            # One row per tenant (a mapping): the upsert touches no row twice.
+            tx.insert_rows(
                 self._upsert_usage,
                 [
                     {"tenant": tenant, "value": value, "updated_at": at}
