@@ -422,9 +422,9 @@ class RawTransaction:
     def insert_rows(self, stmt: RawStatement, rows: Sequence[Mapping[str, Any]]) -> None:
         """``executemany`` of an ``INSERT``; in a pipeline, as one statement of many rows
         (or a few, for thousands): each pipelined statement is a message the server reads
-        and executes and a result our side processes, so rows sent one by one cost a
-        decision more than the rows themselves. ``stmt`` must not touch a row twice (an
-        ``ON CONFLICT DO UPDATE`` may not update one row twice in one statement)."""
+        and executes and a result our side processes, so this sends fewer of them for the
+        same rows. ``stmt`` must not touch a row twice (an ``ON CONFLICT DO UPDATE`` may not
+        update one row twice in one statement)."""
         if self._pipeline is None or len(rows) < 2 or stmt.many_rows(2) is None:
             self.executemany(stmt, rows)
             return
