@@ -58,19 +58,23 @@ MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb")
 
 
 class TimedStore(Store):
-    """A store that adds the wall time of every commit to ``commit_ns``."""
+    """A store that adds the wall time of every commit to ``commit_ns``, and the CPU time
+    this process spent in it (all threads) to ``commit_cpu_ns``."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.commit_ns = 0
+        self.commit_cpu_ns = 0
         self.commits = 0
 
     def commit_all(self, batch: Iterable[ChangeSet]) -> None:
         t0 = time.perf_counter_ns()
+        c0 = time.process_time_ns()
         try:
             super().commit_all(batch)
         finally:
             self.commit_ns += time.perf_counter_ns() - t0
+            self.commit_cpu_ns += time.process_time_ns() - c0
             self.commits += 1
 
 
@@ -267,10 +271,14 @@ def _live(state: State, wid: str) -> Live | None:
     return state.live.get(wid)
 
 
-def _fill(alloc: Allocator) -> float:
+def _fill(alloc: Allocator, total_gpus: int) -> float:
+    """The share of the cluster's GPUs in use. The driver asks before every decision, under
+    the allocator's lock: ``total_gpus`` is counted once, since a walk of every node here
+    would hold the lock (and the interpreter) long enough to slow the decisions measured."""
+
     def fill(state: State) -> float:
         used = sum(sum(v.values()) for v in state.ledger.gpu_equivalents.values())
-        return used / max(1, sum(len(n.gpus) for n in state.nodes.values()))
+        return used / max(1, total_gpus)
 
     return alloc.read(fill)
 
@@ -336,7 +344,7 @@ def run(
         # Warm-up: fill to the middle of the band (not measured).
         t0 = time.perf_counter()
         guard = 0
-        while _fill(alloc) < (FILL_LOW + FILL_HIGH) / 2 and guard < gpus * 2:
+        while _fill(alloc, total_gpus) < (FILL_LOW + FILL_HIGH) / 2 and guard < gpus * 2:
             guard += 1
             submit()
             clock.now += timedelta(seconds=1)
@@ -352,18 +360,24 @@ def run(
         queued_est = 0
         t_start = time.perf_counter_ns()
         measured_ns = 0
+        # CPU time of this process inside the timed calls: unlike wall time, barely moved by
+        # other processes on a shared machine (the database server's own CPU is not in it).
+        cpu_ns = 0
+        commit_cpu0 = store.commit_cpu_ns
         for i in range(decisions):
             clock.now += timedelta(seconds=1)
-            fill = _fill(alloc)
+            fill = _fill(alloc, total_gpus)
             if i % 100 == 0:
                 fills.append(fill)
                 queued_est = alloc.read(lambda state: len(state.queued))
             do_request = fill < FILL_LOW or (fill <= FILL_HIGH and rng.random() < 0.5)
             if do_request and queued_est < MAX_QUEUED:
                 c0 = store.commit_ns
+                cpu = time.process_time_ns()
                 t = time.perf_counter_ns()
                 state = submit()
                 dt = time.perf_counter_ns() - t
+                cpu_ns += time.process_time_ns() - cpu
                 req_ns.append(dt)
                 req_commit_ns.append(store.commit_ns - c0)
                 outcomes[f"request->{state}"] += 1
@@ -375,9 +389,11 @@ def run(
                 if wid is None:
                     continue
                 c0 = store.commit_ns
+                cpu = time.process_time_ns()
                 t = time.perf_counter_ns()
                 st = alloc.release(wid)
                 dt = time.perf_counter_ns() - t
+                cpu_ns += time.process_time_ns() - cpu
                 rel_ns.append(dt)
                 rel_commit_ns.append(store.commit_ns - c0)
                 outcomes[f"release->{st.state.value}"] += 1
@@ -417,6 +433,10 @@ def run(
             "throughput_per_s": round(decided / (measured_ns / 1e9), 1) if measured_ns else 0.0,
             "throughput_wall_per_s": round(decided / wall_s, 1) if wall_s else 0.0,
             "commit_share": round(commit_total / measured_ns, 3) if measured_ns else 0.0,
+            "cpu_ms_per_decision": {
+                "all": round(cpu_ns / max(1, decided) / 1e6, 3),
+                "commit": round((store.commit_cpu_ns - commit_cpu0) / max(1, decided) / 1e6, 3),
+            },
             "commit_ms": {
                 "request": _stats(req_commit_ns),
                 "release": _stats(rel_commit_ns),
@@ -424,7 +444,7 @@ def run(
             "fill": {
                 "min": round(min(fills), 3) if fills else 0.0,
                 "max": round(max(fills), 3) if fills else 0.0,
-                "end": round(_fill(alloc), 3),
+                "end": round(_fill(alloc, total_gpus), 3),
             },
             "outcomes": dict(sorted(outcomes.items())),
             "end_states": dict(sorted(states.items())),
@@ -461,6 +481,11 @@ def table(r: dict[str, Any]) -> str:
         f"throughput {r['throughput_per_s']:.0f} decisions/s "
         f"(wall incl. driver {r['throughput_wall_per_s']:.0f}/s); "
         f"Store.commit share {r['commit_share'] * 100:.1f} %"
+    )
+    cpu = r["cpu_ms_per_decision"]
+    lines.append(
+        f"CPU of this process per decision {cpu['all']:.3f} ms "
+        f"(of which in Store.commit {cpu['commit']:.3f} ms)"
     )
     lines.append(
         f"fill {r['fill']['min']:.2f}-{r['fill']['max']:.2f}; outcomes {r['outcomes']}; "

@@ -47,6 +47,7 @@ def run_clients(
     policy_name: str | None = None,
 ) -> dict[str, Any]:
     nodes = single.inventory(gpus)
+    total_gpus = sum(len(n.gpus) for n in nodes)
     clock = SharedClock()
     store = single.TimedStore(url)
     try:
@@ -75,7 +76,7 @@ def run_clients(
             return s.state.value
 
         guard = 0
-        while single._fill(alloc) < band and guard < gpus * 2:  # warm-up, one client
+        while single._fill(alloc, total_gpus) < band and guard < gpus * 2:  # warm-up, one client
             guard += 1
             submit(guard % clients, rng)
             clock.tick(timedelta(seconds=1))
@@ -97,7 +98,7 @@ def run_clients(
                             return
                         left[0] -= 1
                     clock.tick(timedelta(milliseconds=1))
-                    fill = single._fill(alloc)
+                    fill = single._fill(alloc, total_gpus)
                     ask = fill < single.FILL_LOW or (fill <= single.FILL_HIGH and r.random() < 0.5)
                     if not mine:
                         ask = True
@@ -116,11 +117,14 @@ def run_clients(
         commits0 = store.commits
         threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
         t0 = time.perf_counter_ns()
+        cpu0 = time.process_time_ns()
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         wall_s = (time.perf_counter_ns() - t0) / 1e9
+        # All threads, the clients' own driving included; not the database server's.
+        cpu_ns = time.process_time_ns() - cpu0
         if errors:
             raise errors[0]
         all_ns = [x for per in lat for x in per]
@@ -134,6 +138,7 @@ def run_clients(
             "decisions": len(all_ns),
             "latency": single._stats(all_ns),
             "throughput_per_s": round(len(all_ns) / wall_s, 1) if wall_s else 0.0,
+            "cpu_ms_per_decision": round(cpu_ns / max(1, len(all_ns)) / 1e6, 3),
             "transactions": store.commits - commits0,
             # Drafts a decision read through when it began (group commit's chains).
             "chain_depth_mean": round(sum(map(sum, depths)) / max(1, len(all_ns)), 2),
@@ -209,13 +214,14 @@ def row(r: dict[str, Any]) -> str:
         f"{r['db']:<20} {r['clients']:>7} {r['decisions']:>9} {r['throughput_per_s']:>11.0f} "
         f"{s['p50_ms']:>7.2f} {s['p99_ms']:>7.2f} {per_tx:>8.1f} "
         f"{r['chain_depth_mean']:>6.1f} {r['chain_depth_max']:>5} "
-        f"{len(r['invariant_violations']):>4}"
+        f"{len(r['invariant_violations']):>4} {r['cpu_ms_per_decision']:>7.3f}"
     )
 
 
 HEADER = (
     f"{'database':<20} {'clients':>7} {'decisions':>9} {'decisions/s':>11} "
-    f"{'p50 ms':>7} {'p99 ms':>7} {'per tx':>8} {'chain':>6} {'max':>5} {'bad':>4}"
+    f"{'p50 ms':>7} {'p99 ms':>7} {'per tx':>8} {'chain':>6} {'max':>5} {'bad':>4} "
+    f"{'CPU ms':>7}"
 )
 
 

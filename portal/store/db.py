@@ -19,6 +19,7 @@ types' own bind processors) and error classes stay SQLAlchemy's, so nothing but 
 from __future__ import annotations
 
 import operator
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -52,6 +53,11 @@ VALID_SCHEMES = SQLITE_SCHEMES + POSTGRES_SCHEMES
 
 # Execution option a caller sets on a Connection to make its next transaction a write.
 WRITE_OPTION = "gpuportal_write"
+
+# A parameter in the driver's named style (psycopg's): ``%(name)s``.
+_NAMED = re.compile(r"%\((\w+)\)s")
+MAX_ROW_PARAMETERS = 30_000
+"""Most parameters in one many-row ``INSERT`` (the protocol allows 65,535)."""
 
 _URL_HELP = (
     "a URL with scheme "
@@ -187,11 +193,31 @@ class RawStatement:
             if len(self.names) > 1
             else lambda row: tuple(row[k] for k in self.names)
         )
+        self._many: dict[int, tuple[str, tuple[str, ...]] | None] = {}
 
     def bind(self, row: Mapping[str, Any]) -> Params:
         if self._defaults:
             row = {**self._defaults, **row}
         return self.bind_values(self._values(row))
+
+    def many_rows(self, n: int) -> tuple[str, tuple[str, ...]] | None:
+        """This ``INSERT`` written for ``n`` rows in one ``VALUES`` list, with the parameter
+        names each row takes in order (positional ``%s``); None where the statement is not
+        a one-row ``INSERT ... VALUES`` in the named style."""
+        found = self._many.get(n)
+        if found is not None or n in self._many:
+            return found
+        span = None if self.positional else _values_row(self.sql)
+        if span is None:
+            self._many[n] = None
+            return None
+        start, end = span
+        row = self.sql[start:end]
+        names = tuple(_NAMED.findall(row))
+        one = _NAMED.sub("%s", row)  # casts the dialect wrote (``::VARCHAR``) stay
+        sql = self.sql[:start] + ", ".join([one] * n) + self.sql[end:]
+        self._many[n] = (sql, names)
+        return sql, names
 
     def bind_values(self, values: Sequence[Any]) -> Params:
         """Like ``bind`` for a row given as values in the order of ``names``."""
@@ -212,6 +238,27 @@ class RawStatement:
         if self.positional:
             return values
         return dict(zip(self._sql_names, values, strict=True))
+
+
+def _values_row(sql: str) -> tuple[int, int] | None:
+    """Where the one row of ``INSERT ... VALUES (...)`` is in ``sql`` (its parentheses
+    included), or None for another statement."""
+    if not sql.startswith("INSERT INTO "):
+        return None
+    start = sql.find(" VALUES (")
+    if start < 0:
+        return None
+    start += len(" VALUES ")
+    masked = _NAMED.sub(lambda m: "_" * len(m.group(0)), sql)  # a name's ")" is not the end
+    depth = 0
+    for i in range(start, len(masked)):
+        if masked[i] == "(":
+            depth += 1
+        elif masked[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return start, i + 1
+    return None
 
 
 def compile_raw(
@@ -372,6 +419,29 @@ class RawTransaction:
         except self._dbapi_error as err:
             raise self._wrap(err, stmt.sql, params, many=True) from err
 
+    def insert_rows(self, stmt: RawStatement, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``executemany`` of an ``INSERT``; in a pipeline, as one statement of many rows
+        (or a few, for thousands): each pipelined statement is a message the server reads
+        and executes and a result our side processes, so this sends fewer of them for the
+        same rows. ``stmt`` must not touch a row twice (an ``ON CONFLICT DO UPDATE`` may not
+        update one row twice in one statement)."""
+        if self._pipeline is None or len(rows) < 2 or stmt.many_rows(2) is None:
+            self.executemany(stmt, rows)
+            return
+        width = max(1, len(stmt.names))
+        step = max(1, MAX_ROW_PARAMETERS // width)
+        for start in range(0, len(rows), step):
+            chunk = rows[start : start + step]
+            many = stmt.many_rows(len(chunk))
+            assert many is not None  # one-row statements were sent above
+            sql, names = many
+            params: list[Any] = []
+            for row in chunk:
+                bound = stmt.bind(row)
+                assert isinstance(bound, dict)  # the named style, as many_rows requires
+                params.extend(bound[k] for k in names)
+            self.submit_sql(sql, params, _nothing_to_check)
+
     def executemany_values(self, stmt: RawStatement, rows: Sequence[Sequence[Any]]) -> None:
         """``executemany`` with rows given as values in the order of ``stmt.names``."""
         params = rows if stmt.plain else [stmt.bind_values(row) for row in rows]
@@ -413,6 +483,10 @@ class RawTransaction:
         )
         assert isinstance(wrapped, BaseException)  # a DBAPI error is never a DontWrapMixin
         return wrapped
+
+
+def _nothing_to_check(cursor: Any) -> None:
+    """A statement whose only possible failure is a database error (raised by itself)."""
 
 
 @contextmanager

@@ -415,7 +415,7 @@ class Store:
         if changes.released:
             self._apply_releases(tx, changes.released)
         if changes.allocations:
-            tx.executemany(
+            tx.insert_rows(
                 self._insert_allocation,
                 [convert.allocation_row(a, now) for a in changes.allocations],
             )
@@ -461,9 +461,10 @@ class Store:
         for rj in changes.ray_jobs:
             self._versioned(tx, ray_rows.JOBS, ray_rows.job_row(rj), f"Ray job {rj.id!r}")
         if changes.events:
-            tx.executemany(self._insert_event, [convert.event_row(e) for e in changes.events])
+            tx.insert_rows(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:
-            tx.executemany(
+            # One row per tenant (a mapping): the upsert touches no row twice.
+            tx.insert_rows(
                 self._upsert_usage,
                 [
                     {"tenant": tenant, "value": value, "updated_at": at}

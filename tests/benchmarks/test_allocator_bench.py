@@ -22,6 +22,8 @@ def test_a_small_run_reports_latencies_and_leaves_no_gpu_double_allocated(tmp_pa
         assert s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
     assert 0.0 <= r["commit_share"] <= 1.0
     assert r["throughput_per_s"] > 0
+    cpu = r["cpu_ms_per_decision"]
+    assert 0.0 < cpu["commit"] < cpu["all"]
     assert any(k.startswith("request->") for k in r["outcomes"])
     assert r["allocations"] > 0
     assert r["invariant_violations"] == []
