@@ -158,6 +158,7 @@ class Gateway:
                 retry_after_s=RETRY_AFTER_S,
             )
         traffic.held += 1
+        traffic.held_total += 1
         try:
             deadline = time.monotonic() + hold.timeout_s
             while not (urls := self.controller.ready_urls(sid)):
