@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.inference import overhead
-from benchmarks.inference.replay import Cell, Engine, deploy, replay, report, settle
+from benchmarks.inference.replay import (
+    Cell,
+    Engine,
+    QuotaWatch,
+    deploy,
+    replay,
+    report,
+    settle,
+)
 from benchmarks.inference.serve import Portal
 from benchmarks.inference.strategies import STRATEGIES
 from benchmarks.inference.traces import Trace, TraceKind, bursty, diurnal
@@ -72,14 +80,18 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
     portal = Portal(work, quotas, free_port("127.0.0.1"))
     began = time.monotonic()
     portal.start()
+    rows: list[dict[str, Any]] = []
+    watch = QuotaWatch()
     try:
-        ids = deploy(portal, cells, cfg.engine, uri, digest)
-        settle_s = 3 * max(cfg.load_seconds) + cfg.engine.idle_s + 120
-        settle(portal, cells, ids, cfg.engine, settle_s)
-        settled = time.monotonic()
-        tallies, watch, start, end = asyncio.run(replay(portal, cells, ids, cfg.engine))
-        rows = report(portal, cells, ids, tallies, watch, (start, end), cfg.engine)
-        replayed = time.monotonic()
+        settled = replayed = time.monotonic()
+        if cells:
+            ids = deploy(portal, cells, cfg.engine, uri, digest)
+            settle_s = 3 * max(cfg.load_seconds) + cfg.engine.idle_s + 120
+            settle(portal, cells, ids, cfg.engine, settle_s)
+            settled = time.monotonic()
+            tallies, watch, start, end = asyncio.run(replay(portal, cells, ids, cfg.engine))
+            rows = report(portal, cells, ids, tallies, watch, (start, end), cfg.engine)
+            replayed = time.monotonic()
         replica = overhead.deploy_ready(portal, uri, digest, 120)
         gateway = asyncio.run(overhead.measure(portal, replica, cfg.overhead_rate, cfg.overhead_s))
         measured = time.monotonic()
@@ -141,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int)
     p.add_argument("--overhead-seconds", type=float, help="seconds of each mode per route")
     p.add_argument("--overhead-rate", type=float, help="requests/s of the overhead phase")
+    p.add_argument("--overhead-only", action="store_true", help="no traces: the gateway only")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else Config()
@@ -153,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         changes["strategies"] = tuple(args.strategies)
     if args.duration is not None:
         changes["duration_s"] = args.duration
+    if args.overhead_only:
+        changes["traces"] = ()
     if args.seed is not None:
         changes["seed"] = args.seed
     if args.overhead_seconds is not None:
