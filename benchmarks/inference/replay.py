@@ -27,6 +27,7 @@ from benchmarks.inference.strategies import STEP_S, Bounds, Strategy
 from benchmarks.inference.traces import Trace
 
 SAMPLE_S = 0.5
+SAMPLE_TIMEOUT_S = 10.0
 SETTLE_POLL_S = 0.5
 NAME = "llm"
 
@@ -36,7 +37,7 @@ class Engine:
     """The test engine's knobs and the services' scaling rule, the same for every cell."""
 
     token_seconds: float = 0.05
-    max_tokens: int = 8
+    max_tokens: int = 4
     max_running: int = 2
     max_replicas: int = 2
     target: float = 2.0  # concurrency per replica
@@ -205,12 +206,22 @@ class QuotaWatch:
     """Every sample of the allocator's quota use: violations are rows above their limit."""
 
     samples: int = 0
+    missed: int = 0  # samples the portal did not answer within SAMPLE_TIMEOUT_S
     violations: dict[str, int] = field(default_factory=dict)
     most_used: dict[str, int] = field(default_factory=dict)
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            r = await client.get("/api/v1/usage", params={"limit": 500}, headers=bearer(ADMIN))
+            try:
+                r = await client.get(
+                    "/api/v1/usage",
+                    params={"limit": 500},
+                    headers=bearer(ADMIN),
+                    timeout=SAMPLE_TIMEOUT_S,
+                )
+            except httpx.TimeoutException:
+                self.missed += 1
+                continue
             r.raise_for_status()
             self.samples += 1
             for row in r.json()["items"]:

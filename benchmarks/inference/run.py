@@ -35,12 +35,12 @@ class Config:
     load_seconds: tuple[float, ...] = (5.0, 20.0, 60.0)
     traces: tuple[TraceKind, ...] = (TraceKind.BURSTY, TraceKind.DIURNAL)
     strategies: tuple[str, ...] = tuple(STRATEGIES)
-    duration_s: float = 360.0
+    duration_s: float = 300.0
     seed: int = 1
-    rate: float = 4.0  # a burst's rate, the day's peak rate
+    rate: float = 1.5  # a burst's rate, the day's peak rate
     burst_on_s: float = 15.0
     burst_off_s: float = 60.0
-    day_s: float = 180.0
+    day_s: float = 150.0
     engine: Engine = field(default_factory=Engine)
     overhead_rate: float = 200.0
     overhead_s: float = 10.0
@@ -107,6 +107,7 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
             "total": round(time.monotonic() - began, 1),
         },
         "quota_samples": watch.samples,
+        "quota_samples_missed": watch.missed,
         "quota_violations": sum(watch.violations.values()),
         "cells": rows,
         "gateway_overhead": gateway,
