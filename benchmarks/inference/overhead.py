@@ -101,11 +101,19 @@ async def measure(
             for url, headers in paths.values():  # open the connections, untimed
                 await _block(client, url, body, headers, rate, WARMUP, [], [])
             per_block = max(1, round(rate * BLOCK_S))
+            cpu = 0.0
             for _ in range(max(1, round(seconds / BLOCK_S))):
                 for mode, (url, headers) in paths.items():
+                    before = portal.cpu_s()
                     await _block(client, url, body, headers, rate, per_block, times[mode],
                                  errors[mode])  # fmt: skip
-            rows.append(_row(stream, rate, times, errors))
+                    if mode == "gateway":
+                        cpu += portal.cpu_s() - before
+            row = _row(stream, rate, times, errors)
+            # The portal's CPU during the gateway blocks per request: its loops' own work
+            # (services, autoscaler) is in it too, a small part at this rate.
+            row["portal_cpu_ms_per_request"] = round(1000 * cpu / max(1, len(times["gateway"])), 2)
+            rows.append(row)
     return rows
 
 

@@ -120,5 +120,11 @@ class Portal:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, KeyError):
                 os.killpg(int(json.loads(member.read_text())["pid"]), signal.SIGKILL)
 
+    def cpu_s(self) -> float:
+        """CPU seconds the portal's process has used (user and system), from ``/proc``."""
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def admin(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=bearer(ADMIN), timeout=30)
