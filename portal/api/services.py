@@ -182,7 +182,8 @@ class ServiceOut(Model):
     traffic: dict[str, float | int | None] = Field(
         description=(
             "The gateway's counts since the portal started: held (waiting for a ready "
-            "replica), in_flight, served, refused (503), failed (replica unreachable), "
+            "replica), held_total (every request ever held), in_flight, served, refused "
+            "(503), failed (replica unreachable), "
             "first_byte_p50_s and first_byte_p99_s (arrival to the replica's first byte)."
         )
     )

@@ -56,6 +56,10 @@ replica's health check; an engine's load time is not known in advance."""
 FORWARDED = ("content-type", "accept")
 ServiceName = Annotated[Annotated[str, bounded(KEY, 63)], Path(description="The service's name.")]
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
+LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+"""Idle connections to replicas are kept (httpx keeps 20 by default): beyond 20 requests in
+flight, each answer would otherwise close its connection and the next request open a new
+one, a connect per request under load."""
 
 
 class Gateway:
@@ -72,9 +76,7 @@ class Gateway:
         """One pooled client per event loop (tests may run several loops in turn)."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client = httpx.AsyncClient(
-                timeout=TIMEOUT, limits=httpx.Limits(max_connections=1000)
-            )
+            self._client = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS)
             self._loop = loop
         return self._client
 
@@ -158,6 +160,7 @@ class Gateway:
                 retry_after_s=RETRY_AFTER_S,
             )
         traffic.held += 1
+        traffic.held_total += 1
         try:
             deadline = time.monotonic() + hold.timeout_s
             while not (urls := self.controller.ready_urls(sid)):

@@ -31,6 +31,7 @@ class Traffic:
     """One service's requests through the gateway."""
 
     held: int = 0  # waiting for a ready replica (scale from zero)
+    held_total: int = 0  # ever held: the requests that met a cold start or a wake
     in_flight: int = 0  # sent to a replica, not answered to the end yet
     served: int = 0
     refused: int = 0  # 503 beyond the hold bound or after the hold timeout
@@ -47,6 +48,7 @@ class Traffic:
         first = list(self.first_byte_s)
         return {
             "held": self.held,
+            "held_total": self.held_total,
             "in_flight": self.in_flight,
             "served": self.served,
             "refused": self.refused,

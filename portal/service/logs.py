@@ -74,3 +74,9 @@ def configure(fmt: LogFormat, level: str, stream: TextIO | None = None) -> None:
         logger.propagate = True
     # The service writes its own request log line (with route, caller and duration).
     logging.getLogger("uvicorn.access").disabled = True
+    # httpx logs every request it sends at info: the gateway's forward of each call, every
+    # health probe and metrics scrape, a second line per gateway request on its hot path.
+    # Kept at debug, where one asks for everything.
+    logging.getLogger("httpx").setLevel(
+        logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING
+    )

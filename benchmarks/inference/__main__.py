@@ -1,0 +1,3 @@
+from benchmarks.inference.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""The gateway's overhead: the same requests at a fixed rate sent straight to a replica and
+through the gateway (with a user token), latency compared percentile by percentile.
+
+The replica is fast (no load time, no time per token, one token, many at once), so what
+differs is the gateway's path: authentication, the route lookup, the forwarded request and
+the relayed answer. Direct and gateway blocks of ``BLOCK_S`` alternate, so both see the same
+load on a shared machine. Each request is timed from its send to the end of its answer (the
+whole body, or the whole event stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from benchmarks.inference.replay import NAME, quantile
+from benchmarks.inference.serve import Portal, bearer, user_token
+
+TENANT = "gw-overhead"
+BLOCK_S = 1.0
+WARMUP = 50
+
+
+def service_body(uri: str, digest: str) -> dict[str, Any]:
+    return {
+        "tenant": TENANT,
+        "name": NAME,
+        "engine": {
+            "preset": "test",
+            "args": ["--token-seconds", "0", "--max-running", "1000"],
+        },
+        "model": {"uri": uri, "digest": digest},
+        "devices": {"kind": "gpu", "count": 1},
+        "replicas": {"min": 1, "max": 1},
+    }
+
+
+def deploy_ready(portal: Portal, uri: str, digest: str, timeout_s: float) -> str:
+    """Deploy the fast service; its replica's base URL once it is ready."""
+    with httpx.Client(base_url=portal.url, headers=bearer(user_token(TENANT)), timeout=30) as c:
+        r = c.post("/api/v1/services", json=service_body(uri, digest))
+        if r.status_code != 201:
+            raise RuntimeError(f"deploy {TENANT}: {r.status_code} {r.text}")
+        sid = r.json()["id"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            s = c.get(f"/api/v1/services/{sid}").json()
+            ports = [x["port"] for x in s["replicas"] if x["state"] == "ready"]
+            if ports:
+                return f"http://127.0.0.1:{ports[0]}"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the overhead service is not ready: {s['message']}")
+            time.sleep(0.2)
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
+               out: list[float], errors: list[str]) -> None:  # fmt: skip
+    began = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            await r.aread()
+            if r.status_code != 200:
+                errors.append(str(r.status_code))
+                return
+    except httpx.HTTPError as exc:
+        errors.append(type(exc).__name__)
+        return
+    out.append(time.perf_counter() - began)
+
+
+async def _block(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
+                 rate: float, n: int, out: list[float], errors: list[str]) -> None:  # fmt: skip
+    """``n`` requests at ``rate`` per second, open loop (each sent on time, not after the last
+    answer)."""
+    start = time.perf_counter()
+    tasks = []
+    for i in range(n):
+        await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+        tasks.append(asyncio.create_task(_one(client, url, body, headers, out, errors)))
+    await asyncio.gather(*tasks)
+
+
+async def measure(
+    portal: Portal, replica: str, rate: float, seconds: float
+) -> list[dict[str, Any]]:
+    gateway = f"{portal.url}/gateway/{TENANT}/{NAME}/v1"
+    token = bearer(user_token(TENANT))
+    rows = []
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        for stream in (False, True):
+            body = {"model": NAME, "prompt": "hi", "max_tokens": 1, "stream": stream}
+            paths = {"direct": (f"{replica}/v1/completions", {}),
+                     "gateway": (f"{gateway}/completions", token)}  # fmt: skip
+            times: dict[str, list[float]] = {"direct": [], "gateway": []}
+            errors: dict[str, list[str]] = {"direct": [], "gateway": []}
+            for url, headers in paths.values():  # open the connections, untimed
+                await _block(client, url, body, headers, rate, WARMUP, [], [])
+            per_block = max(1, round(rate * BLOCK_S))
+            cpu = 0.0
+            for _ in range(max(1, round(seconds / BLOCK_S))):
+                for mode, (url, headers) in paths.items():
+                    before = portal.cpu_s()
+                    await _block(client, url, body, headers, rate, per_block, times[mode],
+                                 errors[mode])  # fmt: skip
+                    if mode == "gateway":
+                        cpu += portal.cpu_s() - before
+            row = _row(stream, rate, times, errors)
+            # The portal's CPU during the gateway blocks per request: its loops' own work
+            # (services, autoscaler) is in it too, a small part at this rate.
+            row["portal_cpu_ms_per_request"] = round(1000 * cpu / max(1, len(times["gateway"])), 2)
+            rows.append(row)
+    return rows
+
+
+def _ms(values: Sequence[float], q: float) -> float | None:
+    v = quantile(values, q)
+    return None if v is None else round(v * 1000, 3)
+
+
+def _row(
+    stream: bool, rate: float, times: dict[str, list[float]], errors: dict[str, list[str]]
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"route": "completions, stream" if stream else "completions",
+                           "rate_per_s": rate}  # fmt: skip
+    for mode in ("direct", "gateway"):
+        row[f"{mode}_requests"] = len(times[mode]) + len(errors[mode])
+        row[f"{mode}_errors"] = len(errors[mode])
+        row[f"{mode}_p50_ms"] = _ms(times[mode], 0.5)
+        row[f"{mode}_p99_ms"] = _ms(times[mode], 0.99)
+    for q in ("p50", "p99"):
+        gw, direct = row[f"gateway_{q}_ms"], row[f"direct_{q}_ms"]
+        row[f"added_{q}_ms"] = None if gw is None or direct is None else round(gw - direct, 3)
+    return row

@@ -1,0 +1,189 @@
+"""The command line of ``python -m benchmarks.inference`` (see the package's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.inference import overhead
+from benchmarks.inference.replay import (
+    Cell,
+    Engine,
+    QuotaWatch,
+    deploy,
+    replay,
+    report,
+    settle,
+)
+from benchmarks.inference.serve import Portal
+from benchmarks.inference.strategies import STRATEGIES
+from benchmarks.inference.traces import Trace, TraceKind, bursty, diurnal
+from portal.inference.testengine import read_model
+from portal.jobs.launch import free_port
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    load_seconds: tuple[float, ...] = (5.0, 20.0, 60.0)
+    traces: tuple[TraceKind, ...] = (TraceKind.BURSTY, TraceKind.DIURNAL)
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    duration_s: float = 300.0
+    seed: int = 1
+    rate: float = 1.5  # a burst's rate, the day's peak rate
+    burst_on_s: float = 15.0
+    burst_off_s: float = 60.0
+    day_s: float = 150.0
+    engine: Engine = field(default_factory=Engine)
+    overhead_rate: float = 200.0
+    overhead_s: float = 10.0
+
+
+QUICK = Config(
+    load_seconds=(0.5,),
+    duration_s=12.0,
+    rate=3.0,
+    burst_on_s=2.0,
+    burst_off_s=5.0,
+    day_s=12.0,
+    engine=Engine(down_window_s=3.0, idle_s=2.0),
+    overhead_s=1.0,
+)
+
+
+def make_trace(kind: TraceKind, cfg: Config) -> Trace:
+    if kind is TraceKind.BURSTY:
+        return bursty(cfg.seed, cfg.duration_s, cfg.rate, cfg.burst_on_s, cfg.burst_off_s)
+    return diurnal(cfg.seed, cfg.duration_s, cfg.day_s, cfg.rate)
+
+
+def run(cfg: Config, work: Path) -> dict[str, Any]:
+    traces = [make_trace(k, cfg) for k in cfg.traces]
+    cells = [
+        Cell(t, load, STRATEGIES[s])
+        for t in traces
+        for load in cfg.load_seconds
+        for s in cfg.strategies
+    ]
+    quotas = {c.tenant: c.bounds(cfg.engine).gpus for c in cells} | {overhead.TENANT: 1}
+    model = work / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"\1" * (1 << 20))
+    uri, digest = model.as_uri(), read_model(model)[1]
+    portal = Portal(work, quotas, free_port("127.0.0.1"))
+    began = time.monotonic()
+    portal.start()
+    rows: list[dict[str, Any]] = []
+    watch = QuotaWatch()
+    try:
+        settled = replayed = time.monotonic()
+        if cells:
+            ids = deploy(portal, cells, cfg.engine, uri, digest)
+            settle_s = 3 * max(cfg.load_seconds) + cfg.engine.idle_s + 120
+            settle(portal, cells, ids, cfg.engine, settle_s)
+            settled = time.monotonic()
+            tallies, watch, start, end = asyncio.run(replay(portal, cells, ids, cfg.engine))
+            rows = report(portal, cells, ids, tallies, watch, (start, end), cfg.engine)
+            replayed = time.monotonic()
+        replica = overhead.deploy_ready(portal, uri, digest, 120)
+        gateway = asyncio.run(overhead.measure(portal, replica, cfg.overhead_rate, cfg.overhead_s))
+        measured = time.monotonic()
+    finally:
+        portal.stop()
+    return {
+        "config": {**asdict(cfg), "strategies": list(cfg.strategies)},
+        "load_average": os.getloadavg(),
+        "wall_s": {
+            "setup_and_settle": round(settled - began, 1),
+            "replay": round(replayed - settled, 1),
+            "overhead": round(measured - replayed, 1),
+            "total": round(time.monotonic() - began, 1),
+        },
+        "quota_samples": watch.samples,
+        "quota_samples_missed": watch.missed,
+        "quota_violations": sum(watch.violations.values()),
+        "cells": rows,
+        "gateway_overhead": gateway,
+    }
+
+
+def markdown(out: dict[str, Any]) -> str:
+    lines = [
+        "| trace | load s | strategy | requests | answered | cold | cold share | TTFT p50 s "
+        "| TTFT p99 s | GPU-s serving | GPU-s warm | most GPUs / quota | quota violations |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in out["cells"]:
+        lines.append(
+            f"| {r['trace']} | {r['load_s']:g} | {r['strategy']} | {r['requests']} "
+            f"| {r['answered']} | {r['cold']} | {r['cold_share']:.1%} | {r['ttft_p50_s']} "
+            f"| {r['ttft_p99_s']} | {r['gpu_s_serving']} | {r['gpu_s_warm']} "
+            f"| {r['most_gpus_used']} / {r['quota_limit']} | {r['quota_violations']} |"
+        )
+    lines += [
+        "",
+        "| route | rate/s | direct p50 ms | direct p99 ms | gateway p50 ms | gateway p99 ms "
+        "| added p50 ms | added p99 ms | portal CPU ms/request | errors (direct, gateway) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for g in out["gateway_overhead"]:
+        lines.append(
+            f"| {g['route']} | {g['rate_per_s']:g} | {g['direct_p50_ms']} | {g['direct_p99_ms']} "
+            f"| {g['gateway_p50_ms']} | {g['gateway_p99_ms']} | {g['added_p50_ms']} "
+            f"| {g['added_p99_ms']} | {g.get('portal_cpu_ms_per_request', 'n/a')} "
+            f"| {g['direct_errors']}, {g['gateway_errors']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.inference", description=__doc__)
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny configuration: seconds, not minutes"
+    )
+    p.add_argument("--load-seconds", type=float, nargs="+", help="engine load times")
+    p.add_argument("--traces", nargs="+", choices=[k.value for k in TraceKind])
+    p.add_argument("--strategies", nargs="+", choices=list(STRATEGIES))
+    p.add_argument("--duration", type=float, help="seconds each trace lasts")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--overhead-seconds", type=float, help="seconds of each mode per route")
+    p.add_argument("--overhead-rate", type=float, help="requests/s of the overhead phase")
+    p.add_argument("--overhead-only", action="store_true", help="no traces: the gateway only")
+    p.add_argument("--json", type=Path, help="write the results here")
+    args = p.parse_args(argv)
+    cfg = QUICK if args.quick else Config()
+    changes: dict[str, Any] = {}
+    if args.load_seconds:
+        changes["load_seconds"] = tuple(args.load_seconds)
+    if args.traces:
+        changes["traces"] = tuple(TraceKind(t) for t in args.traces)
+    if args.strategies:
+        changes["strategies"] = tuple(args.strategies)
+    if args.duration is not None:
+        changes["duration_s"] = args.duration
+    if args.overhead_only:
+        changes["traces"] = ()
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if args.overhead_seconds is not None:
+        changes["overhead_s"] = args.overhead_seconds
+    if args.overhead_rate is not None:
+        changes["overhead_rate"] = args.overhead_rate
+    cfg = replace(cfg, **changes)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run(cfg, Path(tmp))
+    print(markdown(out))
+    print(
+        f"quota samples {out['quota_samples']}, violations {out['quota_violations']}; "
+        f"wall {out['wall_s']['total']} s (replay {out['wall_s']['replay']} s)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0

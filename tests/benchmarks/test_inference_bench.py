@@ -1,0 +1,63 @@
+"""Smoke test of ``python -m benchmarks.inference``: a tiny configuration (both traces, every
+strategy, one short load time) against a real ``gpuportal serve`` with real test-engine
+replicas. It checks the report's invariants — every request accounted for, no quota
+violation on any sample, the strategies' own signatures — never a timing (those are in
+``benchmarks/results/inference.md``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.inference import run
+from benchmarks.inference.traces import TraceKind, bursty, diurnal
+
+pytestmark = pytest.mark.slow
+
+
+def test_traces_are_seeded_and_quiet_long_enough_to_scale_to_zero() -> None:
+    a, b = bursty(7, 300, 4, 15, 60), bursty(7, 300, 4, 15, 60)
+    assert a == b and a.arrivals and a.arrivals != bursty(8, 300, 4, 15, 60).arrivals
+    gaps = [y - x for x, y in zip(a.arrivals, a.arrivals[1:], strict=False)]
+    assert max(gaps) > 30  # the off periods: longer than the default idle time
+    day = diurnal(7, 360, 180, 4)
+    assert day.kind is TraceKind.DIURNAL and all(0 <= t < 360 for t in day.arrivals)
+    # Nothing between 18:00 and 06:00 of each compressed day.
+    assert not [t for t in day.arrivals if (t % 180) < 45 or (t % 180) > 135]
+    assert day.seen_by(100) == tuple(t for t in day.arrivals if t <= 100)
+
+
+def test_a_tiny_run_accounts_for_every_request_and_never_exceeds_a_quota(tmp_path: Path) -> None:
+    out = tmp_path / "inference.json"
+    argv = ["--quick", "--load-seconds", "0.2", "--duration", "8", "--overhead-seconds", "0.5",
+            "--overhead-rate", "40", "--json", str(out)]  # fmt: skip
+    assert run.main(argv) == 0
+    result = json.loads(out.read_text())
+    cells = result["cells"]
+    assert {(c["trace"], c["strategy"]) for c in cells} == {
+        (t, s) for t in ("bursty", "diurnal") for s in ("reactive", "warm-pool", "fixed-min")
+    }
+    assert result["quota_samples"] > 0 and result["quota_violations"] == 0
+    for c in cells:
+        assert c["quota_violations"] == 0 and c["most_gpus_used"] <= c["quota_limit"], c
+        assert c["requests"] > 0
+        # Every request answered or counted as an error; the gateway saw each held one once.
+        assert c["answered"] + sum(c["errors"].values()) == c["requests"], c
+        # Nothing is refused for the hold's bounds (100 held, 600 s); a reply cut by a
+        # scale-down would be an error, counted, not lost.
+        assert c["gateway_refused"] == 0 and c["answered"] > 0, c
+        assert 0 <= c["cold"] <= c["requests"] and c["gateway_served"] <= c["requests"], c
+        assert c["ttft_p50_s"] <= c["ttft_p99_s"], c
+    by = {(c["trace"], c["strategy"]): c for c in cells}
+    for t in ("bursty", "diurnal"):
+        # A service kept at one replica never holds a request; one at zero holds the first.
+        assert by[(t, "fixed-min")]["cold"] == 0
+        assert by[(t, "reactive")]["cold"] >= 1
+        # Only the warm pool is charged warm GPU time.
+        assert by[(t, "warm-pool")]["gpu_s_warm"] > 0
+        assert by[(t, "reactive")]["gpu_s_warm"] == by[(t, "fixed-min")]["gpu_s_warm"] == 0
+    for g in result["gateway_overhead"]:
+        assert g["direct_errors"] == g["gateway_errors"] == 0, g
+        assert g["direct_requests"] == g["gateway_requests"] > 0, g
