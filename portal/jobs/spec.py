@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from policies.elastic import MemberBounds
 from policies.errors import InvalidRequest
 from policies.flavors import FlavorKind
 from policies.jobs import RestartPolicy, TopologyMode
@@ -115,10 +116,15 @@ class JobSpec:
     kube_job: str | None = None
     """``namespace/name`` of a Job created with kubectl that this job admits and runs (set by
     the Kubernetes backend's admission, never by the API)."""
+    max_members: int | None = None
+    """Elastic jobs: the most members it may grow to (``members`` is then its minimum, the
+    gang it starts with); None: a fixed job of ``members``."""
 
     def __post_init__(self) -> None:
         if isinstance(self.members, bool) or not 1 <= self.members <= MAX_GANG_SIZE:
             raise InvalidRequest("members", self.members, f"1 to {MAX_GANG_SIZE}")
+        if self.max_members is not None:
+            MemberBounds(self.members, self.max_members)
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise InvalidRequest("priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
         if not self.name or len(self.name) > 253:
@@ -144,6 +150,13 @@ class JobSpec:
                     "a name the portal does not set itself: not one of "
                     + ", ".join(sorted(RESERVED_ENV)),
                 )
+
+    @property
+    def bounds(self) -> MemberBounds | None:
+        """The members bound of an elastic job; None for a fixed one."""
+        if self.max_members is None:
+            return None
+        return MemberBounds(self.members, self.max_members)
 
     @property
     def environment(self) -> dict[str, str]:
@@ -179,7 +192,9 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.restart
-        admitted = {"kube_job": self.kube_job} if self.kube_job is not None else {}
+        admitted: dict[str, Any] = {"kube_job": self.kube_job} if self.kube_job is not None else {}
+        if self.max_members is not None:
+            admitted["max_members"] = self.max_members
         return {
             "members": self.members,
             "devices": codec.device_request_to_dict(self.devices),
@@ -224,6 +239,7 @@ class JobSpec:
             priority=data["priority"],
             expected_duration_s=data["expected_duration_s"],
             kube_job=data.get("kube_job"),  # absent in jobs stored before it existed
+            max_members=data.get("max_members"),  # absent: a fixed job
         )
 
 
