@@ -168,7 +168,8 @@ class ElasticJobs:
     def allocations(
         self, job: JobRecord, gang: Sequence[AllocationRecord]
     ) -> list[AllocationRecord]:
-        """The gang's allocations, then each running slice's as the next member index."""
+        """The gang's allocations, then each running slice's as the next member index; a
+        slice reclaimed while the attempt waited to launch is given back now."""
         out = list(gang)
         if job.spec.get("max_members") is None:
             return out
@@ -177,6 +178,8 @@ class ElasticJobs:
             if s.state is WorkloadState.RUNNING:
                 out.extend(replace(a, member=member) for a in s.allocations)
                 member += 1
+            else:
+                self._alloc.release(s.id, reason="elastic slice reclaimed")
         return out
 
     def ready(self, job: JobRecord) -> bool:

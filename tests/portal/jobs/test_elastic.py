@@ -66,7 +66,7 @@ def gauge(rig: Rig) -> Gauge:
 
 
 def test_members_bound_is_checked_and_stored() -> None:
-    with pytest.raises(InvalidRequest, match="members.max 1: expected 2"):
+    with pytest.raises(InvalidRequest, match=r"members\.max 1: expected 2"):
         elastic(2, 1)
     spec = elastic(2, 4)
     assert spec.bounds is not None and (spec.bounds.min, spec.bounds.max) == (2, 4)
