@@ -95,17 +95,20 @@ class RestartIn(InModel):
 
 
 class MembersIn(InModel):
-    min: int = Field(ge=1, le=MAX_GANG_SIZE, description="The gang it starts with and keeps.")
-    max: int = Field(ge=1, le=MAX_GANG_SIZE, description="The most it grows to (>= min).")
+    # Ranges are checked by the job itself (policies.elastic.MemberBounds): a failed arm of
+    # the union would name its type in the error's field instead of members.min/max.
+    min: int = Field(description="The gang it starts with and keeps (1 or more).")
+    max: int | None = Field(default=None, description="The most it grows to (min to 1024).")
 
 
 class JobIn(InModel):
     tenant: Label = Field(description="The tenant charged; the caller must be a member of it.")
     name: Text = Field(description="A name for people.")
-    members: Annotated[int, Field(ge=1, le=MAX_GANG_SIZE)] | MembersIn = Field(
+    members: int | MembersIn = Field(
         description=(
-            "Processes (ranks) started all-or-nothing; {min, max}: an elastic job, started "
-            "at min and grown by one-member slices up to max (docs/jobs.md)."
+            f"Processes (ranks, 1 to {MAX_GANG_SIZE}) started all-or-nothing; {{min, max}}: an "
+            "elastic job, started at min and grown by one-member slices up to max "
+            "(docs/jobs.md)."
         )
     )
     devices: DevicesIn = Field(
@@ -298,6 +301,8 @@ def spec_of(body: JobIn, owner: str) -> JobSpec:
         {**body.devices.model_dump(mode="json"), "topology": body.topology.level.value}
     )
     r = body.restart
+    if isinstance(body.members, MembersIn) and body.members.max is None:
+        raise InvalidRequest("members.max", "missing", "the most members, from members.min")
     return JobSpec(
         tenant=body.tenant,
         owner=owner,

@@ -121,10 +121,10 @@ class JobSpec:
     gang it starts with); None: a fixed job of ``members``."""
 
     def __post_init__(self) -> None:
+        if self.max_members is not None:  # elastic: members is the bound's min
+            MemberBounds(self.members, self.max_members)
         if isinstance(self.members, bool) or not 1 <= self.members <= MAX_GANG_SIZE:
             raise InvalidRequest("members", self.members, f"1 to {MAX_GANG_SIZE}")
-        if self.max_members is not None:
-            MemberBounds(self.members, self.max_members)
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise InvalidRequest("priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
         if not self.name or len(self.name) > 253:

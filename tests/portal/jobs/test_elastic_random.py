@@ -31,9 +31,9 @@ from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, gpus, hgx, wl
 from tests.portal.jobs.conftest import H100, FakeRunner, job, make_backend
 
-# The full 10,000 take minutes on a loaded machine: CI runs the first 400 of the same seeded
+# The full 10,000 take minutes on a loaded machine: CI runs the first 300 of the same seeded
 # sequence; ``python -m benchmarks.elastic`` runs all 10,000 (benchmarks/results/elastic.md).
-EVENTS = int(os.environ.get("GPUPORTAL_ELASTIC_EVENTS", "400"))
+EVENTS = int(os.environ.get("GPUPORTAL_ELASTIC_EVENTS", "300"))
 SEED = 23
 LO, HI = 1, 3
 HELD = (WorkloadState.RUNNING, WorkloadState.PREEMPTING)
