@@ -171,6 +171,12 @@ class JobSpec:
                 'the program and its arguments, e.g. ["python", "train.py"]: the local '
                 "backend runs members as processes",
             )
+        if backend is Backend.KUBERNETES and self.max_members is not None:
+            raise InvalidRequest(
+                "members",
+                f"{{min: {self.members}, max: {self.max_members}}}",
+                "a number of members: elastic jobs run on the local backend only",
+            )
         if backend is Backend.KUBERNETES and not self.image:
             raise InvalidRequest(
                 "image", "missing", "a container image: the Kubernetes backend runs pods"

@@ -15,7 +15,7 @@ from policies.elastic import ElasticSettings, Sample
 from policies.errors import InvalidRequest
 from policies.jobs import JobState
 from portal.jobs.elastic import SLICE_KEY_PREFIX, resized
-from portal.jobs.spec import JobSpec
+from portal.jobs.spec import Backend, JobSpec
 from portal.store.records import WorkloadState
 from tests.portal.allocator.conftest import gpus, wl
 from tests.portal.jobs.conftest import H100, Rig, job
@@ -73,6 +73,9 @@ def test_members_bound_is_checked_and_stored() -> None:
     again = JobSpec.from_dict(spec.tenant, spec.owner, spec.name, spec.to_dict())
     assert again == spec
     assert "max_members" not in job(members=2).to_dict()  # a fixed job stays as it was
+    with pytest.raises(InvalidRequest, match="local backend only") as err:
+        spec.check_backend(Backend.KUBERNETES)
+    assert err.value.field == "members"
 
 
 def test_grows_only_into_free_capacity_then_through_charged_slices(rig: Rig, gauge: Gauge) -> None:
