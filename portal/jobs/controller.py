@@ -180,6 +180,8 @@ class JobController:
                     continue
                 self._end(job, Verdict(restart=True, counted=False), LOST_AT_RESTART, None)
             self._release_leftovers(adopted)
+            running = stored.active_jobs(self._alloc.store)
+            self.elastic.release_orphans({j.id for j in running if j.state is not JobState.BACKOFF})
 
     def _release_leftovers(self, adopted: set[tuple[str, int]]) -> None:
         """Workloads of ended attempts that were still stopping when the portal went down:

@@ -129,6 +129,21 @@ class ElasticJobs:
         for s in self.slices(job.id):
             self._alloc.release(s.id, reason=reason)
 
+    def release_orphans(self, running: Collection[str]) -> None:
+        """At start: give back the slices of jobs not running (the portal stopped between an
+        attempt's end and the release of its slices)."""
+
+        def keys(st: State) -> list[tuple[str, str]]:
+            return [
+                (wid, key)
+                for wid, lv in st.live.items()
+                if (key := lv.rec.idempotency_key or "").startswith(SLICE_KEY_PREFIX)
+            ]
+
+        for wid, key in self._alloc.read(keys):
+            if key[len(SLICE_KEY_PREFIX) :].split("/", 1)[0] not in running:
+                self._alloc.release(wid, reason="elastic slice of a job not running")
+
     def _request_slice(self, job: JobRecord, spec: JobSpec) -> WorkloadStatus | None:
         """A slice placed at once, or None (a queued one is released: no growth now)."""
         status = self._alloc.request(

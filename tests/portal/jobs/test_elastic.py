@@ -14,11 +14,12 @@ import pytest
 from policies.elastic import ElasticSettings, Sample
 from policies.errors import InvalidRequest
 from policies.jobs import JobState
+from portal.jobs.controller import JobController
 from portal.jobs.elastic import SLICE_KEY_PREFIX, resized
 from portal.jobs.spec import Backend, JobSpec
 from portal.store.records import WorkloadState
 from tests.portal.allocator.conftest import gpus, wl
-from tests.portal.jobs.conftest import H100, Rig, job
+from tests.portal.jobs.conftest import H100, Rig, job, make_backend
 
 HOT = ElasticSettings(threshold=0.8, window_s=300, idle_s=1800)
 
@@ -169,3 +170,22 @@ def test_cancel_and_failure_release_every_slice(rig: Rig, gauge: Gauge) -> None:
     assert rig.alloc.workloads("team-a") == []
     keys = rig.alloc.read(lambda st: [lv.rec.idempotency_key for lv in st.live.values()])
     assert not [k for k in keys if (k or "").startswith(SLICE_KEY_PREFIX)]
+
+
+def test_a_restart_gives_back_the_slices_of_jobs_no_longer_running(rig: Rig, gauge: Gauge) -> None:
+    jid = rig.jobs.submit(elastic(2, 3)).job.id  # 24 of the 32 GPUs once grown
+    rig.step()
+    rig.advance(300)
+    rig.step(2)
+    held = charged_slices(rig, jid)
+    assert held
+    # The portal died after ending the job but before releasing its slice.
+    orphan = rig.alloc.request(
+        wl("team-a", gpus(8), gang=1), idempotency_key=f"{SLICE_KEY_PREFIX}gone-job/1"
+    )
+    assert orphan.state is WorkloadState.RUNNING
+    rig.runner.adoptable = [(jid, rig.jobs.get(jid).attempt)]  # its members still run
+    again = JobController(rig.alloc, backend=make_backend(rig.runner))
+    again.start()
+    assert rig.alloc.status(orphan.id).state is WorkloadState.RELEASED
+    assert charged_slices(rig, jid) == held  # the running job keeps its own
