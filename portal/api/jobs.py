@@ -94,11 +94,22 @@ class RestartIn(InModel):
     )
 
 
+class MembersIn(InModel):
+    # Ranges are checked by the job itself (policies.elastic.MemberBounds): a failed arm of
+    # the union would name its type in the error's field instead of members.min/max.
+    min: int = Field(description="The gang it starts with and keeps (1 or more).")
+    max: int | None = Field(default=None, description="The most it grows to (min to 1024).")
+
+
 class JobIn(InModel):
     tenant: Label = Field(description="The tenant charged; the caller must be a member of it.")
     name: Text = Field(description="A name for people.")
-    members: int = Field(
-        ge=1, le=MAX_GANG_SIZE, description="Processes (ranks) started all-or-nothing."
+    members: int | MembersIn = Field(
+        description=(
+            f"Processes (ranks, 1 to {MAX_GANG_SIZE}) started all-or-nothing; {{min, max}}: an "
+            "elastic job, started at min and grown by one-member slices up to max "
+            "(docs/jobs.md)."
+        )
     )
     devices: DevicesIn = Field(
         description="What each member needs (its `topology` stays any: see `topology`)."
@@ -160,6 +171,9 @@ class AttemptOut(Model):
     counted: bool = Field(description="Whether it used one of the job's restarts.")
     resume_from: str | None = Field(description="The checkpoint it resumed from; null: none.")
     resume_step: int | None = Field(description="That checkpoint's step; null: none.")
+    world_size: int | None = Field(
+        description="Members it ran with (changes with an elastic job's resizes); null: not yet."
+    )
 
 
 class JobOut(Model):
@@ -174,7 +188,9 @@ class JobOut(Model):
         description="Why it ended: completed, backoff_limit, exit_code, cancelled, launch_failed."
     )
     message: str = Field(description="Where it stands, as a sentence.")
-    members: int = Field(ge=1)
+    members: int = Field(ge=1, description="Fixed jobs: the gang; elastic jobs: min.")
+    max_members: int | None = Field(description="Elastic jobs: the most members; null: fixed.")
+    members_now: int = Field(ge=1, description="Members of the current (or last) attempt.")
     attempt: int = Field(ge=0, description="The current (or last) attempt's number.")
     restarts: int = Field(ge=0, description="Attempts counted against max_restarts.")
     preemptions: int = Field(ge=0, description="Attempts stopped by a preemption (not counted).")
@@ -240,8 +256,9 @@ class LogOut(Model):
     )
 
 
-def job_out(v: JobView, gpu_hours: float) -> JobOut:
+def job_out(v: JobView, controller: JobController) -> JobOut:
     j = v.job
+    most = j.spec.get("max_members")
     return JobOut(
         id=j.id,
         tenant=j.tenant,
@@ -251,6 +268,8 @@ def job_out(v: JobView, gpu_hours: float) -> JobOut:
         reason=j.reason,
         message=j.message,
         members=int(j.spec["members"]),  # type: ignore[call-overload]
+        max_members=most if isinstance(most, int) else None,
+        members_now=controller.elastic.world(j),
         attempt=j.attempt,
         restarts=j.restarts,
         preemptions=j.preemptions,
@@ -259,7 +278,7 @@ def job_out(v: JobView, gpu_hours: float) -> JobOut:
         updated_at=j.updated_at,
         next_start_at=j.next_start_at,
         ended_at=j.ended_at,
-        gpu_hours=gpu_hours,
+        gpu_hours=controller.gpu_hours(j.id),
         spec=j.spec,
         workload=convert.workload_out(v.workload) if v.workload is not None else None,
     )
@@ -282,11 +301,14 @@ def spec_of(body: JobIn, owner: str) -> JobSpec:
         {**body.devices.model_dump(mode="json"), "topology": body.topology.level.value}
     )
     r = body.restart
+    if isinstance(body.members, MembersIn) and body.members.max is None:
+        raise InvalidRequest("members.max", "missing", "the most members, from members.min")
     return JobSpec(
         tenant=body.tenant,
         owner=owner,
         name=body.name,
-        members=body.members,
+        members=body.members if isinstance(body.members, int) else body.members.min,
+        max_members=None if isinstance(body.members, int) else body.members.max,
         devices=devices,
         topology_mode=body.topology.mode,
         command=tuple(body.command),
@@ -318,7 +340,7 @@ def submit_job(
     position and ETA, or its allocations when it was placed at once."""
     charge(caller, body.tenant)
     view = controller.submit(spec_of(body, caller.name))
-    return job_out(view, controller.gpu_hours(view.job.id))
+    return job_out(view, controller)
 
 
 @router.get(
@@ -338,7 +360,7 @@ def list_jobs(
     """Every job the caller may see, in submission order, ended ones included."""
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     views = [v for v in controller.jobs(shown) if state is None or v.job.state is state]
-    return page.page_of(views, lambda v: job_out(v, controller.gpu_hours(v.job.id)))
+    return page.page_of(views, lambda v: job_out(v, controller))
 
 
 def _readable(caller: Caller, controller: JobController, job_id: str) -> JobView:
@@ -353,7 +375,7 @@ def get_job(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     controller: Annotated[JobController, Depends(jobs)],
 ) -> JobOut:
-    return job_out(_readable(caller, controller, job_id), controller.gpu_hours(job_id))
+    return job_out(_readable(caller, controller, job_id), controller)
 
 
 @router.delete(
@@ -368,7 +390,7 @@ def cancel_job(
     controller: Annotated[JobController, Depends(jobs)],
 ) -> JobOut:
     charge(caller, controller.get(job_id).tenant)
-    return job_out(controller.cancel(job_id), controller.gpu_hours(job_id))
+    return job_out(controller.cancel(job_id), controller)
 
 
 @router.get(
@@ -448,7 +470,8 @@ def job_logs(
     view = _readable(caller, controller, job_id)
     job = view.job
     number = attempt or max(1, job.attempt)
-    members = int(job.spec["members"])  # type: ignore[call-overload]
+    # An elastic job's attempts ran up to max_members ranks.
+    members = int(job.spec.get("max_members") or job.spec["members"])  # type: ignore[call-overload]
     if number > max(1, job.attempt):
         raise InvalidRequest("attempt", number, f"1 to {max(1, job.attempt)}")
     if rank >= members:

@@ -94,6 +94,7 @@ def body(
     *,
     members: int,
     devices: DevicesIn,
+    max_members: int | None = None,
     name: str | None,
     cwd: str | None,
     image: str | None,
@@ -112,7 +113,8 @@ def body(
     return {
         "tenant": tenant,
         "name": name or (command[0].rsplit("/", 1)[-1] if command else "job"),
-        "members": members,
+        # An elastic job: from members up to max_members.
+        "members": members if max_members is None else {"min": members, "max": max_members},
         "devices": devices.model_dump(mode="json"),
         "topology": {"level": topology, "mode": topology_mode},
         "command": list(command),
@@ -154,6 +156,7 @@ class Jobs:
         command: Sequence[str] = (),
         *,
         members: int = 1,
+        max_members: int | None = None,
         flavor: str | None = None,
         count: int = 1,
         milli: int = 0,
@@ -173,7 +176,8 @@ class Jobs:
         priority: int = 0,
         expected_duration_s: float | None = None,
     ) -> Job:
-        """Submit a job of ``members`` ranks charged to ``tenant``, each with ``count`` GPUs
+        """Submit a job of ``members`` ranks (with ``max_members``: an elastic job growing
+        from ``members`` to that many) charged to ``tenant``, each with ``count`` GPUs
         of ``flavor`` (or one MIG instance, a share, or any ``devices``), running ``command``
         (local backend) or ``image`` (Kubernetes). ``topology``: any, same-node, nvlink or
         same-rack; ``topology_mode``: required (wait for it) or preferred (relax to any).
@@ -187,6 +191,7 @@ class Jobs:
             tenant,
             command,
             members=members,
+            max_members=max_members,
             devices=want,
             name=name,
             cwd=cwd,
@@ -325,6 +330,7 @@ class AsyncJobs:
         command: Sequence[str] = (),
         *,
         members: int = 1,
+        max_members: int | None = None,
         flavor: str | None = None,
         count: int = 1,
         milli: int = 0,
@@ -352,6 +358,7 @@ class AsyncJobs:
             tenant,
             command,
             members=members,
+            max_members=max_members,
             devices=want,
             name=name,
             cwd=cwd,

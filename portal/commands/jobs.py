@@ -19,7 +19,18 @@ if TYPE_CHECKING:
     from portal.client import Portal
 
 HEADERS = ("ID", "TENANT", "OWNER", "NAME", "STATE", "MEMBERS", "ATTEMPT", "RESTARTS", "REASON")
-ATTEMPT_HEADERS = ("#", "QUEUED", "STARTED", "ENDED", "WAIT", "NODES", "EXIT", "COUNTED", "RESUME")
+ATTEMPT_HEADERS = (
+    "#",
+    "QUEUED",
+    "STARTED",
+    "ENDED",
+    "WAIT",
+    "NODES",
+    "WORLD",
+    "EXIT",
+    "COUNTED",
+    "RESUME",
+)
 COST_HEADERS = ("#", "EXIT", "GPU-HOURS", "COST")
 
 
@@ -49,7 +60,13 @@ def register(commands: Any) -> None:
     )
     sub.add_argument("tenant", help="the tenant charged (you must be a member)")
     sub.add_argument("flavor", help="H100-80GB, H100-80GB/3g.40gb, T4/share, ...")
-    sub.add_argument("--members", type=int, default=1, help="ranks (default 1)")
+    sub.add_argument("--members", type=int, default=1, help="ranks (default 1); elastic: min")
+    sub.add_argument(
+        "--max-members",
+        type=int,
+        default=None,
+        help="an elastic job: grows from --members up to this many as capacity frees",
+    )
     sub.add_argument("--count", type=int, default=1, help="whole GPUs per member (default 1)")
     sub.add_argument("--milli", type=int, default=0, help="share of one GPU, 1..999 (share)")
     sub.add_argument("--name", default=None, help="a name for people (default: the program)")
@@ -120,6 +137,13 @@ def _env(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def members_words(j: JobOut) -> str:
+    """``2`` for a fixed job; ``3 (2-4)`` for an elastic one: now, and its bound."""
+    if j.max_members is None:
+        return str(j.members)
+    return f"{j.members_now} ({j.members}-{j.max_members})"
+
+
 def describe(j: JobOut) -> str:
     pairs: list[tuple[str, object]] = [
         ("id", j.id),
@@ -127,7 +151,7 @@ def describe(j: JobOut) -> str:
         ("owner", j.owner),
         ("name", j.name),
         ("state", j.state.value),
-        ("members", j.members),
+        ("members", members_words(j)),
         ("attempt", j.attempt),
         ("restarts", f"{j.restarts} (preempted {j.preemptions})"),
     ]
@@ -173,7 +197,7 @@ def list_jobs(args: argparse.Namespace) -> int:
             j.owner,
             j.name,
             j.state.value,
-            j.members,
+            members_words(j),
             j.attempt,
             j.restarts,
             j.reason or None,
@@ -192,6 +216,7 @@ def submit_job(args: argparse.Namespace) -> int:
             args.tenant,
             command,
             members=args.members,
+            max_members=args.max_members,
             flavor=args.flavor,
             count=args.count,
             milli=args.milli,
@@ -244,6 +269,7 @@ def _attempt_row(a: AttemptOut) -> tuple[object, ...]:
         a.ended_at,
         None if a.queue_wait_s is None else duration(a.queue_wait_s),
         ",".join(a.nodes) or None,
+        a.world_size,
         a.exit_reason or None,
         a.counted,
         resume,

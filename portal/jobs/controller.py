@@ -58,6 +58,7 @@ from portal.allocator.state import State
 from portal.jobs import launch
 from portal.jobs.backend import Backend, LogChunk, LogReader, read_file_log
 from portal.jobs.checkpoints import newest_complete_checkpoint
+from portal.jobs.elastic import ElasticJobs
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import Backend as BackendKind
 from portal.jobs.spec import ClusterFacts, JobSpec, api_field, fits_cluster
@@ -147,6 +148,7 @@ class JobController:
         self._claimants: dict[str, str] = {}
         self._started = False
         self._last_created: datetime | None = None
+        self.elastic = ElasticJobs(self, alloc)
 
     @property
     def now(self) -> datetime:
@@ -174,10 +176,12 @@ class JobController:
                 if job.state is not JobState.RUNNING or (job.id, job.attempt) in adopted:
                     continue
                 ended = self._exits.get((job.id, job.attempt), {})
-                if len(ended) >= self._spec(job).members or any(ended.values()):
+                if len(ended) >= self.elastic.world(job) or any(ended.values()):
                     continue
                 self._end(job, Verdict(restart=True, counted=False), LOST_AT_RESTART, None)
             self._release_leftovers(adopted)
+            running = stored.active_jobs(self._alloc.store)
+            self.elastic.release_orphans({j.id for j in running if j.state is not JobState.BACKOFF})
 
     def _release_leftovers(self, adopted: set[tuple[str, int]]) -> None:
         """Workloads of ended attempts that were still stopping when the portal went down:
@@ -337,6 +341,7 @@ class JobController:
         assert self.backend is not None
         watched = {(j.id, j.attempt) for j in active if j.state is JobState.RUNNING}
         watched |= {(d.job_id, d.attempt) for d in self._draining.values()}
+        watched |= self.elastic.watched()
         for e in self.backend.runner.poll():
             if (e.job_id, e.attempt) in watched:  # others are old news
                 code = exit_code_of(e.exit_code, e.signal)
@@ -401,8 +406,10 @@ class JobController:
             rank, code = failed[0]
             verdict = after_failure(spec.restart, job.restarts, code)
             self._end(job, verdict, exit_reason(code), code, note=f"rank {rank} exited {code}")
-        elif len(codes) >= spec.members:
+        elif len(codes) >= self.elastic.world(job):
             self._finish(job, JobState.SUCCEEDED, JobReason.COMPLETED, "every member exited 0")
+        elif not codes:
+            self.elastic.advance(job, spec, st)
 
     # ---------------------------------------------------------------- steps of an attempt
 
@@ -485,9 +492,12 @@ class JobController:
 
     def _launch(self, job: JobRecord, spec: JobSpec, st: WorkloadStatus) -> None:
         assert self.backend is not None
+        if not self.elastic.ready(job):
+            return  # a resize: the last attempt's members are still checkpointing
         attempt = self._attempt(job)
+        allocations = self.elastic.allocations(job, st.allocations)
         members = launch.member_launches(
-            self.backend, job.id, job.attempt, spec, st.allocations, attempt.resume_from
+            self.backend, job.id, job.attempt, spec, allocations, attempt.resume_from
         )
         try:
             self.backend.runner.launch(members)
@@ -496,7 +506,12 @@ class JobController:
             self._end(job, verdict, f"launch failed: {exc}", None)
             return
         now = self.now
-        started = replace(attempt, started_at=now, nodes=launch.nodes_of(st.allocations))
+        started = replace(
+            attempt,
+            started_at=now,
+            nodes=launch.nodes_of(allocations),
+            world_size=len(members),
+        )
         message = f"attempt {job.attempt} running"
         if job.topology_relaxed:
             message += f"; {job.message}"
@@ -601,10 +616,11 @@ class JobController:
         """Stop the attempt's members, if it ran (SIGTERM now, SIGKILL after ``grace_s``,
         without waiting), and give its devices back once they have ended (``_Drain``); an
         attempt that never launched gives them back at once."""
+        self.elastic.release_slices(job, "job attempt ended")
         wid = job.workload_id
         if job.state is JobState.RUNNING and self.backend is not None and wid is not None:
             ended = len(self._exits.get((job.id, job.attempt), {}))
-            members = int(job.spec["members"])  # type: ignore[call-overload]
+            members = self.elastic.world(job)
             if ended < members:
                 try:
                     self.backend.runner.stop(job.id, job.attempt, grace_s, wait=False)

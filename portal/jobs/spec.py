@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from policies.elastic import MemberBounds
 from policies.errors import InvalidRequest
 from policies.flavors import FlavorKind
 from policies.jobs import RestartPolicy, TopologyMode
@@ -115,8 +116,13 @@ class JobSpec:
     kube_job: str | None = None
     """``namespace/name`` of a Job created with kubectl that this job admits and runs (set by
     the Kubernetes backend's admission, never by the API)."""
+    max_members: int | None = None
+    """Elastic jobs: the most members it may grow to (``members`` is then its minimum, the
+    gang it starts with); None: a fixed job of ``members``."""
 
     def __post_init__(self) -> None:
+        if self.max_members is not None:  # elastic: members is the bound's min
+            MemberBounds(self.members, self.max_members)
         if isinstance(self.members, bool) or not 1 <= self.members <= MAX_GANG_SIZE:
             raise InvalidRequest("members", self.members, f"1 to {MAX_GANG_SIZE}")
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
@@ -146,6 +152,13 @@ class JobSpec:
                 )
 
     @property
+    def bounds(self) -> MemberBounds | None:
+        """The members bound of an elastic job; None for a fixed one."""
+        if self.max_members is None:
+            return None
+        return MemberBounds(self.members, self.max_members)
+
+    @property
     def environment(self) -> dict[str, str]:
         return dict(self.env)
 
@@ -157,6 +170,12 @@ class JobSpec:
                 "missing",
                 'the program and its arguments, e.g. ["python", "train.py"]: the local '
                 "backend runs members as processes",
+            )
+        if backend is Backend.KUBERNETES and self.max_members is not None:
+            raise InvalidRequest(
+                "members",
+                f"{{min: {self.members}, max: {self.max_members}}}",
+                "a number of members: elastic jobs run on the local backend only",
             )
         if backend is Backend.KUBERNETES and not self.image:
             raise InvalidRequest(
@@ -179,7 +198,9 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.restart
-        admitted = {"kube_job": self.kube_job} if self.kube_job is not None else {}
+        admitted: dict[str, Any] = {"kube_job": self.kube_job} if self.kube_job is not None else {}
+        if self.max_members is not None:
+            admitted["max_members"] = self.max_members
         return {
             "members": self.members,
             "devices": codec.device_request_to_dict(self.devices),
@@ -224,6 +245,7 @@ class JobSpec:
             priority=data["priority"],
             expected_duration_s=data["expected_duration_s"],
             kube_job=data.get("kube_job"),  # absent in jobs stored before it existed
+            max_members=data.get("max_members"),  # absent: a fixed job
         )
 
 

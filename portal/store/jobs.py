@@ -84,6 +84,7 @@ def attempt_row(a: AttemptRecord) -> dict[str, Any]:
         "resume_from": a.resume_from,
         "resume_step": a.resume_step,
         "topology": a.topology,
+        "world_size": a.world_size,
     }
 
 
@@ -102,6 +103,7 @@ def attempt_record(r: RowMapping) -> AttemptRecord:
         counted=bool(r["counted"]),
         resume_from=r["resume_from"],
         resume_step=r["resume_step"],
+        world_size=r["world_size"],
     )
 
 
@@ -137,8 +139,12 @@ def gpu_hours(store: Store, job_id: str, now: datetime) -> float:
     allocations = metadata.tables["allocations"]
     query = (
         select(allocations.c.gpu_equivalent, allocations.c.created_at, allocations.c.released_at)
-        .join(ATTEMPTS, ATTEMPTS.c.workload_id == allocations.c.workload_id)
-        .where(ATTEMPTS.c.job_id == job_id)
+        # The attempts of an elastic job's resizes share one workload: count it once.
+        .where(
+            allocations.c.workload_id.in_(
+                select(ATTEMPTS.c.workload_id).where(ATTEMPTS.c.job_id == job_id)
+            )
+        )
     )
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
@@ -150,7 +156,11 @@ def gpu_hours(store: Store, job_id: str, now: datetime) -> float:
 
 def attempt_of_workload(store: Store, workload_id: str) -> AttemptRecord | None:
     """The attempt that ``workload_id`` was requested for, or None (not a job's)."""
-    query = select(ATTEMPTS).where(ATTEMPTS.c.workload_id == workload_id)
+    query = (
+        select(ATTEMPTS)
+        .where(ATTEMPTS.c.workload_id == workload_id)
+        .order_by(ATTEMPTS.c.number.desc())  # an elastic job's resizes share the workload
+    )
     with store.engine.connect() as conn:
         row = conn.execute(query).mappings().first()
     return None if row is None else attempt_record(row)

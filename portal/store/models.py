@@ -317,6 +317,7 @@ class JobAttempt(Base):
     resume_from: Mapped[str | None] = mapped_column(Text)
     resume_step: Mapped[int | None] = mapped_column(BigInteger)
     topology: Mapped[str] = mapped_column(String(16))
+    world_size: Mapped[int | None] = mapped_column(Integer)
 
 
 class Service(Base):

@@ -151,6 +151,9 @@ class AttemptRecord:
     counted: bool = False
     resume_from: str | None = None
     resume_step: int | None = None
+    world_size: int | None = None
+    """Members it ran with (an elastic job's changes with each resize); None: recorded before
+    elastic jobs, the job's ``members``."""
 
     @property
     def queue_wait_s(self) -> float | None:

@@ -54,6 +54,9 @@ BAD: list[tuple[str, object, str]] = [
     ("restart", {"backoff_s": 30, "backoff_cap_s": 10}, "restart.backoff_cap_s"),
     ("restart", {"fail_on_exit_codes": [0]}, "restart.fail_on_exit_codes.0"),
     ("priority", 10**9, "priority"),
+    ("members", {"min": 2, "max": 1}, "members.max"),
+    ("members", {"min": 0, "max": 1}, "members.min"),
+    ("members", {"min": 1}, "members.max"),
     ("nonsense", 1, "nonsense"),
 ]
 
@@ -143,3 +146,14 @@ def test_an_unknown_job_is_a_404(client: TestClient) -> None:
 
 def test_the_app_without_a_controller_builds_one(app: FastAPI) -> None:
     assert isinstance(app.state.jobs, JobController)
+
+
+def test_an_elastic_job_shows_its_bounds_and_current_members(client: TestClient) -> None:
+    body = {**job_body(n=1), "members": {"min": 1, "max": 2}}
+    r = client.post("/api/v1/jobs", json=body, headers=auth("alice"))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert (job["members"], job["max_members"], job["members_now"]) == (1, 2, 1)
+    assert job["spec"]["max_members"] == 2
+    fixed = client.post("/api/v1/jobs", json=job_body(members=1, n=1), headers=auth("alice"))
+    assert (fixed.json()["max_members"], fixed.json()["members_now"]) == (None, 1)

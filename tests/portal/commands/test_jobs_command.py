@@ -109,3 +109,15 @@ def test_bad_input_names_the_field(gpuportal: Gpuportal) -> None:
     assert ran.code == 2
     assert "members" in ran.err
     assert gpuportal("jobs", "--json", token="alice").out.strip() == "[]"
+
+
+def test_an_elastic_job_shows_members_now_and_its_bound(gpuportal: Gpuportal) -> None:
+    args = ("jobs", "submit", "team-a", "H100-80GB", "--members", "1", "--max-members")
+    bad = gpuportal(*args, "0", "--", "x", token="alice")
+    assert bad.code == 2 and "members.max 0" in bad.err, bad.err
+    ran = gpuportal(*args, "2", "--json", "--", "python", "train.py", token="alice")
+    assert ran.code == 0, ran.err
+    jid = json.loads(ran.out)["id"]
+    shown = gpuportal("jobs", "show", jid, token="alice")
+    assert re.search(r"^members +1 \(1-2\)$", shown.out, re.M), shown.out
+    assert "WORLD" in gpuportal("jobs", "attempts", jid, token="alice").out

@@ -1,7 +1,7 @@
 """Ray jobs.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-07 04:30:00
 
 A Ray job keeps its spec (entrypoint, runtime environment, metadata: JSON), the cluster it
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
