@@ -46,10 +46,10 @@ from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState
 from policies.preemption import PreemptionPolicy
 from policies.requests import MAX_PRIORITY, WorkloadRequest
-from portal.allocator import checks, codec, cycle, estimates, node_events
+from portal.allocator import checks, cycle, estimates, intake, node_events
 from portal.allocator.draft import Decision, Draft
-from portal.allocator.memory import Live, Memory
-from portal.allocator.ops import Enqueue, PutQuota, PutTenant
+from portal.allocator.memory import Memory
+from portal.allocator.ops import PutQuota, PutTenant
 from portal.allocator.state import (
     Contradiction,
     EndContradiction,
@@ -482,12 +482,15 @@ class Allocator:
         idempotency_key: str | None = None,
         expected_duration_s: float | None = None,
         estimate: bool = True,
+        free_only: bool = False,
     ) -> WorkloadStatus:
         """Allocate now if quota and capacity allow, else queue with a reason.
 
         A retry with the same ``idempotency_key`` (per tenant and owner) returns the first
         answer's workload instead of allocating again. ``estimate=False``: a queued answer
         without its place and ETA (as ``status``), for callers that do not show them.
+        ``free_only``: start now on free capacity or raise ``intake.NoFreeRoom``, having
+        changed nothing (never queued, no reclaim started for it).
         """
         wid = uuid.uuid4().hex
 
@@ -499,30 +502,11 @@ class Allocator:
                 prior = self._by_idempotency(draft, req, idempotency_key)
                 if prior is not None:
                     return prior
-            now = draft.now
-            # Arrival order must survive a restart, which re-sorts by creation time: keep
-            # creation times strictly increasing even when the clock repeats itself.
-            last = draft.scalars.last_created
-            if last is not None and now <= last:
-                now = last + timedelta(microseconds=1)
-            draft.set_scalars(last_created=now)
-            rec = WorkloadRecord(
-                id=wid,
-                tenant=req.tenant,
-                owner=req.owner,
-                name=req.name,
-                kind=req.kind.value,
-                request=codec.device_request_to_dict(req.devices),
-                gang_size=req.gang_size,
-                priority=req.priority,
-                state=WorkloadState.QUEUED,
-                created_at=now,
-                idempotency_key=idempotency_key,
-                expected_duration_s=expected_duration_s,
-            )
-            draft.do(Enqueue(Live(rec, req, draft.next_seq())))
-            draft.event("workload.requested", req.tenant, wid, f"{req.owner} asked for {req.name}")
-            cycle.schedule(draft, fresh=wid)
+            lv = intake.enqueue(draft, req, wid, idempotency_key, expected_duration_s)
+            if free_only:
+                intake.start_on_free(draft, lv)
+            else:
+                cycle.schedule(draft, fresh=wid)
             return wid
 
         def status(found: str | WorkloadStatus) -> WorkloadStatus:

@@ -30,6 +30,7 @@ from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, Workl
 from portal.api.workloads import charge
 from portal.jobs.controller import JobController, JobView
 from portal.jobs.spec import MAX_ARGS, MAX_ENV, JobSpec, device_request
+from portal.store import jobs as stored_jobs
 from portal.store.records import AttemptRecord
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
@@ -219,6 +220,12 @@ class AttemptCostOut(Model):
     cost: str = Field(pattern=MONEY, description="In `currency`, whole cents.")
 
 
+class SliceCostOut(Model):
+    workload_id: str = Field(description="An elastic job's slice: one member beyond `min`.")
+    gpu_hours: float = Field(ge=0, description="GPU-equivalent hours it held (running: to now).")
+    cost: str = Field(pattern=MONEY, description="In `currency`, whole cents.")
+
+
 class JobCostOut(Model):
     job_id: str
     tenant: str = Field(description="The tenant charged.")
@@ -226,16 +233,22 @@ class JobCostOut(Model):
     unpriced_models: list[str] = Field(
         description="GPU models the job held without a configured price; counted at 0."
     )
-    gpu_hours: float = Field(ge=0, description="Every attempt together.")
+    gpu_hours: float = Field(ge=0, description="Every attempt and slice together.")
     cost: str = Field(
         pattern=MONEY,
-        description="Every attempt together, rounded once from the exact sum (whole cents).",
+        description=(
+            "Every attempt and slice together, rounded once from the exact sum (whole cents)."
+        ),
     )
     attempts: list[AttemptCostOut] = Field(
         description=(
             "Oldest first. Time waiting in the queue costs nothing; time holding devices "
             "does, preempted attempts' included (until their members ended)."
         )
+    )
+    slices: list[SliceCostOut] = Field(
+        default_factory=list,
+        description="An elastic job's slices, released ones included, by workload id.",
     )
 
 
@@ -425,7 +438,9 @@ def job_cost(
     `cost:read` (`/cost`)."""
     job = _readable(caller, controller, job_id).job
     attempts = controller.attempts(job_id)
-    costs = workload_costs(acc, [a.workload_id for a in attempts])
+    held = stored_jobs.workload_ids(acc.store, job)
+    costs = workload_costs(acc, held)
+    gang = {a.workload_id for a in attempts}
     total = costs.total()
     return JobCostOut(
         job_id=job_id,
@@ -443,6 +458,15 @@ def job_cost(
                 cost=money_text(costs.of(a.workload_id).cost),
             )
             for a in attempts
+        ],
+        slices=[
+            SliceCostOut(
+                workload_id=w,
+                gpu_hours=float(costs.of(w).allocated_gpu_hours),
+                cost=money_text(costs.of(w).cost),
+            )
+            for w in held
+            if w not in gang
         ],
     )
 

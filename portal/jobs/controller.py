@@ -284,8 +284,8 @@ class JobController:
         return stored.attempts(self._alloc.store, job_id)
 
     def gpu_hours(self, job_id: str) -> float:
-        """GPU-equivalent hours the job's attempts have held so far."""
-        return stored.gpu_hours(self._alloc.store, job_id, self.now)
+        """GPU-equivalent hours the job's attempts and slices have held so far."""
+        return stored.gpu_hours(self._alloc.store, self.get(job_id), self.now)
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path | None:
         """Where the member's log is, or None without a backend."""

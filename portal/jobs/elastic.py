@@ -2,9 +2,9 @@
 gang workload and each member beyond as a *slice*, a one-member workload of kind ``job`` of its
 own, charged to the tenant like any workload.
 
-- **grow**: when ``policies.elastic.decide`` says so, a slice is requested; it is kept only if
-  the allocator places it at once (a slice never waits in the queue ahead of others: a queued
-  one is released in the same round, and the next try waits ``retry_s``);
+- **grow**: when ``policies.elastic.decide`` says so, a slice is requested on free capacity
+  only (``free_only``): placed at once, or not at all — it never queues ahead of others nor
+  makes anyone stop, and the next try waits ``retry_s``;
 - **shrink**: a slice runs one priority step below its job, so a reclaim takes slices before
   the gang; a slice told to stop (or idle for the tenant's idle time) is released;
 - **resize**: either way the attempt's members are stopped (SIGTERM: they checkpoint), the
@@ -32,10 +32,12 @@ from policies.errors import NotFound
 from policies.jobs import JobState
 from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
+from portal.allocator.intake import NoFreeRoom
 from portal.allocator.state import State
 from portal.jobs.checkpoints import newest_complete_checkpoint
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import JobSpec
+from portal.store.jobs import SLICE_KEY_PREFIX, slice_key_prefix
 from portal.store.records import (
     AllocationRecord,
     AttemptRecord,
@@ -49,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SLICE_KEY_PREFIX = "gpuportal-slice:"
 DEFAULT_RETRY_S = 30.0
 """After a slice that did not fit at once, how long before the next try."""
 
@@ -106,7 +107,7 @@ class ElasticJobs:
 
     def slices(self, job_id: str) -> list[WorkloadStatus]:
         """The job's slices the allocator still holds, oldest first."""
-        prefix = f"{SLICE_KEY_PREFIX}{job_id}/"
+        prefix = slice_key_prefix(job_id)
 
         def found(st: State) -> list[tuple[datetime, str]]:
             return sorted(
@@ -145,24 +146,25 @@ class ElasticJobs:
                 self._alloc.release(wid, reason="elastic slice of a job not running")
 
     def _request_slice(self, job: JobRecord, spec: JobSpec) -> WorkloadStatus | None:
-        """A slice placed at once, or None (a queued one is released: no growth now)."""
-        status = self._alloc.request(
-            WorkloadRequest(
-                tenant=job.tenant,
-                owner=job.owner,
-                name=f"{job.name} (elastic)",
-                devices=spec.devices,
-                kind=WorkloadKind.JOB,
-                gang_size=1,
-                priority=slice_priority(spec.priority),
-            ),
-            idempotency_key=f"{SLICE_KEY_PREFIX}{job.id}/{uuid.uuid4().hex}",
-            estimate=False,
-        )
-        if status.state is WorkloadState.RUNNING:
-            return status
-        self._alloc.release(status.id, reason="elastic slice did not fit now")
-        return None
+        """A slice started now on free capacity, or None: a growth try never queues, never
+        starts a reclaim and leaves no record when it does not fit."""
+        try:
+            return self._alloc.request(
+                WorkloadRequest(
+                    tenant=job.tenant,
+                    owner=job.owner,
+                    name=f"{job.name} (elastic)",
+                    devices=spec.devices,
+                    kind=WorkloadKind.JOB,
+                    gang_size=1,
+                    priority=slice_priority(spec.priority),
+                ),
+                idempotency_key=f"{slice_key_prefix(job.id)}{uuid.uuid4().hex}",
+                estimate=False,
+                free_only=True,
+            )
+        except NoFreeRoom:
+            return None
 
     # ---------------------------------------------------------------- hooks
 

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import RowMapping, Table, select
+from sqlalchemy import CompoundSelect, RowMapping, Table, select, union
 
 from policies.jobs import JobState
 from portal.store.models import metadata
@@ -19,8 +19,36 @@ if TYPE_CHECKING:
 
 JOBS: Table = metadata.tables["jobs"]
 ATTEMPTS: Table = metadata.tables["job_attempts"]
+WORKLOADS: Table = metadata.tables["workloads"]
 
 ACTIVE_JOB_STATES = tuple(s.value for s in JobState if not s.terminal)
+
+SLICE_KEY_PREFIX = "gpuportal-slice:"
+"""Idempotency keys of an elastic job's slices start with this, then the job id and a slash."""
+
+
+def slice_key_prefix(job_id: str) -> str:
+    return f"{SLICE_KEY_PREFIX}{job_id}/"
+
+
+def workload_ids_query(job: JobRecord) -> CompoundSelect[str]:
+    """The job's workloads, one definition for what it held: every attempt's (an elastic
+    job's resizes share one) and every slice it ever had, released ones included. A slice is
+    the job's only within its tenant and owner: another user's key cannot charge the job."""
+    return union(
+        select(ATTEMPTS.c.workload_id).where(ATTEMPTS.c.job_id == job.id),
+        select(WORKLOADS.c.id).where(
+            WORKLOADS.c.tenant == job.tenant,
+            WORKLOADS.c.owner == job.owner,
+            WORKLOADS.c.idempotency_key.startswith(slice_key_prefix(job.id), autoescape=True),
+        ),
+    )
+
+
+def workload_ids(store: Store, job: JobRecord) -> list[str]:
+    """``workload_ids_query``'s answer, attempts' and slices' alike, sorted."""
+    with store.engine.connect() as conn:
+        return sorted(conn.execute(workload_ids_query(job)).scalars())
 
 
 def job_row(j: JobRecord) -> dict[str, Any]:
@@ -133,19 +161,13 @@ def active_jobs(store: Store) -> list[JobRecord]:
     return jobs(store, states=[s for s in JobState if not s.terminal])
 
 
-def gpu_hours(store: Store, job_id: str, now: datetime) -> float:
-    """GPU-equivalent hours the job's attempts held (running ones up to ``now``): the job's
-    share of the tenant's usage, priced like any workload's."""
+def gpu_hours(store: Store, job: JobRecord, now: datetime) -> float:
+    """GPU-equivalent hours the job's workloads (``workload_ids_query``) held, running ones
+    up to ``now``: the job's share of the tenant's usage, priced like any workload's."""
     allocations = metadata.tables["allocations"]
-    query = (
-        select(allocations.c.gpu_equivalent, allocations.c.created_at, allocations.c.released_at)
-        # The attempts of an elastic job's resizes share one workload: count it once.
-        .where(
-            allocations.c.workload_id.in_(
-                select(ATTEMPTS.c.workload_id).where(ATTEMPTS.c.job_id == job_id)
-            )
-        )
-    )
+    query = select(
+        allocations.c.gpu_equivalent, allocations.c.created_at, allocations.c.released_at
+    ).where(allocations.c.workload_id.in_(workload_ids_query(job).scalar_subquery()))
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
     seconds: float = sum(

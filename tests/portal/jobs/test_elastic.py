@@ -10,13 +10,15 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
+from sqlalchemy import select
 
 from policies.elastic import ElasticSettings, Sample
 from policies.errors import InvalidRequest
 from policies.jobs import JobState
 from portal.jobs.controller import JobController
-from portal.jobs.elastic import SLICE_KEY_PREFIX, resized
+from portal.jobs.elastic import resized
 from portal.jobs.spec import Backend, JobSpec
+from portal.store.jobs import SLICE_KEY_PREFIX, WORKLOADS
 from portal.store.records import WorkloadState
 from tests.portal.allocator.conftest import gpus, wl
 from tests.portal.jobs.conftest import H100, Rig, job, make_backend
@@ -189,3 +191,25 @@ def test_a_restart_gives_back_the_slices_of_jobs_no_longer_running(rig: Rig, gau
     again.start()
     assert rig.alloc.status(orphan.id).state is WorkloadState.RELEASED
     assert charged_slices(rig, jid) == held  # the running job keeps its own
+
+
+def test_a_growth_try_never_disturbs_a_borrower_and_leaves_no_slice(rig: Rig, gauge: Gauge) -> None:
+    gauge.busy = 0.5  # no growth until the borrower runs
+    jid = rig.jobs.submit(elastic(1, 2)).job.id
+    rig.step()
+    # team-a holds 8 of its guaranteed 16; team-b's 24 take every free GPU, 8 of them
+    # borrowed from team-a's guarantee: a full request of team-a would reclaim them.
+    borrower = rig.alloc.request(wl("team-b", gpus(8), gang=3))
+    assert borrower.state is WorkloadState.RUNNING
+    gauge.busy = 0.95
+    rig.advance(300)  # busy for the window: the growth try
+    rig.advance(10)  # and the retry
+    b = rig.alloc.status(borrower.id)
+    assert (b.state, b.reason, b.preempt_deadline) == (WorkloadState.RUNNING, "", None)
+    j = rig.jobs.get(jid)
+    assert (j.state, j.attempt) == (JobState.RUNNING, 1)
+    # Not even a released record of a slice: the try was never committed.
+    with rig.alloc.store.engine.connect() as conn:
+        keys = conn.execute(select(WORKLOADS.c.idempotency_key)).scalars().all()
+    assert not [k for k in keys if (k or "").startswith(SLICE_KEY_PREFIX)]
+    assert [w.id for w in rig.alloc.workloads("team-a")] == [j.workload_id]

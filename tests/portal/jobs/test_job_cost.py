@@ -1,16 +1,18 @@
-"""What a job cost: its attempts' allocations priced by the accounting, on SQLite and
-PostgreSQL, through ``GET /api/v1/jobs/{id}/cost`` on the manual clock of the rig (the
-stand-in runner of ``conftest``)."""
+"""What a job cost: its attempts' (and an elastic job's slices') allocations priced by the
+accounting, on SQLite and PostgreSQL, through ``GET /api/v1/jobs/{id}/cost`` on the manual
+clock of the rig (the stand-in runner of ``conftest``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
 from fractions import Fraction
 
 import pytest
 from fastapi.testclient import TestClient
 
+from policies.elastic import ElasticSettings, Sample
 from policies.jobs import JobState
 from portal.accounting.prices import price_config
 from portal.accounting.service import Accounting
@@ -18,6 +20,7 @@ from portal.accounting.workloads import workload_costs
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.cost import use_accounting
+from portal.store.jobs import slice_key_prefix
 from portal.store.records import WorkloadState
 from tests.portal.allocator.conftest import gpus, wl
 from tests.portal.api.conftest import TOKENS, auth
@@ -124,3 +127,46 @@ def test_another_tenant_gets_403_and_an_unknown_job_404(rig: Rig, api: TestClien
     assert (r.status_code, r.json()["code"]) == (403, "forbidden")
     r = api.get("/api/v1/jobs/nope/cost", headers=auth("alice"))
     assert (r.status_code, r.json()["code"]) == (404, "not_found")
+
+
+def test_an_elastic_job_costs_its_slices_too(rig: Rig, api: TestClient) -> None:
+    busy = 0.5
+
+    def gauge(ids: Sequence[str], since: datetime) -> list[Sample]:
+        return [
+            Sample(at, busy) for _ in ids for at in (since.timestamp(), rig.clock.now.timestamp())
+        ]
+
+    rig.jobs.elastic.utilization = gauge
+    rig.jobs.elastic.set_settings("team-a", ElasticSettings(threshold=0.8, window_s=300))
+    spec = replace(job(members=1, gpus=8), max_members=2)
+    jid = rig.jobs.submit(spec).job.id
+    rig.step()  # the gang: 8 GPUs from now
+    rig.clock.advance(seconds=300)
+    busy = 0.95
+    rig.step()  # a slice: 8 more GPUs from now, the attempt resizes
+    rig.step()
+    assert rig.jobs.attempts(jid)[-1].world_size == 2
+    (slice_,) = rig.jobs.elastic.slices(jid)
+    # Another owner's workload under the job's slice key is not the job's.
+    other = rig.alloc.request(
+        wl("team-a", gpus(8), owner="mallory"), idempotency_key=f"{slice_key_prefix(jid)}x"
+    )
+    rig.clock.advance(seconds=1500)
+    rig.jobs.cancel(jid)  # releases the gang and the slice
+    rig.alloc.release(other.id)
+    rig.clock.advance(seconds=3600)  # ended: nothing more is charged
+
+    cost = api.get(f"/api/v1/jobs/{jid}/cost", headers=auth("alice")).json()
+    # Gang: 8 GPUs x 1800 s = 4 GPU-hours = 12.00; slice: 8 x 1500 s = 3.3333 = 10.00.
+    assert [(s["workload_id"], s["cost"]) for s in cost["slices"]] == [(slice_.id, "10.00")]
+    assert {a["cost"] for a in cost["attempts"]} == {"12.00"}  # resizes share the gang
+    assert cost["cost"] == "22.00"
+    assert cost["gpu_hours"] == pytest.approx(4 + 8 * 1500 / 3600)
+    assert rig.jobs.gpu_hours(jid) == pytest.approx(cost["gpu_hours"])
+    got = api.get(f"/api/v1/jobs/{jid}", headers=auth("alice")).json()["gpu_hours"]
+    assert got == pytest.approx(cost["gpu_hours"])
+    # The tenant's /cost counts the same workloads, plus mallory's (8 x 1500 s = 10.00).
+    acc = Accounting(rig.alloc.store, PRICES, clock=rig.clock)
+    start = rig.clock.now - timedelta(days=1)
+    assert acc.report(start, rig.clock.now, tenants=["team-a"]).total().cost == Fraction("32.00")
