@@ -7,6 +7,7 @@ needs ``workloads:read`` on it; another tenant's token gets 403.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -252,6 +253,41 @@ class JobCostOut(Model):
     )
 
 
+def cost_answer(
+    acc: Accounting,
+    job_id: str,
+    tenant: str,
+    attempts: Sequence[tuple[int, str, str]],
+    slices: Sequence[str] = (),
+) -> JobCostOut:
+    """A job's cost answer, training or Ray: `attempts` as (number, workload id, exit
+    reason), `slices` the workloads it held beyond them; the total counts each workload once."""
+    costs = workload_costs(acc, [w for _, w, _ in attempts] + list(slices))
+    total = costs.total()
+
+    def gpu_hours(w: str) -> float:
+        return float(costs.of(w).allocated_gpu_hours)
+
+    def cost(w: str) -> str:
+        return money_text(costs.of(w).cost)
+
+    return JobCostOut(
+        job_id=job_id,
+        tenant=tenant,
+        currency=costs.currency,
+        unpriced_models=list(costs.unpriced_models),
+        gpu_hours=float(total.allocated_gpu_hours),
+        cost=money_text(total.cost),
+        attempts=[
+            AttemptCostOut(
+                number=n, workload_id=w, exit_reason=r, gpu_hours=gpu_hours(w), cost=cost(w)
+            )
+            for n, w, r in attempts
+        ],
+        slices=[SliceCostOut(workload_id=w, gpu_hours=gpu_hours(w), cost=cost(w)) for w in slices],
+    )
+
+
 class LogOut(Model):
     job_id: str
     attempt: int = Field(ge=1)
@@ -439,35 +475,13 @@ def job_cost(
     job = _readable(caller, controller, job_id).job
     attempts = controller.attempts(job_id)
     held = stored_jobs.workload_ids(acc.store, job)
-    costs = workload_costs(acc, held)
     gang = {a.workload_id for a in attempts}
-    total = costs.total()
-    return JobCostOut(
-        job_id=job_id,
-        tenant=job.tenant,
-        currency=costs.currency,
-        unpriced_models=list(costs.unpriced_models),
-        gpu_hours=float(total.allocated_gpu_hours),
-        cost=money_text(total.cost),
-        attempts=[
-            AttemptCostOut(
-                number=a.number,
-                workload_id=a.workload_id,
-                exit_reason=a.exit_reason,
-                gpu_hours=float(costs.of(a.workload_id).allocated_gpu_hours),
-                cost=money_text(costs.of(a.workload_id).cost),
-            )
-            for a in attempts
-        ],
-        slices=[
-            SliceCostOut(
-                workload_id=w,
-                gpu_hours=float(costs.of(w).allocated_gpu_hours),
-                cost=money_text(costs.of(w).cost),
-            )
-            for w in held
-            if w not in gang
-        ],
+    return cost_answer(
+        acc,
+        job_id,
+        job.tenant,
+        [(a.number, a.workload_id, a.exit_reason) for a in attempts],
+        slices=[w for w in held if w not in gang],
     )
 
 

@@ -19,10 +19,9 @@ from policies.errors import Conflict, InvalidRequest
 from policies.jobs import JobState
 from policies.ray import RayState
 from portal.accounting.service import Accounting
-from portal.accounting.workloads import workload_costs
 from portal.allocator import Allocator
 from portal.api.auth import Caller, Scope
-from portal.api.cost import accounting_of, money_text
+from portal.api.cost import accounting_of
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.inputs import KEY, Label, bounded
@@ -32,9 +31,9 @@ from portal.api.jobs import (
     ENV_NAME,
     ENV_VALUE,
     MAX_LOG_BYTES,
-    AttemptCostOut,
     JobCostOut,
     LogOut,
+    cost_answer,
 )
 from portal.api.ray import ClusterId, RayIn, spec_of
 from portal.api.schemas import ErrorBody, InModel, Model, Page
@@ -285,25 +284,8 @@ def job_cost(
             "cluster's, in /cost; only a one-off job has a cost of its own"
         )
     slices = stored.slices(jobs.rays.store, job.cluster_id)
-    costs = workload_costs(acc, [s.workload_id for s in slices])
-    total = costs.total()
-    return JobCostOut(
-        job_id=ray_job_id,
-        tenant=job.tenant,
-        currency=costs.currency,
-        unpriced_models=list(costs.unpriced_models),
-        gpu_hours=float(total.allocated_gpu_hours),
-        cost=money_text(total.cost),
-        attempts=[
-            AttemptCostOut(
-                number=s.number,
-                workload_id=s.workload_id,
-                exit_reason=s.reason,
-                gpu_hours=float(costs.of(s.workload_id).allocated_gpu_hours),
-                cost=money_text(costs.of(s.workload_id).cost),
-            )
-            for s in slices
-        ],
+    return cost_answer(
+        acc, ray_job_id, job.tenant, [(s.number, s.workload_id, s.reason) for s in slices]
     )
 
 
