@@ -41,6 +41,7 @@ from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from policies.eta import Interval
 from policies.flavors import Flavor
 from policies.inventory import Node
+from policies.placement.fork import ClusterFork
 from policies.placement.framework import Policy
 from policies.placement.scorers import policy as named_policy
 from policies.placement.state import ClusterState
@@ -259,6 +260,16 @@ class Allocator:
         if first is not None and first.base is applied.draft:
             first.rebase(self._state)
             self._chain = len(self._queued)
+            # Every waiting draft's cluster fork starts with the applied one's changes (forks
+            # copy them): drop those copies, or each new fork copies every node changed since
+            # the queue was last empty, which under steady concurrency it never is.
+            done = applied.draft.cluster
+            if isinstance(done, ClusterFork):
+                prefix = done.fork_log
+                for q in self._queued:
+                    fork = q.draft.cluster if q.draft is not None else None
+                    if isinstance(fork, ClusterFork) and fork.fork_log[: len(prefix)] == prefix:
+                        fork.settle(len(prefix))
 
     @property
     def _batched(self) -> bool:
