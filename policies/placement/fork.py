@@ -81,6 +81,23 @@ class ClusterFork(ClusterState):
         child.fork_log = list(self.fork_log)
         return child
 
+    def settle(self, applied: int) -> None:
+        """The first ``applied`` changes of the log (inherited from the forks this one was
+        forked from) are now in the root: forget the copies only they made. Without this a
+        fork of a fork keeps, and copies again, every node changed since the first fork of
+        the chain, though the root already reads the same for all but this fork's own."""
+        if applied <= 0:
+            return
+        log = self.fork_log[applied:]
+        keep = set(log)
+        self._own = {name: st for name, st in self._own.items() if name in keep}
+        self._gone = {name for name in self._gone if name in keep}
+        self._view = _ForkNodes(self._root.nodes, self._own, self._gone)
+        self._next_order = max(self._next_order, self._root.next_order)
+        self.fork_log = log
+        # Indexes that followed this fork's log by position must read it afresh.
+        self.token = next(_TOKENS)
+
     @property
     def nodes(self) -> Mapping[str, NodeState]:
         return self._view

@@ -101,3 +101,28 @@ def test_the_cached_index_answers_what_a_full_scan_answers(steps: list[tuple[str
         if action == "root-place" and isinstance(got, Placement):
             root.apply(got)  # another decision was applied: older forks are stale
             fork, pending = ClusterFork(root), []
+
+
+def test_a_settled_fork_keeps_only_its_own_copies_and_reads_the_same() -> None:
+    """Group commit: a fork of a fork inherits the parent's copies; once the parent's changes
+    are in the root, ``settle`` drops those copies and the child reads exactly as before,
+    and the cached index still answers what a full scan answers."""
+    policy = named_policy("gpuportal")
+    root = ClusterState([node("a"), node("b"), node("c", 2)])
+    parent = ClusterFork(root)
+    parent.apply(Placement("a", (0,), milli=1000))
+    parent.remove_node("c")
+    child = parent.fork()
+    child.apply(Placement("b", (1,), milli=500))
+    assert place(WHOLE, child, policy) == _scan(WHOLE, child, policy, ANYWHERE)
+    before = free(child)
+    root.apply(Placement("a", (0,), milli=1000))  # the parent's decision is applied
+    root.remove_node("c")
+    child.settle(len(parent.fork_log))
+    assert free(child) == before
+    assert child.touched == {"b"}
+    assert set(child.candidates(frozenset({"T4"}))) == {root.node("a"), child.node("b")}
+    assert child.node("a") is root.node("a")  # the inherited copy is gone
+    assert place(WHOLE, child, policy) == _scan(WHOLE, child, policy, ANYWHERE)
+    child.settle(0)  # nothing applied: nothing changes
+    assert free(child) == before
