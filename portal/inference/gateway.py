@@ -150,8 +150,7 @@ class Gateway:
             left = [u for u in urls if u not in tried]
             if not left and not held:
                 held = True
-                urls = await self._wake_and_hold(sid, name, hold, traffic)
-                tried.clear()
+                urls = await self._wake_and_hold(sid, name, hold, traffic, frozenset(tried))
                 continue
             if not left:
                 raise Unavailable(
@@ -177,12 +176,16 @@ class Gateway:
             urls = self.controller.ready_urls(sid)
 
     async def _wake_and_hold(
-        self, sid: str, name: str, hold: Hold, traffic: Traffic
+        self, sid: str, name: str, hold: Hold, traffic: Traffic, gone: frozenset[str] = frozenset()
     ) -> tuple[str, ...]:
         await run_in_threadpool(self.controller.touch, sid)
-        return await self._hold(sid, name, hold, traffic)
+        return await self._hold(sid, name, hold, traffic, gone)
 
-    async def _hold(self, sid: str, name: str, hold: Hold, traffic: Traffic) -> tuple[str, ...]:
+    async def _hold(
+        self, sid: str, name: str, hold: Hold, traffic: Traffic, gone: frozenset[str] = frozenset()
+    ) -> tuple[str, ...]:
+        """Wait for a ready replica other than those ``gone`` (they failed this request: the
+        service loop has not noticed yet)."""
         if traffic.held >= hold.max_requests:
             traffic.refused += 1
             raise Unavailable(
@@ -194,7 +197,7 @@ class Gateway:
         traffic.held_total += 1
         try:
             deadline = time.monotonic() + hold.timeout_s
-            while not (urls := self.controller.ready_urls(sid)):
+            while not (urls := tuple(u for u in self.controller.ready_urls(sid) if u not in gone)):
                 if time.monotonic() >= deadline:
                     traffic.refused += 1
                     raise Unavailable(

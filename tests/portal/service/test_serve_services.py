@@ -345,3 +345,22 @@ def test_streams_in_flight_survive_a_scale_to_zero_and_a_request_meanwhile_is_se
         assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 0
         c.delete(f"/api/v1/services/{sid}")
     assert svc.terminate() == 0
+
+
+def test_a_request_whose_only_replica_just_died_is_held_for_its_replacement(
+    service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
+) -> None:
+    svc = service_factory()
+    svc.start()
+    gateway = f"{svc.url}/gateway/team-a/llm/v1"
+    with svc.client(ALICE) as c:
+        sid = c.post("/api/v1/services", json=service(model_dir)).json()["id"]
+        wait_ready(c, sid)
+        # Gone before the service loop notices: the gateway still has it as ready.
+        os.killpg(pid_of(svc, sid, 1), signal.SIGKILL)
+        r = httpx.post(f"{gateway}/chat/completions", json=chat("again"), headers=bearer(ALICE),
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 1
+        c.delete(f"/api/v1/services/{sid}")
+    assert svc.terminate() == 0
