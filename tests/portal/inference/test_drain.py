@@ -36,8 +36,10 @@ def rig(db_url: str, tmp_path: Path) -> Iterator[tuple[ServiceController, FakeRu
 def two_ready(c: ServiceController) -> tuple[str, str, str]:
     sid = c.deploy(spec(2, 2, 0)).service.id
     c.step()
-    one, two = sorted(c.ready_urls(sid))
-    return sid, one, two
+    assert c.backend is not None
+    by_number = {r.number: c.backend.url(r.port or 0) for r in stored.replicas(c.store, sid)}
+    assert sorted(c.ready_urls(sid)) == sorted(by_number.values())
+    return sid, by_number[1], by_number[2]  # scaling down stops the newest: replica 2
 
 
 def states(c: ServiceController, sid: str) -> dict[int, ReplicaState]:
