@@ -45,6 +45,7 @@ from policies.services import (
 from portal.allocator import Allocator, WorkloadStatus
 from portal.inference.backend import ServiceBackend, replica_launch
 from portal.inference.cached import HAS_PROCESS, holders, replica_weights
+from portal.inference.drain import DEFAULT_DRAIN_TIMEOUT_S, Drains, begin, check, revive
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import Hold, ServiceSpec
 from portal.inference.traffic import TrafficBook
@@ -81,6 +82,7 @@ class ServiceController:
         backend: ServiceBackend | None = None,
         kind: BackendKind = BackendKind.LOCAL,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
         clock: Callable[[], datetime] | None = None,
         refuse: str | None = None,
     ) -> None:
@@ -102,6 +104,7 @@ class ServiceController:
         self._routes: dict[tuple[str, str], tuple[str, Hold]] = {}
         self.traffic = TrafficBook()  # the gateway's counts, per service
         self._calls = EngineCalls(self)  # warm replicas' sleep and wake, outside the lock
+        self._drains = Drains(drain_timeout_s)  # ready replicas leaving, not signalled yet
 
     @property
     def now(self) -> datetime:
@@ -127,6 +130,8 @@ class ServiceController:
                     recorded.add(r.workload_id)
                     if r.state in HAS_PROCESS and (svc.id, r.number) not in adopted:
                         self._end(svc, r, LOST_AT_RESTART, failed=False)
+                    elif r.state is ReplicaState.STOPPING:  # nothing in flight after a restart
+                        self._drains.begin(r, self.now, at_once=True)
                     elif r.warm and not r.pooled:  # woken before the restart: it serves
                         self._serving_priority(svc, r)
             for w in self._alloc.workloads():
@@ -236,6 +241,7 @@ class ServiceController:
             message = f"{svc.name}: replicas {bounds.min}..{bounds.max}, {desired} wanted"
             self._commit([new], [], "service.scaled", new, message)
             self._reconcile(new)
+            self._refresh_ready()
             return self.view(service_id)
 
     def delete(self, service_id: str) -> ServiceView:
@@ -288,6 +294,7 @@ class ServiceController:
             # The held request waits for the wake call only: the loop's next round (half
             # a second) refills the pool.
             self._reconcile(new, refill=False)
+            self._refresh_ready()  # a draining replica may serve again at once
         self._calls.run(service_id)
 
     def last_request(self, svc: ServiceRecord) -> datetime | None:
@@ -370,6 +377,8 @@ class ServiceController:
             svc = self._advance(svc, r)
         live = stored.replicas(store, svc.id, live=True)
         active = svc.state is ServiceState.ACTIVE
+        if active and revive(self, svc, live):
+            live = stored.replicas(store, svc.id, live=True)
         todo = plan(live, svc.desired if active else 0, self.spec_of(svc).replicas.warm * active)
         for r in todo.stop:
             why = "warm pool shrunk" if r.pooled else "scaled down"
@@ -397,8 +406,12 @@ class ServiceController:
             stopped = r.state is ReplicaState.STOPPING
             reason = r.reason if stopped else f"engine exited with code {code}"
             return self._end(svc, r, reason, failed=r.state is ReplicaState.STARTING)
+        preempted = st is not None and st.state is WorkloadState.PREEMPTING
+        if self._drains.draining(r) and not preempted:
+            check(self, svc, r)
+            return svc
         if st is not None and st.state is WorkloadState.PREEMPTING:
-            if r.state is not ReplicaState.STOPPING:
+            if r.state is not ReplicaState.STOPPING or self._drains.draining(r):
                 # The grace the allocator gave, not ours: the claimant waits for exactly it.
                 grace = self._stop_grace_s
                 if st.preempt_deadline is not None:
@@ -483,13 +496,21 @@ class ServiceController:
     def _stop(
         self, svc: ServiceRecord, r: ReplicaRecord, reason: str, grace_s: float | None = None
     ) -> None:
-        """A queued replica leaves the queue at once; a running one is told to stop and
-        keeps its devices until its process has ended."""
+        """A queued replica leaves the queue at once; a ready one drains first (unless
+        preempted: ``grace_s`` given); a running one is told to stop and keeps its devices
+        until its process has ended."""
         if r.state is ReplicaState.QUEUED or self.backend is None:
             self._end(svc, r, reason, failed=False)
             return
+        draining = r.state is ReplicaState.READY and grace_s is None and r.port is not None
+        if draining and begin(self, svc, r, reason):
+            return
+        self._signal(svc, r, reason, self._stop_grace_s if grace_s is None else grace_s)
+
+    def _signal(self, svc: ServiceRecord, r: ReplicaRecord, reason: str, grace: float) -> None:
+        assert self.backend is not None
+        self._drains.end(r)
         try:
-            grace = self._stop_grace_s if grace_s is None else grace_s
             self.backend.runner.stop(svc.id, r.number, grace, wait=False)
         except RunnerError:
             self._end(svc, r, reason, failed=False)
@@ -503,6 +524,7 @@ class ServiceController:
     ) -> ServiceRecord:
         """Record the replica's end, then release its workload (after the commit: a failed
         commit leaves the devices with a replica the next round still sees)."""
+        self._drains.end(r)
         ended = replace(r, state=ReplicaState.ENDED, ended_at=self.now, reason=reason)
         changes: dict[str, object] = {}
         message = f"{svc.name}: replica {r.number} ended: {reason}"

@@ -11,6 +11,10 @@ While no replica is ready (the service scales from zero, or its replicas are sta
 request is **held**: the service is told a request came (which brings a service at zero back
 to one replica) and the request waits until a replica is ready, at most ``hold.timeout_s``;
 at most ``hold.max_requests`` are held at once. Beyond either, 503 with ``Retry-After``.
+
+A replica chosen for removal drains (``portal.inference.drain``): it leaves the rotation and
+is stopped once nothing the gateway sent it is still in flight. A request whose replica went
+away anyway (it cannot be reached, or answers 503) is sent to another ready one, or held once.
 """
 
 from __future__ import annotations
@@ -99,12 +103,11 @@ class Gateway:
         urls = self.controller.ready_urls(sid)
         self.controller.note_request(sid)
         if not urls:
-            await run_in_threadpool(self.controller.touch, sid)
-            urls = await self._hold(sid, name, hold, traffic)
+            urls = await self._wake_and_hold(sid, name, hold, traffic)
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
         traffic.in_flight += 1
         try:
-            reply = await self._send(sid, urls, path, body, headers, traffic)
+            url, reply = await self._send(sid, name, hold, urls, path, body, headers, traffic)
         except BaseException:
             traffic.in_flight -= 1
             raise
@@ -116,6 +119,7 @@ class Gateway:
                     yield chunk
             finally:
                 await reply.aclose()
+                self.book.leave(url)
                 traffic.in_flight -= 1
                 traffic.served += 1
                 traffic.total_s.append(time.monotonic() - arrived)
@@ -126,32 +130,62 @@ class Gateway:
     async def _send(
         self,
         sid: str,
+        name: str,
+        hold: Hold,
         urls: tuple[str, ...],
         path: str,
         body: bytes,
         headers: dict[str, str],
         traffic: Traffic,
-    ) -> httpx.Response:
-        """Send to the next ready replica; one that cannot be reached (it ended since it was
-        last seen ready) is skipped for the others."""
+    ) -> tuple[str, httpx.Response]:
+        """Send to the next ready replica. One that cannot be reached (it ended since it was
+        last seen ready) or answers 503 (it does not serve now) is skipped for the others;
+        when none is left the request is held once, as from zero, and tried again. The
+        replica's in-flight count is taken before the request goes: a draining replica is
+        stopped only at zero."""
         client = self.client()
         tried: set[str] = set()
+        held = False
         while True:
             left = [u for u in urls if u not in tried]
+            if not left and not held:
+                held = True
+                urls = await self._wake_and_hold(sid, name, hold, traffic, frozenset(tried))
+                continue
             if not left:
                 raise Unavailable(
                     "no replica of the service could be reached; retry", retry_after_s=RETRY_AFTER_S
                 )
             url = left[next(self._turn) % len(left)]
+            self.book.enter(url)
             try:
                 request = client.build_request("POST", url + path, content=body, headers=headers)
-                return await client.send(request, stream=True)
+                reply = await client.send(request, stream=True)
             except httpx.TransportError:
+                self.book.leave(url)
                 traffic.failed += 1
-                tried.add(url)
-                urls = self.controller.ready_urls(sid) or urls
+            except BaseException:
+                self.book.leave(url)
+                raise
+            else:
+                if reply.status_code != 503:
+                    return url, reply
+                await reply.aclose()
+                self.book.leave(url)
+            tried.add(url)
+            urls = self.controller.ready_urls(sid)
 
-    async def _hold(self, sid: str, name: str, hold: Hold, traffic: Traffic) -> tuple[str, ...]:
+    async def _wake_and_hold(
+        self, sid: str, name: str, hold: Hold, traffic: Traffic, gone: frozenset[str] = frozenset()
+    ) -> tuple[str, ...]:
+        await run_in_threadpool(self.controller.touch, sid)
+        return await self._hold(sid, name, hold, traffic, gone)
+
+    async def _hold(
+        self, sid: str, name: str, hold: Hold, traffic: Traffic, gone: frozenset[str] = frozenset()
+    ) -> tuple[str, ...]:
+        """Wait for a ready replica other than those ``gone`` (they failed this request: the
+        service loop has not noticed yet)."""
         if traffic.held >= hold.max_requests:
             traffic.refused += 1
             raise Unavailable(
@@ -163,7 +197,7 @@ class Gateway:
         traffic.held_total += 1
         try:
             deadline = time.monotonic() + hold.timeout_s
-            while not (urls := self.controller.ready_urls(sid)):
+            while not (urls := tuple(u for u in self.controller.ready_urls(sid) if u not in gone)):
                 if time.monotonic() >= deadline:
                     traffic.refused += 1
                     raise Unavailable(

@@ -64,6 +64,24 @@ class TrafficBook(Collector):
     def __init__(self) -> None:
         self._by_id: dict[str, tuple[str, str, Traffic]] = {}
         self._lock = threading.Lock()
+        # Requests in flight per replica URL: a draining replica is stopped once it has none.
+        self._at: dict[str, int] = {}
+
+    def enter(self, url: str) -> None:
+        with self._lock:
+            self._at[url] = self._at.get(url, 0) + 1
+
+    def leave(self, url: str) -> None:
+        with self._lock:
+            left = self._at.get(url, 0) - 1
+            if left > 0:
+                self._at[url] = left
+            else:
+                self._at.pop(url, None)
+
+    def in_flight_at(self, url: str | None) -> int:
+        """Requests sent to the replica at ``url`` and not answered to the end yet."""
+        return 0 if url is None else self._at.get(url, 0)
 
     def of(self, service_id: str, tenant: str = "", name: str = "") -> Traffic:
         hit = self._by_id.get(service_id)

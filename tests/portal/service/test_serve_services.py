@@ -293,3 +293,74 @@ def test_under_load_replicas_follow_the_waiting_requests_up_to_the_tenants_limit
         assert "1 -> 2 replicas" in up["message"] and "waiting_requests" in up["message"]
         c.delete(f"/api/v1/services/{sid}")
     assert svc.terminate() == 0
+
+
+def test_streams_in_flight_survive_a_scale_to_zero_and_a_request_meanwhile_is_served(
+    service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
+) -> None:
+    svc = service_factory()
+    svc.start()
+    gateway = f"{svc.url}/gateway/team-a/llm/v1"
+    # Four answers of 3.6 s one after another (14 s, beyond the 10 s stop grace) against an
+    # idle time of 1 s: the service goes to zero while they stream.
+    body = service(
+        model_dir,
+        *("--token-seconds", "0.06", "--max-running", "1"),
+        replicas={"min": 0, "max": 1},
+        scaling={"idle_s": 1, "down_window_s": 1},
+    )
+    with svc.client(ALICE) as c:
+        sid = c.post("/api/v1/services", json=body).json()["id"]
+        wait_ready(c, sid)
+        streamed: list[list[str]] = []
+
+        def stream(i: int) -> None:
+            ask = chat(f"s{i}", stream=True, max_tokens=60)
+            url = f"{gateway}/chat/completions"
+            with httpx.stream("POST", url, json=ask, headers=bearer(ALICE), timeout=60) as s:
+                streamed.append([line[6:] for line in s.iter_lines() if line.startswith("data: ")])
+
+        load = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for t in load:
+            t.start()
+        deadline = time.monotonic() + 20
+        while c.get(f"/api/v1/services/{sid}").json()["desired"] != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # Its replica drains: a request now puts it back in rotation, no cold start.
+        r = httpx.post(f"{gateway}/chat/completions", json=chat("late"), headers=bearer(ALICE),
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        for t in load:
+            t.join(60)
+        assert len(streamed) == 4
+        assert all(s[-1] == "[DONE]" and len(s) == 60 + 2 for s in streamed), streamed
+        # Idle again: it goes to zero, and once drained its devices are free.
+        while c.get("/api/v1/workloads").json()["items"]:
+            assert time.monotonic() < deadline + 20
+            time.sleep(0.1)
+        events = c.get(f"/api/v1/services/{sid}/events").json()["items"]
+        kinds = [e["kind"] for e in events]
+        assert "service.replica_draining" in kinds, kinds
+        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 0
+        c.delete(f"/api/v1/services/{sid}")
+    assert svc.terminate() == 0
+
+
+def test_a_request_whose_only_replica_just_died_is_held_for_its_replacement(
+    service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
+) -> None:
+    svc = service_factory()
+    svc.start()
+    gateway = f"{svc.url}/gateway/team-a/llm/v1"
+    with svc.client(ALICE) as c:
+        sid = c.post("/api/v1/services", json=service(model_dir)).json()["id"]
+        wait_ready(c, sid)
+        # Gone before the service loop notices: the gateway still has it as ready.
+        os.killpg(pid_of(svc, sid, 1), signal.SIGKILL)
+        r = httpx.post(f"{gateway}/chat/completions", json=chat("again"), headers=bearer(ALICE),
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 1
+        c.delete(f"/api/v1/services/{sid}")
+    assert svc.terminate() == 0
