@@ -130,14 +130,16 @@ def markdown(out: dict[str, Any]) -> str:
     lines += [
         "",
         "| route | rate/s | direct p50 ms | direct p99 ms | gateway p50 ms | gateway p99 ms "
-        "| added p50 ms | added p99 ms | portal CPU ms/request | errors (direct, gateway) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| added p50 ms | added p99 ms | portal CPU ms/request | net of idle ms/request "
+        "| errors (direct, gateway) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for g in out["gateway_overhead"]:
         lines.append(
             f"| {g['route']} | {g['rate_per_s']:g} | {g['direct_p50_ms']} | {g['direct_p99_ms']} "
             f"| {g['gateway_p50_ms']} | {g['gateway_p99_ms']} | {g['added_p50_ms']} "
             f"| {g['added_p99_ms']} | {g.get('portal_cpu_ms_per_request', 'n/a')} "
+            f"| {g.get('portal_cpu_ms_per_request_net', 'n/a')} "
             f"| {g['direct_errors']}, {g['gateway_errors']} |"
         )
     return "\n".join(lines)

@@ -35,7 +35,8 @@ def allocator(request: Request) -> Allocator:
     return alloc
 
 
-def _authenticator(request: Request) -> Authenticator:
+async def _authenticator(request: Request) -> Authenticator:
+    # async: no I/O here, so no hop to the thread pool (a sync dependency costs one per call)
     auth: Authenticator = request.app.state.authenticator
     return auth
 
