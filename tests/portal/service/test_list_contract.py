@@ -26,7 +26,7 @@ from portal.jobs.controller import JobController
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
 from tests.portal.api.conftest import service_body
-from tests.portal.api.test_auth_coverage import fill
+from tests.portal.api.test_auth_coverage import RAY_BODY, fill
 from tests.portal.jobs.conftest import FakeRunner, job, make_backend
 
 UNPAGED = {
@@ -66,6 +66,14 @@ def app(tmp_path: Path) -> Iterator[FastAPI]:
     # A service with two replicas, so that its replicas and events are listed too.
     body = service_body(min_=2, max_=2)
     assert TestClient(app).post("/api/v1/services", json=body, headers=ROOT_H).status_code == 201
+    # A Ray cluster with one job on it, so that a cluster's jobs are listed too.
+    client = TestClient(app)
+    cluster = client.post("/api/v1/ray", json=RAY_BODY, headers=ROOT_H)
+    assert cluster.status_code == 201, cluster.text
+    job_on = client.post(
+        f"/api/v1/ray/{cluster.json()['id']}/jobs", json={"entrypoint": "true"}, headers=ROOT_H
+    )
+    assert job_on.status_code == 201, job_on.text
     yield app
     store.close()
 
@@ -96,6 +104,7 @@ def test_every_list_route_pages_the_same_way(app: FastAPI) -> None:
         "workload_id": get(client, "/api/v1/workloads").json()["items"][0]["id"],
         "job_id": get(client, "/api/v1/jobs").json()["items"][0]["id"],
         "service_id": get(client, "/api/v1/services").json()["items"][0]["id"],
+        "cluster_id": get(client, "/api/v1/ray").json()["items"][0]["id"],
     }
     for template, params in routes:
         path = fill(template, ids)
