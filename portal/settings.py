@@ -196,6 +196,17 @@ class Settings(BaseSettings):
         ),
     )
 
+    drain_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds a ready inference replica chosen for removal keeps answering the "
+            "requests it already has before it is stopped anyway; it leaves the gateway's "
+            "rotation at once and is stopped as soon as nothing is in flight (docs/services.md)."
+        ),
+    )
+
     leader_election: Literal["off", "lease"] = Field(
         default="off",
         description=(

@@ -37,7 +37,9 @@ def build_for_service(allocator: Allocator, settings: Settings) -> ServiceContro
             tenant_bytes=settings.weight_cache_tenant_bytes,
         )
         backend = local_backend(settings.state_dir / "services", weights)
-        controller = ServiceController(allocator, backend=backend)
+        controller = ServiceController(
+            allocator, backend=backend, drain_timeout_s=settings.drain_timeout_s
+        )
     controller.start()
     return controller
 

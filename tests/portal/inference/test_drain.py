@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from policies.errors import InvalidRequest
 from policies.services import Replicas, ReplicaState
 from portal.allocator import Allocator
 from portal.inference.controller import ServiceController
+from portal.inference.service import build_for_service
+from portal.settings import load_settings
 from portal.store import services as stored
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import ManualClock, hgx
@@ -125,3 +128,25 @@ def test_after_a_restart_a_draining_replica_is_stopped(
     assert [n for _, n, _ in runner.stops] == [2]
     again.step()
     assert states(again, sid) == {1: ReplicaState.READY}
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "3601"])
+def test_a_bad_drain_timeout_names_the_variable(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUPORTAL_DRAIN_TIMEOUT_S", value)
+    with pytest.raises(InvalidRequest, match="GPUPORTAL_DRAIN_TIMEOUT_S"):
+        load_settings()
+
+
+def test_serve_drains_for_the_configured_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUPORTAL_DRAIN_TIMEOUT_S", "7.5")
+    settings = load_settings(state_dir=tmp_path)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        controller = build_for_service(Allocator(store), settings)
+        assert controller._drains.timeout_s == 7.5
+    finally:
+        store.close()
