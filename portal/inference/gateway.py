@@ -123,15 +123,22 @@ class Gateway:
         traffic.first_byte_s.append(time.monotonic() - arrived)
 
         async def relay() -> AsyncIterator[bytes]:
+            cut = False
             try:
                 async for chunk in reply.aiter_raw():
                     yield chunk
+            except httpx.TransportError:
+                cut = True  # the engine went away mid-answer: the client's stream breaks too
+                raise
             finally:
                 await reply.aclose()
                 self.book.leave(url)
                 traffic.in_flight -= 1
-                traffic.served += 1
-                traffic.total_s.append(time.monotonic() - arrived)
+                if cut:
+                    traffic.failed += 1
+                else:
+                    traffic.served += 1
+                    traffic.total_s.append(time.monotonic() - arrived)
 
         kept = {"content-type": reply.headers.get("content-type", "application/json")}
         return StreamingResponse(relay(), status_code=reply.status_code, headers=kept)

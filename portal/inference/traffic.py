@@ -35,7 +35,7 @@ class Traffic:
     in_flight: int = 0  # sent to a replica, not answered to the end yet
     served: int = 0
     refused: int = 0  # 503 beyond the hold bound or after the hold timeout
-    failed: int = 0  # the replica could not be reached
+    failed: int = 0  # the replica could not be reached, or its answer broke off
     first_byte_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     total_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
 

@@ -342,25 +342,43 @@ def test_streams_in_flight_survive_a_scale_to_zero_and_a_request_meanwhile_is_se
         events = c.get(f"/api/v1/services/{sid}/events").json()["items"]
         kinds = [e["kind"] for e in events]
         assert "service.replica_draining" in kinds, kinds
-        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 0
+        traffic = c.get(f"/api/v1/services/{sid}").json()["traffic"]
+        assert traffic["failed"] == 0, (traffic, events)
         c.delete(f"/api/v1/services/{sid}")
     assert svc.terminate() == 0
 
 
-def test_a_request_whose_only_replica_just_died_is_held_for_its_replacement(
+def test_an_engine_that_dies_cuts_its_stream_at_once_and_the_next_request_is_held(
     service_factory: ServiceFactory, model_dir: Path, replicas_killed: None
 ) -> None:
     svc = service_factory()
     svc.start()
     gateway = f"{svc.url}/gateway/team-a/llm/v1"
     with svc.client(ALICE) as c:
-        sid = c.post("/api/v1/services", json=service(model_dir)).json()["id"]
+        body = service(model_dir, "--token-seconds", "0.2")
+        sid = c.post("/api/v1/services", json=body).json()["id"]
         wait_ready(c, sid)
-        # Gone before the service loop notices: the gateway still has it as ready.
-        os.killpg(pid_of(svc, sid, 1), signal.SIGKILL)
+        # Killed mid-answer: the client's stream breaks at once (not at a read timeout).
+        ask = chat("long", stream=True, max_tokens=100)
+        lines = 0
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            httpx.stream("POST", f"{gateway}/chat/completions", json=ask,
+                         headers=bearer(ALICE), timeout=60) as s,
+        ):  # fmt: skip
+            for _ in s.iter_lines():
+                lines += 1
+                if lines == 4:
+                    os.killpg(pid_of(svc, sid, 1), signal.SIGKILL)
+                    killed = time.monotonic()
+        assert time.monotonic() - killed < 5 and lines < 100
+        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 1  # the cut
+        # Gone before the service loop notices: the gateway still has it as ready, and the
+        # request is held for its replacement.
         r = httpx.post(f"{gateway}/chat/completions", json=chat("again"), headers=bearer(ALICE),
                        timeout=60)  # fmt: skip
         assert r.status_code == 200, r.text
-        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] == 1
+        # Plus one refused connection, unless the service loop saw the death first.
+        assert c.get(f"/api/v1/services/{sid}").json()["traffic"]["failed"] in (1, 2)
         c.delete(f"/api/v1/services/{sid}")
     assert svc.terminate() == 0
