@@ -138,6 +138,15 @@ class Settings(BaseSettings):
             "servers the hub no longer runs (reason server-gone); the first runs at start."
         ),
     )
+    hub_reconcile_min_age_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description=(
+            "Under JupyterHub, how long a notebook workload must have held its devices before "
+            "the check above may release it (a spawn in flight is never judged)."
+        ),
+    )
     shutdown_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -8,8 +8,9 @@ the hub which servers exist — at start and every ``GPUPORTAL_HUB_RECONCILE_INT
 releases, through the allocator, every notebook workload of a spawner whose server is gone.
 
 Which workloads: kind ``notebook``, named the way the spawner names them (``<owner>/<server>``,
-``<owner>/default`` for the default server), holding devices for at least ``min_age_s``. Other
-notebook workloads (requested through the API under another name) have no server to check and
+``<owner>/default`` for the default server), holding devices for at least ``min_age_s``
+(``GPUPORTAL_HUB_RECONCILE_MIN_AGE_S``, 30 s), so a spawn in flight is not judged. Other notebook
+workloads (requested through the API under another name) have no server to check and
 are left alone. Queued ones hold nothing and are left alone too: a spawn that died with the hub
 finds its queue place again when the user spawns again (``spawner.mixin``); should such a
 workload be allocated with no server to take it, a later round releases it. A server counts as
@@ -137,7 +138,12 @@ def release_gone(
 
 
 def register_for_service(
-    loops: Loops, allocator: Allocator, interval_s: float, environ: Mapping[str, str]
+    loops: Loops,
+    allocator: Allocator,
+    interval_s: float,
+    environ: Mapping[str, str],
+    *,
+    min_age_s: float,
 ) -> bool:
     """Add the ``hub-servers`` loop (first round at once) when the service runs under a hub;
     returns whether it did."""
@@ -145,14 +151,14 @@ def register_for_service(
     if not hub or not token:
         return False
     servers = HubServers(hub, token)
-    loops.add(LOOP_NAME, interval_s, lambda: _round(allocator, servers), first_after_s=0)
+    loops.add(LOOP_NAME, interval_s, lambda: _round(allocator, servers, min_age_s), first_after_s=0)
     log.info("releasing notebook GPUs of servers the hub no longer runs, every %.0f s", interval_s)
     return True
 
 
-def _round(allocator: Allocator, servers: HubServers) -> None:
+def _round(allocator: Allocator, servers: HubServers, min_age_s: float) -> None:
     try:
-        release_gone(allocator, servers)
+        release_gone(allocator, servers, min_age_s=min_age_s)
     except httpx.HTTPError as exc:
         # The hub may still be starting (it starts its services first), or restarting.
         log.info("hub servers not read (%s); nothing released this round", exc)

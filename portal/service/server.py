@@ -139,7 +139,13 @@ def register_loops(
     isolation_loop.register_for_service(loops, allocator, settings, isolation)
     kube_loops.register_for_service(loops, allocator, settings, isolation)
     alerting.register_for_service(loops, allocator, alerts, budgets=budgets)
-    hubsync.register_for_service(loops, allocator, settings.hub_reconcile_interval_s, os.environ)
+    hubsync.register_for_service(
+        loops,
+        allocator,
+        settings.hub_reconcile_interval_s,
+        os.environ,
+        min_age_s=settings.hub_reconcile_min_age_s,
+    )
     _register_agent(loops, allocator, settings)
 
 

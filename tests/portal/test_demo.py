@@ -452,6 +452,10 @@ SHARED_DEMO_SETTINGS = {
     "GPUPORTAL_SIMULATED_SAMPLES": "false",
     "GPUPORTAL_ALERTS_INTERVAL_S": "15",
     "GPUPORTAL_CULL_IDLE_GPU_SERVERS": "true",
+    # The server-gone reconcile judges a workload after 2 s, not 30, and runs every 2 s: the
+    # test of it waits seconds, not most of a minute. No other shared test runs a notebook.
+    "GPUPORTAL_HUB_RECONCILE_INTERVAL_S": "2",
+    "GPUPORTAL_HUB_RECONCILE_MIN_AGE_S": "2",
 }
 
 
@@ -496,7 +500,8 @@ def test_demo_answers_on_the_hub_api_within_two_minutes(
     assert listed["frank"].startswith("leadership")
     assert lines[7] == (
         "settings passed to the services: GPUPORTAL_ALERTS_INTERVAL_S=15, "
-        "GPUPORTAL_CULL_IDLE_GPU_SERVERS=true, GPUPORTAL_SIMULATED_SAMPLES=false"
+        "GPUPORTAL_CULL_IDLE_GPU_SERVERS=true, GPUPORTAL_HUB_RECONCILE_INTERVAL_S=2, "
+        "GPUPORTAL_HUB_RECONCILE_MIN_AGE_S=2, GPUPORTAL_SIMULATED_SAMPLES=false"
     )
     assert lines[8] == "prices: example prices (demo)"
     assert lines[9].startswith("inventory (simulated): ")
@@ -608,12 +613,15 @@ def test_the_portal_releases_a_notebook_whose_server_the_hub_does_not_run(demo: 
         )
         assert ghost.state == "running"
         kept = portal.request("team-a", "T4/share", milli=250, gpu_memory_mib=3072, name="notes")
-        # The reconcile waits 30 s before judging a workload, then runs every 15 s.
-        deadline = time.monotonic() + 120
+        # The reconcile judges a workload after 2 s and runs every 2 s (SHARED_DEMO_SETTINGS).
+        asked = time.monotonic()
+        deadline = asked + 120
         while (now := portal.status(ghost.id)).state == "running":
             assert time.monotonic() < deadline, demo.log_tail()
-            time.sleep(2)
+            time.sleep(0.5)
         assert (now.state, now.reason) == ("released", "server-gone")
+        # Sooner than the default minimum age of 30 s allows: the setting reached the loop.
+        assert time.monotonic() - asked < 30, demo.log_tail()
         # Not a spawner's name: no server to check, left alone.
         assert portal.status(kept.id).state == "running"
         portal.release(kept.id)
