@@ -21,6 +21,10 @@ RAY_INTERVAL_S = 1.0
 dead worker is replaced, or a shrink's slice is released."""
 
 NO_RAY = "the ray package is not installed beside the portal: pip install ray"
+NO_KUBERNETES_JOBS = (
+    "Ray jobs run on the local backend only in this version: on Kubernetes, run the driver "
+    "from a notebook with ray.init(address=...) against the cluster's address"
+)
 
 
 def build_for_service(allocator: Allocator, settings: Settings) -> RayController:
@@ -40,6 +44,8 @@ def build_for_service(allocator: Allocator, settings: Settings) -> RayController
 
 def build_jobs_for_service(controller: RayController, settings: Settings) -> RayJobs:
     """The service's Ray jobs: their drivers run wherever the clusters' nodes do."""
+    if settings.inventory == "kubernetes":
+        return RayJobs(controller, refuse=NO_KUBERNETES_JOBS)
     if controller.backend is None:
         return RayJobs(controller)
     return RayJobs(controller, drivers=LocalDrivers(settings.state_dir / "ray-jobs"))
