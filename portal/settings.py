@@ -120,6 +120,22 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Lowest level of service log records written."
     )
+    ray_image: str = Field(
+        default="rayproject/ray:2.60.0",
+        min_length=1,
+        description=(
+            "Container image of the Ray clusters' head and workers on Kubernetes (the "
+            "RayClusters the KubeRay operator runs); it must hold Ray `ray_version`."
+        ),
+    )
+    ray_version: str = Field(
+        default="2.60.0",
+        min_length=1,
+        description=(
+            "The Ray version in `ray_image`: on Kubernetes the only `ray_version` a Ray "
+            "cluster may ask for, and the RayCluster's `rayVersion`."
+        ),
+    )
     tick_interval_s: float = Field(
         default=1.0,
         gt=0,

@@ -100,6 +100,10 @@ def portal_cluster_role(settings: IsolationSettings) -> Manifest:
             # The tenant's checkpoint claim, created when its first job needs it.
             _rule([""], ["persistentvolumeclaims"], ["get", "create"]),
             _rule([""], ["pods/log"], ["get"]),
+            # Ray clusters (portal.ray.kube): the RayClusters the operator runs, and each
+            # cluster's token Secret, which the portal writes once and never reads back.
+            _rule(["ray.io"], ["rayclusters"], ["get", "list", "create", "patch", "delete"]),
+            _rule([""], ["secrets"], ["create", "delete"]),
             _rule([""], ["nodes"], READ),
             _rule([""], ["events"], [*READ, "create", "patch"]),
             _rule(["events.k8s.io"], ["events"], [*READ, "create", "patch"]),

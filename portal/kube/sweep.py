@@ -5,7 +5,8 @@ whose pods are all gone or finished: at once if a pod of it was seen before, or,
 was (the pod is not created yet, or the portal restarted), once the allocation is older than a
 grace period. A pod being deleted still holds its devices until it is gone. The allocator's
 release is idempotent, so each workload is released once. Workloads of kind ``job`` are left to
-the job controller, which releases an attempt when its members end.
+the job controller, which releases an attempt when its members end, and those of kind ``ray``
+to the Ray controller, which releases a slice when its cluster shrinks or stops.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ def gone(
     for w in live:
         if w.state not in HOLDING or not w.allocations or w.id in alive:
             continue
-        if w.kind == WorkloadKind.JOB.value:
-            continue  # the job controller watches its pods and ends its attempts itself
+        if w.kind in (WorkloadKind.JOB.value, WorkloadKind.RAY.value):
+            # The job and Ray controllers own their pods (a Ray worker pod the operator
+            # replaces keeps its slice) and release their workloads themselves.
+            continue
         started = w.started_at or w.created_at
         if w.id in seen or (now - started).total_seconds() >= grace_s:
             out.append(w.id)

@@ -111,6 +111,8 @@ class RayController:
         self._idle = IdleReads(backend.idle_times, idle_check_s) if backend else None
         # Clusters whose Ray temp dir goes once none of their nodes runs.
         self._to_clean: set[str] = set()
+        # Workers joined, as an outside backend (``portal.ray.kube``) last observed them.
+        self._observed: dict[str, int] = {}
 
     @property
     def now(self) -> datetime:
@@ -283,6 +285,21 @@ class RayController:
             if self.backend is not None:
                 self._reconcile(new)
             return self.view(cluster_id)
+
+    def observe(
+        self, cluster_id: str, state: RayState, message: str, *, address: str | None, joined: int
+    ) -> None:
+        """Record where a cluster that an outside backend runs (``portal.ray.kube``: the
+        operator's pods) stands. A stopped or released cluster is left as it is."""
+        with self._lock:
+            cluster = self.get(cluster_id)
+            if cluster.state.terminal or cluster.state.released:
+                return
+            self._observed[cluster_id] = joined
+            if address is not None and cluster.address != address:
+                cluster = self._versioned(cluster, address=address, head=cluster.head + 1)
+                self._commit([cluster], [], "ray.head", cluster, f"head up at {address}")
+            self._set_state(cluster, state, message)
 
     # ---------------------------------------------------------------- the loop's side
 
@@ -578,7 +595,12 @@ class RayController:
             )
             for s in stored.slices(self._alloc.store, cluster.id)
         )
-        joined = 0 if cluster.state.terminal else self._joined(cluster.id)
+        if cluster.state.terminal:
+            joined = 0
+        elif self.backend is None:
+            joined = self._observed.get(cluster.id, 0)
+        else:
+            joined = self._joined(cluster.id)
         return RayView(cluster, views, joined)
 
     def _set_state(self, cluster: RayClusterRecord, state: RayState, message: str) -> None:

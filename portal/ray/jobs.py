@@ -29,7 +29,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from policies.errors import Conflict, NotFound, PortalError
+from policies.errors import Conflict, NotFound, PortalError, Unavailable
 from policies.jobs import CANCELLED, COMPLETED, JobState, exit_code_of, exit_reason
 from policies.ray import RayState
 from portal.jobs.backend import LogChunk, read_file_log
@@ -61,9 +61,16 @@ class RayJobs:
     """Ray jobs over one Ray controller. Without ``drivers`` it takes, lists and stops jobs
     (and creates and deletes one-off clusters) but runs no entrypoint."""
 
-    def __init__(self, rays: RayController, *, drivers: LocalDrivers | None = None) -> None:
+    def __init__(
+        self,
+        rays: RayController,
+        *,
+        drivers: LocalDrivers | None = None,
+        refuse: str | None = None,
+    ) -> None:
         self.rays = rays
         self.drivers = drivers
+        self._refuse = refuse  # why no job is taken here (a 503), if none is
         self._last_created: datetime | None = None
         # Exits the runner reported, until the job's step takes them: (job, attempt) -> code.
         self._exits: dict[tuple[str, int], int] = {}
@@ -87,6 +94,8 @@ class RayJobs:
         """
         with self.rays.lock:
             cluster = self.rays.get(cluster_id)
+            if self._refuse is not None:
+                raise Unavailable(self._refuse)
             if cluster.state.terminal:
                 raise Conflict(
                     f"Ray cluster {cluster_id} is stopped: submit to a cluster that is not, "
@@ -105,6 +114,8 @@ class RayJobs:
         """Create a cluster for ``spec`` alone (admitted like any Ray cluster); the job starts
         once it runs, and the cluster is deleted when the job ends. Bad input raises before
         anything is created."""
+        if self._refuse is not None:
+            raise Unavailable(self._refuse)
         with self.rays.lock:
             created = self.rays.create(cluster).cluster
             try:

@@ -1,13 +1,16 @@
 """The Ray controller inside ``gpuportal serve``: over the service's allocator, with the
-local backend when the inventory is this host's and ray is installed, driven by the ``ray``
-loop."""
+local backend when the inventory is this host's and ray is installed, or RayClusters for the
+KubeRay operator on Kubernetes (``portal.ray.kube``), driven by the ``ray`` loop."""
 
 from __future__ import annotations
 
+from policies.isolation import IsolationSettings
 from portal.allocator import Allocator
+from portal.kube.service import cluster_client
 from portal.ray.controller import RayController
 from portal.ray.drivers import LocalDrivers
 from portal.ray.jobs import RayJobs
+from portal.ray.kube import KubeRay
 from portal.ray.local import LocalRay
 from portal.ray.spec import installed_ray_version
 from portal.service.loops import Loops
@@ -17,18 +20,20 @@ RAY_INTERVAL_S = 1.0
 """Seconds between rounds of the ``ray`` loop: how soon a placed slice's workers start, a
 dead worker is replaced, or a shrink's slice is released."""
 
-NO_KUBERNETES_BACKEND = (
-    "Ray clusters run on the local backend only in this version: the Kubernetes backend "
-    "(KubeRay) is not available yet"
-)
 NO_RAY = "the ray package is not installed beside the portal: pip install ray"
+NO_KUBERNETES_JOBS = (
+    "Ray jobs run on the local backend only in this version: on Kubernetes, run the driver "
+    "from a notebook with ray.init(address=...) against the cluster's address"
+)
 
 
 def build_for_service(allocator: Allocator, settings: Settings) -> RayController:
     """The service's Ray controller, started (running nodes re-adopted). Where no backend
-    can run Ray, it still lists and deletes clusters and answers a create with 503."""
+    can run Ray, it still lists and deletes clusters and answers a create with 503. On
+    Kubernetes it runs no process: ``KubeRay`` (``register_for_service``) makes the
+    operator's pods follow it."""
     if settings.inventory == "kubernetes":
-        controller = RayController(allocator, refuse=NO_KUBERNETES_BACKEND)
+        controller = RayController(allocator, installed=settings.ray_version)
     elif installed_ray_version() is None:
         controller = RayController(allocator, refuse=NO_RAY)
     else:
@@ -39,14 +44,33 @@ def build_for_service(allocator: Allocator, settings: Settings) -> RayController
 
 def build_jobs_for_service(controller: RayController, settings: Settings) -> RayJobs:
     """The service's Ray jobs: their drivers run wherever the clusters' nodes do."""
+    if settings.inventory == "kubernetes":
+        return RayJobs(controller, refuse=NO_KUBERNETES_JOBS)
     if controller.backend is None:
         return RayJobs(controller)
     return RayJobs(controller, drivers=LocalDrivers(settings.state_dir / "ray-jobs"))
 
 
-def register_for_service(loops: Loops, controller: RayController, jobs: RayJobs) -> None:
+def register_for_service(
+    loops: Loops,
+    controller: RayController,
+    jobs: RayJobs,
+    settings: Settings,
+    isolation: IsolationSettings,
+) -> KubeRay | None:
+    """Add the ``ray`` loop: the local backend's round, or on Kubernetes the controller's
+    step followed by ``KubeRay.sync``."""
+    if settings.inventory == "kubernetes":
+        kube = KubeRay(cluster_client(), controller, isolation, image=settings.ray_image)
+
+        def kube_round() -> None:
+            controller.step()
+            kube.sync()
+
+        loops.add("ray", RAY_INTERVAL_S, kube_round)
+        return kube
     if controller.backend is None:
-        return
+        return None
 
     def round_() -> None:
         # Clusters first: a head that ended is seen (and started again) before the drivers
@@ -55,3 +79,4 @@ def register_for_service(loops: Loops, controller: RayController, jobs: RayJobs)
         jobs.step()
 
     loops.add("ray", RAY_INTERVAL_S, round_)
+    return None

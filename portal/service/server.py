@@ -269,7 +269,7 @@ def _run(
     register_loops(loops, allocator, settings, isolation, alerts, accounting.budget_samples)
     job_service.register_for_service(loops, job_controller)
     inference_service.register_for_service(loops, service_controller)
-    ray_service.register_for_service(loops, ray_controller, ray_jobs)
+    ray_service.register_for_service(loops, ray_controller, ray_jobs, settings, isolation)
     # Once every setting was read and accepted (a bad one stops the service with one line).
     given = settings_report(settings, alerts)
     log.info(

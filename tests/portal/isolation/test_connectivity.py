@@ -1,7 +1,8 @@
 """NetworkPolicy semantics checked by an independent analyser, network-config-analyzer (nca).
 
 The builders' Namespaces and NetworkPolicies for two tenants plus representative pods (two
-notebooks per tenant, the hub, the proxy, the portal, DNS) go to a folder; ``nca
+notebooks per tenant, a Ray cluster's head and worker per tenant as the KubeRay operator labels
+them, the hub, the proxy, the portal, DNS) go to a folder; ``nca
 --connectivity`` computes every allowed connection, and the test asserts on that, not on the
 YAML we wrote.
 
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from policies.isolation import IsolationSettings, TenantSpec, tenant_manifests
+from portal.ray import kubeobjects
 from tests.support.k8s import REPO_ROOT
 
 SETTINGS = IsolationSettings(api_server_cidrs=("10.96.0.1/32",))
@@ -60,6 +62,20 @@ def _pod(name: str, namespace: str, labels: dict[str, str], port: int) -> dict[s
     }
 
 
+RAY_PORTS = (kubeobjects.GCS_PORT, 10001)  # the head's GCS and Ray client server
+
+
+def _ray_pods(namespace: str, tenant: str) -> list[dict[str, Any]]:
+    """A Ray cluster's head and a worker as the operator makes them from the portal's
+    RayCluster: the template's labels plus the operator's own."""
+    base = kubeobjects.labels("c0ffee", tenant, SETTINGS)
+    base[kubeobjects.CLUSTER_LABEL] = kubeobjects.cluster_name("c0ffee")
+    return [
+        _pod(f"ray-{kind}-{tenant}", namespace, {**base, kubeobjects.NODE_TYPE_LABEL: kind}, port)
+        for kind, port in (("head", RAY_PORTS[0]), ("worker", RAY_PORTS[1]))
+    ]
+
+
 def cluster_objects() -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for spec in (OPEN, CLOSED):
@@ -76,6 +92,8 @@ def cluster_objects() -> list[dict[str, Any]]:
         _namespace(SETTINGS.dns_namespace),
         *(_pod(n, NS_A, nb, SETTINGS.notebook_port) for n in ("nb-a1", "nb-a2")),
         *(_pod(n, NS_B, nb, SETTINGS.notebook_port) for n in ("nb-b1", "nb-b2")),
+        *_ray_pods(NS_A, OPEN.name),
+        *_ray_pods(NS_B, CLOSED.name),
         _pod("hub", HUB, dict(SETTINGS.hub_pod_labels), SETTINGS.hub_api_port),
         _pod("proxy", HUB, dict(SETTINGS.proxy_pod_labels), 8000),
         _pod("portal", HUB, dict(SETTINGS.portal_pod_labels), SETTINGS.portal_api_port),
@@ -145,6 +163,31 @@ def test_no_connection_between_different_tenants(connections: list[Connection]) 
         and src_ns != dst_ns
     ]
     assert crossing == []
+
+
+def test_another_tenant_has_no_path_to_or_from_a_ray_cluster(
+    connections: list[Connection],
+) -> None:
+    ray_a = {pod(NS_A, f"ray-{k}-{OPEN.name}") for k in ("head", "worker")}
+    ray_b = {pod(NS_B, f"ray-{k}-{CLOSED.name}") for k in ("head", "worker")}
+    others = {
+        (ray, c.src if c.dst == ray else c.dst)
+        for c in connections
+        for ray in ray_a | ray_b
+        if ray in (c.src, c.dst)
+    }
+    # Each tenant's Ray pods meet only their own namespace's pods, the hub's and DNS.
+    for ray, peer in others:
+        if "[Pod]" in peer:
+            peer_ns = peer.split("/")[0]
+            own = NS_A if ray in ray_a else NS_B
+            assert peer_ns in (own, HUB, SETTINGS.dns_namespace), (ray, peer)
+    # The open tenant's head and worker do reach each other (a cluster works); the closed
+    # tenant's do not even inside it, as its notebooks do not.
+    pairs = {(c.src, c.dst) for c in connections}
+    head_a, worker_a = sorted(ray_a)
+    assert (worker_a, head_a) in pairs and (head_a, worker_a) in pairs
+    assert not any((x, y) in pairs for x in ray_b for y in ray_b if x != y)
 
 
 def test_intra_tenant_traffic_follows_the_tenant_setting(connections: list[Connection]) -> None:

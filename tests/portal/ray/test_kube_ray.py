@@ -1,0 +1,338 @@
+"""Ray clusters on Kubernetes, against the real apiserver, the real KubeRay operator (built from
+its pinned module) and kwok GPU nodes.
+
+The Ray controller runs over a real allocator (SQLite) with no process backend; ``KubeRay``
+writes the RayCluster and marks the operator's worker pods; the portal's binder binds them;
+nothing else schedules pods. The test drives the loops itself (allocator tick, controller
+step, sync, binder pass), so every step happens in the order it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from fastapi.testclient import TestClient
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from policies.flavors import FlavorKind
+from policies.isolation import IsolationSettings, TenantSpec
+from policies.requests import DeviceRequest, WorkloadRequest
+from portal.allocator import Allocator
+from portal.api import create_app
+from portal.api.auth import StaticAuthenticator
+from portal.inventory.kubernetes import to_node
+from portal.isolation import reconcile
+from portal.kube.binder import Binder, HoldReason
+from portal.kube.keys import PodKeys
+from portal.ray import kubeobjects as ko
+from portal.ray.controller import RayController
+from portal.ray.kube import KubeRay
+from portal.ray.spec import RaySpec
+from portal.store.records import WorkloadState
+from portal.store.writer import Store
+from tests.portal.api.conftest import auth, member_of, user
+from tests.support import gpu_nodes
+from tests.support.k8s import K8sCluster
+from tests.support.kuberay import KubeRayOperator
+
+pytestmark = pytest.mark.k8s
+
+T = TypeVar("T")
+SETTINGS = IsolationSettings()
+KEYS = PodKeys.of(SETTINGS)
+RAY = "2.60.0"
+NODE = "kr-h100-a"
+TEAM_A = TenantSpec(
+    name="krteama", gpu_limits={"H100-80GB": 8}, cpu_millis=32000, memory_mib=65536, pods=20
+)
+TEAM_B = TenantSpec(
+    name="krteamb", gpu_limits={"H100-80GB": 8}, cpu_millis=32000, memory_mib=65536, pods=20
+)
+NS_A = SETTINGS.namespace(TEAM_A.name)
+H100 = DeviceRequest(kind=FlavorKind.GPU, count=1, models=frozenset({"H100-80GB"}))
+TOKENS = {
+    "alice": user("alice", {TEAM_A.name}, *member_of(TEAM_A.name)),
+    "bob": user("bob", {TEAM_B.name}, *member_of(TEAM_B.name)),
+}
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = probe()
+        if result is not None:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def api(k8s_cluster: K8sCluster) -> Iterator[client.ApiClient]:
+    with k8s_cluster.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture(scope="module")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    k8s_cluster: K8sCluster,
+    kuberay_operator: KubeRayOperator,
+    api: client.ApiClient,
+    core: client.CoreV1Api,
+) -> Iterator[list[Any]]:
+    """Two tenants reconciled and one kwok node of 8 H100s, as the allocator sees it. At the
+    end no RayCluster or pod is left (other modules reconcile their own tenants, which
+    refuses to delete namespaces that still hold pods)."""
+    reconcile([TEAM_A, TEAM_B], SETTINGS, api)
+    k8s_cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(NODE, rack="rack-kr"))
+    ready = eventually(
+        lambda: n if not (n := core.read_node(NODE)).spec.taints else None,
+        f"the not-ready taint leaving {NODE}",
+    )
+    yield [to_node(api.sanitize_for_serialization(ready))]
+    custom = client.CustomObjectsApi(api)
+    for tenant in (TEAM_A, TEAM_B):
+        namespace = SETTINGS.namespace(tenant.name)
+        found: Any = custom.list_namespaced_custom_object(
+            ko.GROUP, ko.VERSION, namespace, ko.PLURAL
+        )
+        for item in found["items"]:
+            custom.delete_namespaced_custom_object(
+                ko.GROUP, ko.VERSION, namespace, ko.PLURAL, item["metadata"]["name"]
+            )
+        for pod in core.list_namespaced_pod(namespace).items:
+            with contextlib.suppress(ApiException):  # gone with its RayCluster meanwhile
+                core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        eventually(
+            lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
+            f"no pods left in {namespace}",
+        )
+
+
+class Rig:
+    """The service's loops over one allocator, stepped by the test."""
+
+    def __init__(self, alloc: Allocator, api: client.ApiClient) -> None:
+        self.alloc = alloc
+        self.ray = RayController(alloc, installed=RAY)
+        self.kube = KubeRay(api, self.ray, SETTINGS, image="registry.invalid/ray:2.60.0")
+        self.binder = Binder(api, alloc, SETTINGS)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def step(self) -> None:
+        self.alloc.tick()
+        self.ray.step()
+        self.kube.sync()
+        self.binder.bind_pending()
+
+    def until(self, probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
+        def stepped() -> T | None:
+            self.step()
+            return probe()
+
+        return eventually(stepped, what, timeout_s)
+
+    def pods(self, cluster_id: str, kind: str | None = None) -> list[client.V1Pod]:
+        selector = f"{ko.CLUSTER_LABEL}={ko.cluster_name(cluster_id)}"
+        if kind:
+            selector += f",{ko.NODE_TYPE_LABEL}={kind}"
+        found = self.core.list_namespaced_pod(NS_A, label_selector=selector).items
+        return [p for p in found if p.metadata.deletion_timestamp is None]
+
+    def raycluster(self, cluster_id: str) -> dict[str, Any]:
+        found: Any = self.custom.get_namespaced_custom_object(
+            ko.GROUP, ko.VERSION, NS_A, ko.PLURAL, ko.cluster_name(cluster_id)
+        )
+        return dict(found)
+
+
+@pytest.fixture
+def rig(nodes: list[Any], api: client.ApiClient, tmp_path: Path) -> Iterator[Rig]:
+    with Store(f"sqlite:///{tmp_path / 'portal.db'}") as store:
+        alloc = Allocator(store)
+        alloc.start(nodes)
+        for tenant in (TEAM_A, TEAM_B):
+            alloc.set_tenant(tenant.name)
+            alloc.set_quota(tenant.name, "H100-80GB", guaranteed=0, limit=8)
+        rig = Rig(alloc, api)
+        yield rig
+        for view in rig.ray.clusters():
+            rig.ray.delete(view.cluster.id)
+        rig.kube.sync()
+
+
+def spec(workers: int = 2, most: int = 4) -> RaySpec:
+    return RaySpec(
+        tenant=TEAM_A.name,
+        owner="alice",
+        name="rl",
+        devices=H100,
+        min_workers=workers,
+        max_workers=most,
+        workers=workers,
+        ray_version=RAY,
+    )
+
+
+def all_running(pods: list[client.V1Pod], n: int) -> list[client.V1Pod] | None:
+    running = [p for p in pods if p.spec.node_name and p.status.phase == "Running"]
+    return running if len(running) == n else None
+
+
+def test_the_gang_binds_only_when_head_and_every_worker_fit(rig: Rig) -> None:
+    # Another tenant holds 7 of the node's 8 GPUs: room for the head and 1 of 2 workers.
+    blocker = rig.alloc.request(
+        WorkloadRequest(
+            tenant=TEAM_B.name,
+            owner="bob",
+            name="big",
+            devices=DeviceRequest(kind=FlavorKind.GPU, count=7),
+        )
+    )
+    assert blocker.state is WorkloadState.RUNNING
+    view = rig.ray.create(spec())
+    cid = view.cluster.id
+    assert view.cluster.state.value == "queued"
+
+    # The operator makes the head and both workers; the portal binds none of them.
+    rig.until(lambda: True if len(rig.pods(cid)) == 3 else None, "the operator's 3 pods")
+    for _ in range(5):
+        rig.step()
+    assert [p.spec.node_name for p in rig.pods(cid)] == [None, None, None]
+    workers = rig.pods(cid, "worker")
+    assert all(p.metadata.labels.get(KEYS.allocation) == ko.QUEUED_ALLOCATION for p in workers)
+    reasons = {
+        e.reason
+        for e in rig.core.list_namespaced_event(NS_A).items
+        if e.involved_object.name in {p.metadata.name for p in workers}
+    }
+    assert str(HoldReason.ALLOCATION_QUEUED) in reasons
+    queued = rig.ray.view(cid)
+    assert queued.cluster.state.value == "queued"
+    assert queued.slices[0].workload is not None
+    # The gang's reason is the cluster's message, as the API shows it.
+    assert queued.slices[0].workload.reason in ("capacity", "quota")
+    assert queued.cluster.message == queued.slices[0].workload.message
+
+    # Room for the whole gang: head and both workers bound, the cluster running.
+    rig.alloc.release(blocker.id)
+    running = rig.until(lambda: all_running(rig.pods(cid), 3), "the gang bound and running")
+    [gang] = rig.ray.view(cid).slices
+    assert gang.workload is not None
+    used = {
+        p.metadata.labels[KEYS.allocation]
+        for p in running
+        if p.metadata.labels.get(KEYS.allocation)
+    }
+    assert used == {a.id for a in gang.workload.allocations}
+    assert {p.spec.node_name for p in running} == {NODE}
+    done = rig.until(
+        lambda: v if (v := rig.ray.view(cid)).cluster.state.value == "running" else None,
+        "the cluster running",
+    )
+    assert done.joined == 2
+    assert done.cluster.address == ko.head_address(cid, NS_A)
+    # Token authentication: every node reads Ray's token from the cluster's Secret.
+    env = {e.name: e for e in running[0].spec.containers[0].env}
+    assert env["RAY_AUTH_MODE"].value == "token"
+    assert env["RAY_AUTH_TOKEN"].value_from.secret_key_ref.name == ko.token_secret_name(cid)
+    assert rig.core.read_namespaced_secret(ko.token_secret_name(cid), NS_A).data[ko.TOKEN_KEY]
+
+
+def test_growing_from_2_to_4_is_a_slice_of_its_own_gated_by_quota(rig: Rig) -> None:
+    rig.alloc.set_quota(TEAM_A.name, "H100-80GB", guaranteed=0, limit=3)
+    cid = rig.ray.create(spec()).cluster.id
+    first = rig.until(lambda: all_running(rig.pods(cid), 3), "the gang bound and running")
+    before = {p.metadata.name: p.spec.node_name for p in first}
+
+    # +2 is requested as slice 2; the quota (3) does not allow it: its pods stay Pending.
+    grown = rig.ray.scale(cid, 4)
+    gang, extra = grown.slices
+    assert (extra.slice.number, extra.slice.workers) == (2, 2)
+    assert extra.workload is not None and extra.workload.reason == "quota"
+    new = rig.until(
+        lambda: (
+            p
+            if len(p := [x for x in rig.pods(cid, "worker") if x.metadata.name not in before]) == 2
+            else None
+        ),
+        "the operator's 2 new worker pods",
+    )
+    for _ in range(5):
+        rig.step()
+    assert rig.raycluster(cid)["spec"]["workerGroupSpecs"][0]["replicas"] == 4
+    still = {p.metadata.name: p for p in rig.pods(cid)}
+    assert all(still[n].spec.node_name is None for n in (p.metadata.name for p in new))
+    assert {n: still[n].spec.node_name for n in before} == before  # the 2 keep running
+    assert all(still[n].status.phase == "Running" for n in before)
+    view = rig.ray.view(cid)
+    assert view.cluster.state.value == "running"
+    assert "+2 waiting" in view.cluster.message and "quota" in view.cluster.message
+    assert view.slices[1].workload is not None and view.slices[1].workload.reason == "quota"
+
+    # Quota raised: slice 2 is placed and its pods bound, charged as their own workload.
+    rig.alloc.set_quota(TEAM_A.name, "H100-80GB", guaranteed=0, limit=4)
+    rig.until(lambda: all_running(rig.pods(cid), 5), "all 4 workers and the head running")
+    placed = rig.ray.view(cid).slices[1]
+    assert placed.workload is not None and placed.workload.state is WorkloadState.RUNNING
+    assert placed.workload.id != gang.slice.workload_id
+
+    # Back to 2: slice 2 released in the call; the operator drops exactly its pods.
+    shrunk = rig.ray.scale(cid, 2)
+    assert shrunk.slices[1].slice.state.value == "released"
+    assert [w.id for w in rig.alloc.workloads(TEAM_A.name)] == [gang.slice.workload_id]
+    left = rig.until(lambda: p if len(p := rig.pods(cid)) == 3 else None, "slice 2's pods deleted")
+    assert sorted(p.metadata.name for p in left) == sorted(before)
+
+
+def test_another_tenant_cannot_list_scale_submit_to_or_delete_a_kube_cluster(
+    rig: Rig,
+) -> None:
+    app = create_app(rig.alloc, StaticAuthenticator(TOKENS), ray_controller=rig.ray)
+    body = {
+        "tenant": TEAM_A.name,
+        "name": "rl",
+        "workers": {"devices": {"kind": "gpu", "count": 1}, "min": 1, "max": 2},
+    }
+    with TestClient(app) as http:
+        # Bad input: a 422 naming the field, and no RayCluster made.
+        bad = http.post("/api/v1/ray", json={**body, "ray_version": "0.0.1"}, headers=auth("alice"))
+        assert (bad.status_code, bad.json()["field"]) == (422, "ray_version"), bad.text
+        rig.step()
+        found: Any = rig.custom.list_namespaced_custom_object(ko.GROUP, ko.VERSION, NS_A, ko.PLURAL)
+        assert found["items"] == []
+
+        r = http.post("/api/v1/ray", json=body, headers=auth("alice"))
+        assert r.status_code == 201, r.text
+        cid = r.json()["id"]
+        rig.until(lambda: all_running(rig.pods(cid), 2), "the cluster's pods running")
+        for method, path, payload in [
+            ("GET", f"/api/v1/ray?tenant={TEAM_A.name}", None),
+            ("GET", f"/api/v1/ray/{cid}", None),
+            ("PATCH", f"/api/v1/ray/{cid}", {"workers": 2}),
+            ("POST", f"/api/v1/ray/{cid}/jobs", {"entrypoint": "python -c 1"}),
+            ("GET", f"/api/v1/ray/{cid}/jobs", None),
+            ("DELETE", f"/api/v1/ray/{cid}", None),
+        ]:
+            r = http.request(method, path, json=payload, headers=auth("bob"))
+            assert r.status_code == 403, (method, path, r.text)
+        rig.step()
+        assert rig.raycluster(cid)["spec"]["workerGroupSpecs"][0]["replicas"] == 1
+        assert len(rig.pods(cid)) == 2
+
+        # Its owner deletes it: the RayCluster and its pods go, every slice released.
+        r = http.delete(f"/api/v1/ray/{cid}", headers=auth("alice"))
+        assert (r.status_code, r.json()["state"]) == (200, "stopped")
+        rig.until(lambda: True if not rig.pods(cid) else None, "the cluster's pods gone")
+        assert rig.alloc.workloads(TEAM_A.name) == []
