@@ -490,7 +490,8 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     lines += [
         "",
         "ETA quality for waits over 60 s (median |estimate − realized| / realized; coverage: "
-        "realized wait inside the calibrated p20–p80 interval; goal ≤ 25 % and 55–65 %):",
+        "realized wait inside the p20–p80 interval, uncalibrated and calibrated; "
+        "goal ≤ 25 % and 55–65 %):",
         "",
         "| mode | order | reads | samples | portal eta_s | interval point, uncalibrated "
         "| calibrated point | baseline "
