@@ -11,8 +11,11 @@ capacity and every limit is twice the guarantee (one cohort: a tenant borrows wh
 leave and gives it back, by preemption, when they claim their guarantee). A pod larger than
 its tenant's limit is refused, as the portal refuses it, and counted.
 
-Two modes: ``declared`` (each request declares its real length as a time limit,
-``expected_duration_s``) and ``unknown`` (none does; only run-length history can tell). Three
+Three modes: ``declared`` (each request declares its real length as a time limit,
+``expected_duration_s``: an exact limit, the easy case), ``limit`` (each declares a time limit
+rounded up from its real length to a step people pick — 10 min, 30 min, 1 h, 2 h, 4 h, 8 h,
+1 d, 3 d, 7 d, 30 d —, an upper bound as real limits are) and ``unknown`` (none does; only
+run-length history can tell). Three
 queue orders over the same allocator: ``gpuportal`` (its own: priority, the tenant's dominant
 share, arrival), ``priority`` (strict priority, then arrival) and ``fifo`` (arrival only, every
 pod at one priority). The baselines replace the allocator's ordering function
@@ -58,7 +61,21 @@ from portal.store.writer import Store
 TENANTS = 10
 LONG_WAIT_S = 60.0
 PRIORITY = {"LS": 10, "Guaranteed": 10, "Burstable": 5, "BE": 0}
-MODES = ("declared", "unknown")
+MODES = ("declared", "limit", "unknown")
+# Time limits people pick: a real run's limit is the first step at or above its length.
+LIMIT_STEPS_S = (600, 1800, 3600, 7200, 14400, 28800, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
+
+
+def time_limit(length: float) -> float:
+    """The ``limit`` mode's declared time limit of a run of ``length`` seconds: rounded up to
+    a step of ``LIMIT_STEPS_S`` (beyond the last, to whole multiples of it)."""
+    for step in LIMIT_STEPS_S:
+        if length <= step:
+            return float(step)
+    last = LIMIT_STEPS_S[-1]
+    return float(math.ceil(length / last) * last)
+
+
 ORDERS = ("gpuportal", "priority", "fifo")
 
 
@@ -85,6 +102,8 @@ class Sample:
     baseline: float | None
     first: bool
     raw: float | None = None  # the calibrated point before calibration (what it learns from)
+    raw_low: float | None = None
+    raw_high: float | None = None
 
 
 @dataclass
@@ -202,6 +221,7 @@ def _run(
     preemptions = 0
     admitted_times: list[float] = []
     problems: list[str] = []
+    eta_cpu: list[float] = []  # CPU seconds of each whole-queue estimate
 
     def now() -> float:
         return clock.now.timestamp() - base
@@ -229,7 +249,9 @@ def _run(
                 pod.end = now()
                 pod.preempted = pod.preempted or rec.reason == "preempted"
                 if not pod.preempted:  # a cut-short run says nothing of how long runs take
-                    history.add((pod.tenant, rec.kind), pod.end - pod.start)
+                    history.add(
+                        (pod.tenant, rec.kind), pod.end - pod.start, rec.expected_duration_s
+                    )
 
     alloc.subscribe(observe)
     arrivals = sorted(pods, key=lambda p: (p.creation_time, p.name))
@@ -248,7 +270,9 @@ def _run(
 
     def read_etas(first: str | None) -> None:
         t = now()
+        c0 = time.process_time()
         intervals = alloc.read(lambda st: estimates.queue_intervals(st, clock(), history))
+        eta_cpu.append(time.process_time() - c0)
         if first is None:
             entries = alloc.queue()
         else:
@@ -268,6 +292,8 @@ def _run(
                     e.position * rate if rate is not None else None,
                     first is not None,
                     raw.point if raw else None,
+                    raw.low if raw else None,
+                    raw.high if raw else None,
                 )
             )
 
@@ -294,7 +320,8 @@ def _run(
                 priority=0 if order == "fifo" else PRIORITY.get(p.qos, 0),
             )
             try:
-                st = alloc.request(req, expected_duration_s=dur if mode == "declared" else None)
+                declared = {"declared": dur, "limit": time_limit(dur)}.get(mode)
+                st = alloc.request(req, expected_duration_s=declared)
             except (Forbidden, InvalidRequest):
                 refused += 1
                 continue
@@ -336,6 +363,7 @@ def _run(
         problems,
         sum(n.gpus for n in nodes),
         time.perf_counter() - t_wall,
+        eta_cpu,
     )
 
 
@@ -355,7 +383,7 @@ def eta_quality(pods: Sequence[Pod], first_only: bool) -> dict[str, Any]:
     """Error of each estimator on the samples whose realized wait exceeds a minute."""
     rel: dict[str, list[float]] = {"portal": [], "raw": [], "calibrated": [], "baseline": []}
     missing: dict[str, int] = dict.fromkeys(rel, 0)
-    inside = 0
+    inside = inside_raw = 0
     n = 0
     for pod in pods:
         if pod.start is None:
@@ -379,11 +407,14 @@ def eta_quality(pods: Sequence[Pod], first_only: bool) -> dict[str, Any]:
                     rel[name].append(abs(est - waited) / waited)
             if s.low is not None and s.high is not None and s.low <= waited <= s.high:
                 inside += 1
+            if s.raw_low is not None and s.raw_high is not None:
+                inside_raw += s.raw_low <= waited <= s.raw_high
     return {
         "samples": n,
         "median_rel_error": {k: statistics.median(v) if v else None for k, v in rel.items()},
         "no_estimate": missing,
         "interval_coverage": inside / n if n else None,
+        "raw_interval_coverage": inside_raw / n if n else None,
     }
 
 
@@ -398,6 +429,7 @@ def _report(
     problems: list[str],
     gpus: int,
     wall_s: float,
+    eta_cpu: Sequence[float] = (),
 ) -> dict[str, Any]:
     started = [p for p in pods if p.start is not None]
     waits = [p.start - p.submit for p in started if p.start is not None]
@@ -427,6 +459,11 @@ def _report(
         "min_wait_s": min(waits) if waits else 0.0,
         "problems": problems[:20],
         "wall_s": wall_s,
+        "eta_cpu_ms": {
+            "reads": len(eta_cpu),
+            "mean": 1e3 * statistics.fmean(eta_cpu) if eta_cpu else None,
+            "p99": 1e3 * _pct(eta_cpu, 0.99) if eta_cpu else None,
+        },
     }
 
 
@@ -453,12 +490,14 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     lines += [
         "",
         "ETA quality for waits over 60 s (median |estimate − realized| / realized; coverage: "
-        "realized wait inside the calibrated p20–p80 interval; goal ≤ 25 % and 55–65 %):",
+        "realized wait inside the p20–p80 interval, uncalibrated and calibrated; "
+        "goal ≤ 25 % and 55–65 %):",
         "",
         "| mode | order | reads | samples | portal eta_s | interval point, uncalibrated "
         "| calibrated point | baseline "
-        "| calibrated coverage | no estimate (portal / calibrated / baseline) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| coverage, uncalibrated | calibrated coverage "
+        "| no estimate (portal / calibrated / baseline) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for label, key in (("at submission", "eta_at_submission"), ("all reads", "eta_all_reads")):
@@ -468,10 +507,27 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r['mode']} | {r['order']} | {label} | {q['samples']} | {_p(m['portal'])} "
                 f"| {_p(m['raw'])} "
-                f"| {_p(m['calibrated'])} | {_p(m['baseline'])} | {_p(q['interval_coverage'])} "
+                f"| {_p(m['calibrated'])} | {_p(m['baseline'])} "
+                f"| {_p(q['raw_interval_coverage'])} | {_p(q['interval_coverage'])} "
                 f"| {miss['portal']} / {miss['calibrated']} / {miss['baseline']} |"
             )
+    lines += [
+        "",
+        "CPU of one whole-queue estimate (the replay's reads; ms, process CPU):",
+        "",
+        "| mode | order | estimates | mean | p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        c = r["eta_cpu_ms"]
+        lines.append(
+            f"| {r['mode']} | {r['order']} | {c['reads']} | {_f(c['mean'])} | {_f(c['p99'])} |"
+        )
     return "\n".join(lines)
+
+
+def _f(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:

@@ -147,7 +147,7 @@ class RunLengths:
     Only the newest ``per_group`` runs of a group (and ``pooled`` of all) are kept: habits
     change, and a live portal adds a run at every end for as long as it runs."""
 
-    __slots__ = ("_all", "_by", "_order", "_per_group", "_pooled")
+    __slots__ = ("_all", "_by", "_limits", "_order", "_per_group", "_pooled")
 
     def __init__(self, per_group: int = 1000, pooled: int = 20_000) -> None:
         if per_group < 1 or pooled < 1:
@@ -158,10 +158,22 @@ class RunLengths:
         self._all: list[float] = []
         # Arrival order, oldest first, to forget the oldest run of a group and of the pool.
         self._order: dict[tuple[str, str] | None, deque[float]] = {}
+        self._limits: RunLengths | None = None
 
-    def add(self, group: tuple[str, str], length: float) -> None:
+    @property
+    def of_limits(self) -> RunLengths:
+        """The runs that had a time limit, as fractions of it (length / limit): how far short
+        of their limits a group's runs end (1.0: limits are exact)."""
+        if self._limits is None:
+            self._limits = RunLengths(self._per_group, self._pooled)
+        return self._limits
+
+    def add(self, group: tuple[str, str], length: float, limit_s: float | None = None) -> None:
+        """One completed run; ``limit_s``: the time limit it declared, if any."""
         if not (math.isfinite(length) and length >= 0):
             raise InvalidRequest("run length", length, "a finite number of seconds >= 0")
+        if limit_s is not None and math.isfinite(limit_s) and limit_s > 0:
+            self.of_limits.add(group, min(1.0, length / limit_s))
         for key, lengths, cap in ((group, None, self._per_group), (None, self._all, self._pooled)):
             if lengths is None:
                 lengths = self._by.setdefault(group, [])
@@ -190,6 +202,17 @@ class RunLengths:
             longer = len(lengths) - i
             if longer >= MIN_HISTORY or (lengths is self._all and longer > 0):
                 return tuple(lengths[i + _rank(q, longer)] - elapsed for q in qs)
+        return None
+
+    def draw(self, group: tuple[str, str], elapsed: float, u: float) -> float | None:
+        """One random remaining time after ``elapsed`` (``u`` uniform in [0, 1)): a run drawn
+        from those of the group (or, with too few, of all) longer than ``elapsed``."""
+        elapsed = max(0.0, elapsed)
+        for lengths in (self._by.get(group, []), self._all):
+            i = bisect.bisect_right(lengths, elapsed)
+            longer = len(lengths) - i
+            if longer >= MIN_HISTORY or (lengths is self._all and longer > 0):
+                return lengths[i + min(longer - 1, int(u * longer))] - elapsed
         return None
 
 
@@ -291,7 +314,7 @@ class IntervalCurve:
             return "waits for a release: no running workload has an end time"
         end, declared = self._first
         how = "reaches its time limit" if declared else "ends, judging by past run lengths"
-        return f"the next {unit} frees {_minutes(end - now)} when a job {how}"
+        return f"the next {unit} frees {minutes_words(end - now)} when a job {how}"
 
 
 def _rank(q: float, n: int) -> int:
@@ -299,7 +322,8 @@ def _rank(q: float, n: int) -> int:
     return min(n - 1, max(0, math.ceil(q * n) - 1))
 
 
-def _minutes(seconds: float) -> str:
+def minutes_words(seconds: float) -> str:
+    """A wait in a reason: 'within a minute' or 'in about N min'."""
     if seconds < 60:
         return "within a minute"
     return f"in about {math.ceil(seconds / 60)} min"

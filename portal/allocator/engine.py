@@ -419,7 +419,8 @@ class Allocator(GroupCommit):
 
     def queue(self, tenant: str | None = None) -> list[QueueEntry]:
         with self._lock:
-            entries = estimates.queue_entries(self._state, self._clock())
+            now = self._clock()
+            entries = estimates.queue_entries(self._state, now, self._queue_intervals())
             return [e for e in entries if tenant is None or e.tenant == tenant]
 
     def queue_counts(self) -> Counter[tuple[str, str]]:

@@ -9,19 +9,12 @@ import math
 from datetime import datetime
 from typing import Any
 
-from policies import quota
-from policies.eta import (
-    Interval,
-    IntervalCurve,
-    Release,
-    ReleaseCurve,
-    RunLengths,
-    WaitCalibration,
-    release_of,
-)
+from policies import eta_sim, quota
+from policies.eta import Interval, ReleaseCurve, RunLengths, WaitCalibration, minutes_words
 from portal.allocator.memory import Live, Memory
 from portal.allocator.releases import ReleaseIndex
 from portal.allocator.views import QueueEntry
+from portal.store.records import WorkloadState
 
 
 def eta(mem: Memory, lv: Live, ahead: list[Live], now: datetime) -> float | None:
@@ -106,12 +99,17 @@ def _releases(mem: Memory) -> ReleaseIndex:
     return mem.releases
 
 
-def queue_entries(mem: Memory, now: datetime) -> list[QueueEntry]:
+def queue_entries(
+    mem: Memory, now: datetime, intervals: dict[str, Interval | None] | None = None
+) -> list[QueueEntry]:
+    """Every queued workload's entry; ``intervals``: ``queue_intervals`` of this state when
+    the caller keeps them (the allocator recomputes them once per change)."""
     ordered = mem.order(now)
     per_tenant: dict[str, int] = {}
     out = []
     etas = QueueEtas(mem, now)
-    intervals = queue_intervals(mem, now, history_of(mem)) if ordered else {}
+    if intervals is None:
+        intervals = queue_intervals(mem, now, history_of(mem)) if ordered else {}
     for i, lv in enumerate(ordered, start=1):
         per_tenant[lv.rec.tenant] = per_tenant.get(lv.rec.tenant, 0) + 1
         models = mem.models_for(lv.req) or [""]
@@ -186,99 +184,80 @@ def queue_intervals(
     history: RunLengths,
     calibration: WaitCalibration | None = None,
 ) -> dict[str, Interval | None]:
-    """The calibrated wait (policies.eta.IntervalCurve) of every queued workload by id: its
-    point, p20–p80 interval and reason, or None when no known or estimated end frees enough
-    (only a release nobody can foresee admits it). Holders without a declared end are given
-    the remaining time their tenant's runs of their kind took (``history``). Walks the queue
-    once, like ``queue_entries``: O(queued + running · log). ``calibration`` (past estimates
-    against the waits that followed) rescales each raw interval."""
+    """The wait of every queued workload by id: its point, p20–p80 interval and reason, or
+    None when no replay admits it (only a release nobody can foresee admits it). The queue is
+    replayed forward from this snapshot (``policies.eta_sim``): the running work ends at its
+    time limits (shortened as its group's runs usually are) or, without one, after the time its
+    tenant's runs of its kind took (``history``). ``calibration`` (past estimates against the
+    waits that followed) rescales each interval."""
     t = now.timestamp()
-    releases: dict[tuple[str, str | None], list[Release]] = {}
+    holders = []
     for lv in mem.live.values():
         if not lv.allocations:
             continue
         rec = lv.rec
-        started = rec.started_at.timestamp() if rec.started_at is not None else t
-        end = lv.end_at if math.isfinite(lv.end_at) else None
         held: dict[str, int] = {}
         for a in lv.allocations:
             if a.flavor:
                 held[a.flavor] = held.get(a.flavor, 0) + a.amount
-        for fl, amount in held.items():
-            r = release_of(amount, started, end, (rec.tenant, rec.kind), history, t)
-            for key in ((fl, None), (fl, rec.tenant)):
-                releases.setdefault(key, []).append(r)
-    curves: dict[tuple[str, str | None], IntervalCurve] = {}
-    ahead: dict[tuple[str, str | None], tuple[int, int]] = {}
+        preempting = rec.state is WorkloadState.PREEMPTING and math.isfinite(lv.end_at)
+        holders.append(
+            eta_sim.Holder(
+                rec.tenant,
+                tuple(held.items()),
+                rec.started_at.timestamp() if rec.started_at is not None else t,
+                (rec.tenant, rec.kind),
+                limit_s=rec.expected_duration_s,
+                deadline=lv.end_at if preempting else None,
+            )
+        )
+    ordered = mem.order(now)
+    queue = [
+        eta_sim.Waiting(
+            lv.rec.id,
+            lv.rec.tenant,
+            tuple(
+                dict.fromkeys(mem.flavor_name(lv.req.devices, m) for m in mem.models_for(lv.req))
+            ),
+            lv.req.devices.amount() * lv.req.gang_size,
+            (lv.rec.tenant, lv.rec.kind),
+            lv.rec.expected_duration_s,
+        )
+        for lv in ordered
+        for models in (mem.models_for(lv.req),)
+    ]
+    got = eta_sim.simulate(t, mem.book(), mem.ledger.usage, holders, queue, history)
     out: dict[str, Interval | None] = {}
-    for lv in mem.order(now):
-        flavors = [str(lv.req.devices.flavor(m)) for m in mem.models_for(lv.req)]
-        need = lv.req.devices.amount() * lv.req.gang_size
-        got = _interval(mem, lv, flavors, need, t, releases, curves, ahead)
-        out[lv.rec.id] = calibration.apply(got) if calibration and got else got
-        for fl in set(flavors):
-            for key in ((fl, None), (fl, lv.rec.tenant)):
-                amount, count = ahead.get(key, (0, 0))
-                ahead[key] = (amount + need, count + 1)
+    for i, w in enumerate(queue):
+        est = got.get(w.id)
+        unit = w.flavors[0].split("/")[0] if w.flavors else "GPU"
+        if est is None or est.interval is None:
+            out[w.id] = None
+            continue
+        iv = est.interval._replace(reason=_reason(i, unit, est))
+        out[w.id] = calibration.apply(iv) if calibration else iv
     return out
 
 
-def _interval(
-    mem: Memory,
-    lv: Live,
-    flavors: list[str],
-    need: int,
-    now: float,
-    releases: dict[tuple[str, str | None], list[Release]],
-    curves: dict[tuple[str, str | None], IntervalCurve],
-    ahead: dict[tuple[str, str | None], tuple[int, int]],
-) -> Interval | None:
-    """The soonest wait over the workload's candidate flavors: it starts on whichever frees
-    first (a request for any model waits on all of them)."""
-    best: Interval | None = None
-    for fl in dict.fromkeys(flavors):
-        got = _flavor_interval(mem, lv, fl, need, now, releases, curves, ahead)
-        if got is not None and (best is None or got.point < best.point):
-            best = got
-    return best
+def _ahead(count: int) -> str:
+    if count == 0:
+        return "nothing ahead of you"
+    return "1 workload ahead of you" if count == 1 else f"{count} workloads ahead of you"
 
 
-def _flavor_interval(
-    mem: Memory,
-    lv: Live,
-    fl: str,
-    need: int,
-    now: float,
-    releases: dict[tuple[str, str | None], list[Release]],
-    curves: dict[tuple[str, str | None], IntervalCurve],
-    ahead: dict[tuple[str, str | None], tuple[int, int]],
-) -> Interval | None:
-    unit = fl.split("/")[0]
-    scopes: list[str | None] = [None]
-    if lv.rec.reason == quota.QueueReason.QUOTA.value:
-        scopes.insert(0, lv.rec.tenant)
-    for tenant in scopes:
-        if tenant is not None:
-            q = mem.quotas.get((tenant, fl))
-            free = max(0, (q.limit if q else 0) - mem.ledger.used(tenant, fl))
-        else:
-            free = max(0, mem.capacity().get(fl, 0) - mem.ledger.used_of_flavor(fl))
-        key = (fl, tenant)
-        curve = curves.get(key)
-        if curve is None:
-            curve = curves[key] = IntervalCurve(releases.get(key, []))
-        amount, count = ahead.get(key, (0, 0))
-        got = curve.interval(amount, free, need, now, count, unit)
-        if got is None or got.point > 0.0:
-            return got
-    # It fits by the counts and still waits (the free devices are in the wrong places, or it
-    # may not borrow them): a release must admit it. Counting nothing free as usable, the
-    # estimate is when the releases cover the queue ahead and it; None when no holder has a
-    # known or estimated end, never zero ("under a minute").
-    amount, count = ahead.get((fl, None), (0, 0))
-    got = curves[(fl, None)].interval(amount, 0, need, now, count, unit)
-    if got is None or got.point <= 0.0:
-        return None
-    return Interval(
-        got.point, got.low, got.high, f"free {unit} devices do not fit it; {got.reason}"
-    )
+def _reason(ahead: int, unit: str, est: eta_sim.Estimate) -> str:
+    """What the estimate rests on, in words: the queue ahead and the releases it waits for
+    (in its median replay): ends at time limits, or ends judged by past run lengths."""
+    assert est.interval is not None
+    when = minutes_words(est.interval.point)
+    n = est.by_limit + est.by_history
+    if n <= 1:
+        how = "reaches its time limit" if est.by_limit else "ends, judging by past run lengths"
+        return f"{_ahead(ahead)}; the next {unit} frees {when} when a job {how}"
+    if est.by_history == 0:
+        basis = "all at their time limits"
+    elif est.by_limit == 0:
+        basis = "judging by past run lengths"
+    else:
+        basis = f"{est.by_limit} at time limits, {est.by_history} judging by past run lengths"
+    return f"{_ahead(ahead)}; {unit} frees for it {when}, after {n} jobs end ({basis})"

@@ -158,7 +158,9 @@ class Finish:
         if mem.run_lengths is not None:
             length = run_length(self.rec)
             if length is not None:
-                mem.run_lengths.add((self.rec.tenant, self.rec.kind), length)
+                mem.run_lengths.add(
+                    (self.rec.tenant, self.rec.kind), length, self.rec.expected_duration_s
+                )
 
     def record(self, out: ChangeSet) -> None:
         out.workloads.append(self.rec)

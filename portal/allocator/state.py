@@ -226,7 +226,7 @@ def remember_runs(state: State, store: Store, now: datetime) -> None:
     for rec in reversed(ended):
         length = run_length(rec)
         if length is not None:
-            history.add((rec.tenant, rec.kind), length)
+            history.add((rec.tenant, rec.kind), length, rec.expected_duration_s)
 
 
 def released_this_month(store: Store, now: datetime) -> list[tuple[str, AllocationRecord]]:

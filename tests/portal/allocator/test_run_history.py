@@ -51,19 +51,18 @@ def test_a_queued_status_reads_its_interval_from_past_run_lengths(
     # The answer to the request carries the declared-ends point alone: nobody declared one.
     assert answer.eta_s is None and answer.eta_low_s is None
 
-    # Runs longer than the holder's 100 s so far: all six; it has 200 / 800 / 1400 s left
-    # at p20 / p50 / p80 (nearest rank).
+    # Runs longer than the holder's 100 s so far: all six; the replays draw its remaining
+    # time among 200, 500, ..., 1700 s: the interval is three of those, spread, in order.
     status = a.status(answer.id)
-    assert (status.eta_low_s, status.eta_s, status.eta_high_s) == pytest.approx(
-        (500.0, 800.0, 1400.0)
-    )
+    got = (status.eta_low_s, status.eta_s, status.eta_high_s)
+    _drawn_from_history(got, elapsed=100)
     assert "past run lengths" in status.eta_reason
     (entry,) = a.queue()
-    assert (entry.eta_low_s, entry.eta_s, entry.eta_high_s) == pytest.approx((500.0, 800.0, 1400.0))
+    assert (entry.eta_low_s, entry.eta_s, entry.eta_high_s) == got
 
     restarted = make_allocator([hgx("n1")])
     again = restarted.status(answer.id)
-    assert (again.eta_low_s, again.eta_s, again.eta_high_s) == pytest.approx((500.0, 800.0, 1400.0))
+    assert (again.eta_low_s, again.eta_s, again.eta_high_s) == got
     assert restarted.status(holder.id).state is WorkloadState.RUNNING
 
 
@@ -81,11 +80,21 @@ def test_status_reads_follow_changes_and_the_clock(
     a.release(first.id)  # cancelled: the queue changed at the same instant
     assert a.status(second.id).eta_reason.startswith("nothing ahead of you")
 
-    # The holder has now run 300 s: of the runs that outlived that (600..1800 s) the
-    # remaining times are 300 / 900 / 1200 s at p20 / p50 / p80.
+    # The holder has now run 300 s: only the runs that outlived that (600..1800 s) are
+    # drawn, so the remaining times are 300..1500 s.
     clock.advance(seconds=200)
     later = a.status(second.id)
-    assert (later.eta_low_s, later.eta_s, later.eta_high_s) == pytest.approx((300.0, 900.0, 1200.0))
+    _drawn_from_history((later.eta_low_s, later.eta_s, later.eta_high_s), elapsed=300)
+
+
+def _drawn_from_history(got: tuple[float | None, ...], elapsed: int) -> None:
+    """Every bound is a remaining time of a recorded run that outlived ``elapsed``; the
+    interval is ordered and not a single point (the replays disagree: lengths are spread)."""
+    possible = {float(x - elapsed) for x in LENGTHS if x > elapsed}
+    assert all(v in possible for v in got), (got, possible)
+    low, point, high = got
+    assert low is not None and point is not None and high is not None
+    assert low <= point <= high and low < high
 
 
 def test_runs_cut_short_from_outside_teach_nothing(
@@ -101,3 +110,27 @@ def test_runs_cut_short_from_outside_teach_nothing(
     for reason in ("preempted", "node-lost", "workload-gone", "conflict-at-start"):
         assert run_length(replace(ended, reason=reason)) is None
     assert run_length(replace(ended, started_at=None)) is None
+
+
+def test_a_time_limit_is_an_upper_bound_learned_from_how_runs_used_theirs(
+    make_allocator: Make, clock: ManualClock
+) -> None:
+    """team-a's jobs declare 1000 s and always end at half of it: a holder that declared
+    1000 s and has run 100 s frees at 500 s (400 s from now), not at its limit — also after
+    a restart, which reads the runs and their limits back."""
+    a = make_allocator([hgx("n1")])
+    _tenants(a)
+    for i in range(6):
+        job = a.request(
+            wl("team-a", gpus(8), name=f"run{i}", kind=WorkloadKind.JOB), expected_duration_s=1000
+        )
+        clock.advance(seconds=500)
+        a.release(job.id)
+        clock.advance(seconds=1)
+    a.request(wl("team-a", gpus(8), name="holder", kind=WorkloadKind.JOB), expected_duration_s=1000)
+    clock.advance(seconds=100)
+    waiter = a.request(wl("team-b", gpus(1), name="waiter"))
+    got = a.status(waiter.id)
+    assert (got.eta_low_s, got.eta_s, got.eta_high_s) == pytest.approx((400.0, 400.0, 400.0))
+    again = make_allocator([hgx("n1")]).status(waiter.id)
+    assert again.eta_s == pytest.approx(400.0)
