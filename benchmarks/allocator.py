@@ -62,7 +62,7 @@ class TimedStore(Store):
     ``cpu=True``, the CPU time this process spent in it (all threads) to ``commit_cpu_ns``.
 
     The CPU split is off by default: a CPU clock read is a system call, and two of them
-    inside every timed decision made decisions 3-5x slower in wall time (p50) on the loaded
+    inside every timed decision made decisions 2-5x slower in wall time (p50) on the loaded
     2-core machine, at the same CPU per decision (benchmarks/results/allocator.md)."""
 
     def __init__(self, url: str, *, cpu: bool = False) -> None:
