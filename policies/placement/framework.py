@@ -149,7 +149,11 @@ class Policy:
         return best_score, best
 
     def cache_token(self) -> Hashable | None:
-        """What the scores depend on beyond (request, node state); None: do not cache."""
+        """What the scores depend on beyond (request, node state); None: do not cache.
+
+        "Node state" is ``NodeState.signature``: the node's hardware and free capacity, not
+        its name, labels or rack; score indexes share one answer between nodes whose
+        signatures are equal. A scorer that reads more must return None here."""
         tokens: list[Hashable] = []
         for scorer, weight in self.scorers:
             fn = getattr(scorer, "cache_token", None)

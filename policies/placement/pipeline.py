@@ -146,6 +146,8 @@ def _candidates(
 
 # How many request shapes a policy keeps score indexes for (least recently used dropped).
 MAX_INDEXES = 512
+# How many node signatures one index remembers answers for before it starts afresh.
+MAX_MEMO = 4096
 
 
 class Follower:
@@ -172,7 +174,7 @@ class _Index(Follower):
     entries whose version is no longer live are dropped lazily when they reach the top.
     """
 
-    __slots__ = ("counts", "heap", "live", "why")
+    __slots__ = ("counts", "heap", "live", "memo", "why")
 
     def __init__(self, cluster: ClusterState) -> None:
         super().__init__(cluster)
@@ -182,6 +184,11 @@ class _Index(Follower):
         # come from here instead of a scan of every node.
         self.why: dict[str, Unfit] = {}
         self.counts: Counter[Unfit] = Counter()
+        # The policy's answer per node signature (``NodeState.signature``): for one request
+        # shape and cache token it depends on nothing else, so nodes of one kind in the same
+        # state (and a node back in an earlier state) are scored once, not once each. Most
+        # of an index's work is the full build after the policy learned (a new token).
+        self.memo: dict[Hashable, tuple[float, Placement] | None] = {}
 
     def set_why(self, name: str, reason: Unfit | None) -> None:
         old = self.why.pop(name, None)
@@ -293,7 +300,19 @@ def _rescore(
 ) -> None:
     name = st.node.name
     why = unfit(req, st, ctx)
-    got = None if why is not None else policy.best_on_node(req, st, cluster)
+    got = None
+    if why is None:
+        sig = st.signature()
+        memo = idx.memo
+        if sig in memo:
+            got = memo[sig]
+            if got is not None and got[1].node != name:
+                got = got[0], replace(got[1], node=name)
+        else:
+            got = policy.best_on_node(req, st, cluster)
+            if len(memo) >= MAX_MEMO:
+                memo.clear()
+            memo[sig] = got
     if got is None:
         idx.live[name] = None
         idx.set_why(name, why if why is not None else _no_option_reason(req))

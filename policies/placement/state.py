@@ -8,7 +8,7 @@ current, so a decision never scans more than the nodes that could possibly fit.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from policies import mig
@@ -19,6 +19,28 @@ from policies.inventory import Node
 # Versions are unique across all nodes and clusters, so a (node, version) pair names one state
 # for caches even when a node is removed and added again.
 _VERSIONS = itertools.count(1)
+
+# Small numbers for the kinds of node hardware seen (``hardware_kind``), so a node's kind is
+# compared as an int; the table grows with distinct kinds, not with nodes.
+_KINDS: dict[Hashable, int] = {}
+
+
+def hardware_kind(node: Node) -> int:
+    """One number per kind of node: equal for nodes that differ only in name, GPU and MIG
+    UUIDs, labels and place (rack, zone, clique), which no placement score reads."""
+    key = (
+        tuple((g.model, g.memory_mib, g.mig_enabled, g.shareable) for g in node.gpus),
+        node.cpu_milli,
+        node.memory_mib,
+        node.topology,
+        node.taints,
+        node.pool,
+        node.mig_reconfigurable,
+    )
+    kind = _KINDS.get(key)
+    if kind is None:
+        kind = _KINDS[key] = len(_KINDS)
+    return kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +72,7 @@ class NodeState:
         "free_mem",
         "free_milli",
         "full_free",
+        "hardware",
         "max_free_milli",
         "mem_free",
         "mig_free",
@@ -65,6 +88,7 @@ class NodeState:
     def __init__(self, node: Node, order: int) -> None:
         self.node = node
         self.order = order
+        self.hardware = hardware_kind(node)
         self.model = node.gpus[0].model if node.gpus else ""
         self.models = node.models
         self.cpu_free = node.cpu_milli
@@ -98,6 +122,7 @@ class NodeState:
         other = NodeState.__new__(NodeState)
         other.node = self.node
         other.order = self.order
+        other.hardware = self.hardware
         other.model = self.model
         other.models = self.models
         other.cpu_free = self.cpu_free
@@ -116,6 +141,25 @@ class NodeState:
     @property
     def name(self) -> str:
         return self.node.name
+
+    def signature(self) -> Hashable:
+        """Everything placement's options and scores read of this node: its hardware kind and
+        free capacity (MIG instances by profile and start). Two nodes with equal signatures
+        get the same score and the same option, but for the node's name."""
+        mig: tuple[object, ...] = ()
+        if any(self.mig_layout):
+            mig = (
+                tuple(tuple((x.profile, x.start) for x in layout) for layout in self.mig_layout),
+                tuple(frozenset(f) for f in self.mig_free),
+            )
+        return (
+            self.hardware,
+            self.cpu_free,
+            self.mem_free,
+            tuple(self.free_milli),
+            tuple(self.free_mem),
+            mig,
+        )
 
     @property
     def gpu_count(self) -> int:

@@ -12,7 +12,8 @@ from benchmarks import allocator as bench
 
 def test_a_small_run_reports_latencies_and_leaves_no_gpu_double_allocated(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    r = bench.main(["--gpus", "200", "--decisions", "100", "--seed", "3", "--json", str(out)])
+    argv = ["--gpus", "200", "--decisions", "100", "--seed", "3", "--commit-cpu"]
+    r = bench.main([*argv, "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(r, default=str))
     assert r["params"]["gpus"] == 200 and r["params"]["nodes"] == 25
     lat = r["latency"]
