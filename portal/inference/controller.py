@@ -375,7 +375,7 @@ class ServiceController:
         active = svc.state is ServiceState.ACTIVE
         if active and revive(self, svc, live):
             live = stored.replicas(store, svc.id, live=True)
-        warm = warm_size(self.spec_of(svc), self.warm_plans.get(svc.id)) * active
+        warm = warm_size(self.spec_of(svc), self.warm_plans.get(svc.id), svc.desired) * active
         todo = plan(live, svc.desired if active else 0, warm)
         for r in todo.stop:
             why = "warm pool shrunk" if r.pooled else "scaled down"

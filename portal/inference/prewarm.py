@@ -60,6 +60,7 @@ class WarmSizing:
     replicas: int
     reason: WarmReason
     budget: int
+    serving: int  # the serving replicas it was planned beside
     recent_error: float | None
     method: str | None
     at: datetime
@@ -76,12 +77,20 @@ class _History:
     sizing: WarmSizing | None = field(default=None)
 
 
-def warm_size(spec: ServiceSpec, sizing: WarmSizing | None) -> int:
-    """The warm replicas the controller keeps: ``replicas.warm`` with the fixed policy; with
-    the forecast policy the planner's size (the floor before its first plan)."""
+def warm_size(spec: ServiceSpec, sizing: WarmSizing | None, serving: int) -> int:
+    """The warm replicas the controller keeps beside ``serving`` wanted now: ``replicas.warm``
+    with the fixed policy; with the forecast policy the planner's size (the floor before its
+    first plan). A forecast plan is re-read against the serving count at once: a request that
+    woke a pooled replica must not make the next round start another one before the loop's
+    next plan."""
     if spec.scaling.warm_policy is WarmPolicy.FIXED:
         return spec.replicas.warm
-    return min(spec.replicas.warm, REACTIVE_FLOOR if sizing is None else sizing.replicas)
+    if sizing is None:
+        return min(spec.replicas.warm, REACTIVE_FLOOR)
+    size = sizing.replicas
+    if sizing.reason is WarmReason.FORECAST:
+        size = max(0, size + sizing.serving - serving)
+    return min(spec.replicas.warm, size)
 
 
 def arrivals_per_replica(target: float, request_s: float, bin_s: float) -> float:
@@ -161,6 +170,7 @@ class ForecastWarm:
             plan_replicas,
             reason,
             spec.replicas.warm,
+            svc.desired,
             None if h.fit is None else h.fit.recent_error,
             None if h.fit is None else h.fit.method,
             now,

@@ -87,6 +87,12 @@ def test_a_forecast_service_keeps_a_replica_warm_ahead_of_the_morning_only(rig: 
     assert one.pooled and one.warm
     events = [e for e in c.events(sid) if e.kind == "service.warm_planned"]
     assert events[-1].data["warm"] == 1 and "sized from the forecast" in events[-1].message
+    # The first request wakes it; the next round starts no other one (one now serves),
+    # before the loop has planned again.
+    c.touch(sid)
+    c.step()
+    (woken,) = live(rig, sid).values()
+    assert woken.number == one.number and not woken.pooled
 
 
 def test_a_forecast_that_was_wrong_lately_falls_back_to_the_floor_with_the_reason(
@@ -127,8 +133,8 @@ def test_the_planned_pool_never_goes_beyond_the_budget_or_the_tenants_limit(rig:
 
 
 def test_warm_size_keeps_the_fixed_policy_and_the_floor_before_any_plan() -> None:
-    assert warm_size(spec(0, 2, 2), None) == 2
-    assert warm_size(forecast_spec(2), None) == 0
+    assert warm_size(spec(0, 2, 2), None, 0) == 2
+    assert warm_size(forecast_spec(2), None, 0) == 0
 
 
 def test_a_forecast_policy_needs_a_warm_budget() -> None:
