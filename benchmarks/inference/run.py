@@ -203,6 +203,14 @@ def markdown(out: dict[str, Any]) -> str:
         "| errors (direct, gateway) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    for g in out["gateway_overhead"]:
+        lines.append(
+            f"| {g['route']} | {g['rate_per_s']:g} | {g['direct_p50_ms']} | {g['direct_p99_ms']} "
+            f"| {g['gateway_p50_ms']} | {g['gateway_p99_ms']} | {g['added_p50_ms']} "
+            f"| {g['added_p99_ms']} | {g.get('portal_cpu_ms_per_request', 'n/a')} "
+            f"| {g.get('portal_cpu_ms_per_request_net', 'n/a')} "
+            f"| {g['direct_errors']}, {g['gateway_errors']} |"
+        )
     if out.get("forecast_vs_reactive"):
         lines += [
             "",
@@ -216,14 +224,6 @@ def markdown(out: dict[str, Any]) -> str:
                 f"| {v['cold_share_forecast']:.1%} | {v['cold_ratio']} | {v['gpu_s_reactive']} "
                 f"| {v['gpu_s_forecast']} | {v['gpu_ratio']} | {'yes' if v['goal_met'] else 'no'} |"
             )
-    for g in out["gateway_overhead"]:
-        lines.append(
-            f"| {g['route']} | {g['rate_per_s']:g} | {g['direct_p50_ms']} | {g['direct_p99_ms']} "
-            f"| {g['gateway_p50_ms']} | {g['gateway_p99_ms']} | {g['added_p50_ms']} "
-            f"| {g['added_p99_ms']} | {g.get('portal_cpu_ms_per_request', 'n/a')} "
-            f"| {g.get('portal_cpu_ms_per_request_net', 'n/a')} "
-            f"| {g['direct_errors']}, {g['gateway_errors']} |"
-        )
     return "\n".join(lines)
 
 
