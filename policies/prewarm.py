@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from policies.errors import InvalidRequest
-from policies.forecast import mae, naive_scale, season_for
+from policies.forecast import HOURS_PER_DAY, MIN_SEASONS, holt_winters, mae, naive_scale, season_for
 
 MAX_FORECAST_ERROR = 1.0
 """Recent MASE above which the forecast is not trusted: worse than the seasonal-naive one."""
+MIN_EXPECTED = 0.5
+"""Forecast arrivals in a bin below which none is expected: a fit's small positive night
+values would otherwise keep a warm replica (and its GPUs) all night."""
+CHECKED_BINS = HOURS_PER_DAY
+"""The latest bins a forecast is checked on before it is trusted: a whole daily cycle."""
 
 
 class WarmReason(StrEnum):
@@ -101,3 +106,54 @@ def recent_error(
     if scale is None:
         return 0.0 if error == 0 else math.inf
     return error / scale
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalForecast:
+    """Arrivals per bin ahead of a history, and how wrong the same model was lately."""
+
+    ahead: tuple[float, ...]  # ahead[0]: the bin right after the history's last
+    recent_error: float | None  # MASE on the history's last ``CHECKED_BINS``; None: unchecked
+    method: str
+
+
+def forecast_arrivals(history: Sequence[float], horizon: int) -> ArrivalForecast:
+    """Fit Holt-Winters on ``history`` (arrivals per bin, oldest first, whole bins only) and
+    forecast ``horizon`` bins. The error is out of sample: a second fit on all but the last
+    ``CHECKED_BINS`` is scored on them. Fewer bins than a daily season needs, plus the
+    checked ones, give no error (the planner then keeps its floor)."""
+    ahead = holt_winters(history, horizon)
+    error = None
+    fitted = len(history) - CHECKED_BINS
+    if fitted >= MIN_SEASONS * HOURS_PER_DAY:
+        older, checked = list(history[:fitted]), list(history[fitted:])
+        past = holt_winters(older, CHECKED_BINS)
+        error = recent_error(checked, past.values, older)
+    return ArrivalForecast(ahead.values, error, ahead.method.value)
+
+
+def expected(forecast: Sequence[float]) -> list[float]:
+    """The bins where an arrival is expected (``MIN_EXPECTED``), others as none."""
+    return [v if v >= MIN_EXPECTED else 0.0 for v in forecast]
+
+
+def plan_ahead(
+    forecast: ArrivalForecast,
+    offset: int,
+    horizon: int,
+    *,
+    warm_budget: int,
+    reactive_floor: int,
+    arrivals_per_replica: float,
+    serving: int = 0,
+) -> WarmPlan:
+    """``plan_warm`` on the ``horizon`` bins from ``offset`` bins after the forecast's first
+    (a cached fit serves the bins after it too), counting only expected arrivals."""
+    return plan_warm(
+        expected(forecast.ahead[offset : offset + horizon]),
+        recent_error=forecast.recent_error,
+        warm_budget=warm_budget,
+        reactive_floor=reactive_floor,
+        arrivals_per_replica=arrivals_per_replica,
+        serving=serving,
+    )

@@ -59,6 +59,14 @@ class ScalingMetric(StrEnum):
     CONCURRENCY = "concurrency"  # requests in flight
 
 
+class WarmPolicy(StrEnum):
+    """How the warm pool is sized: ``replicas.warm`` as such, or as the budget of a pre-warm
+    planner sizing it from the service's forecast arrivals (``policies.prewarm``)."""
+
+    FIXED = "fixed"
+    FORECAST = "forecast"
+
+
 MAX_START_FAILURES = 5
 """Replicas in a row that ended before they were ever ready: then the service is ``failed``
 (a wrong command or model would otherwise take and free devices forever)."""
@@ -91,13 +99,14 @@ class Replicas:
 class ScalingRule:
     """Scale so that ``metric`` per replica stays near ``target``: up when it has been above
     for ``up_window_s``, down when below for ``down_window_s``; to zero (when ``min`` is 0)
-    after ``idle_s`` without a request."""
+    after ``idle_s`` without a request. ``warm_policy`` sizes the warm pool."""
 
     metric: ScalingMetric = ScalingMetric.WAITING_REQUESTS
     target: float = 4.0
     up_window_s: float = 5.0
     down_window_s: float = 300.0
     idle_s: float = 600.0
+    warm_policy: WarmPolicy = WarmPolicy.FIXED
 
     def __post_init__(self) -> None:
         if not 0 < self.target <= 1e6:

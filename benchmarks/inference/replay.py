@@ -109,6 +109,13 @@ class _Scaler:
         )
         r.raise_for_status()
 
+    async def serving(self) -> int:
+        r = await self._client.get(
+            f"/api/v1/services/{self._sid}", headers=bearer(user_token(self._tenant))
+        )
+        r.raise_for_status()
+        return int(r.json()["desired"])
+
 
 def deploy(
     portal: Portal, cells: Sequence[Cell], engine: Engine, uri: str, digest: str

@@ -24,7 +24,7 @@ from benchmarks.inference.replay import (
     settle,
 )
 from benchmarks.inference.serve import Portal
-from benchmarks.inference.strategies import STRATEGIES
+from benchmarks.inference.strategies import STRATEGIES, Forecast, Strategy
 from benchmarks.inference.traces import Trace, TraceKind, bursty, diurnal
 from portal.inference.testengine import read_model
 from portal.jobs.launch import free_port
@@ -44,6 +44,8 @@ class Config:
     engine: Engine = field(default_factory=Engine)
     overhead_rate: float = 200.0
     overhead_s: float = 10.0
+    overhead: bool = True
+    history_days: int = 3  # simulated days of arrivals the forecast strategy starts from
 
 
 QUICK = Config(
@@ -64,10 +66,36 @@ def make_trace(kind: TraceKind, cfg: Config) -> Trace:
     return diurnal(cfg.seed, cfg.duration_s, cfg.day_s, cfg.rate)
 
 
+def history(kind: TraceKind, cfg: Config) -> tuple[tuple[float, ...], float]:
+    """The simulated days before the replay: the same process under another seed, shifted
+    to negative times; and how long they last."""
+    span = cfg.history_days * cfg.day_s
+    if span <= 0:
+        return (), 0.0
+    past = make_trace(kind, replace(cfg, seed=cfg.seed + 1000, duration_s=span))
+    return tuple(t - span for t in past.arrivals), span
+
+
+def strategy(name: str, trace: Trace, load_s: float, cfg: Config) -> Strategy:
+    """The named strategy for one cell (a forecast planner of its own, with its history)."""
+    if name != "forecast":
+        return STRATEGIES[name]
+    past, span = history(trace.kind, cfg)
+    e = cfg.engine
+    return Forecast(
+        day_s=cfg.day_s,
+        load_s=load_s,
+        history=past,
+        history_s=span,
+        target=e.target,
+        request_s=e.max_tokens * e.token_seconds,
+    )
+
+
 def run(cfg: Config, work: Path) -> dict[str, Any]:
     traces = [make_trace(k, cfg) for k in cfg.traces]
     cells = [
-        Cell(t, load, STRATEGIES[s])
+        Cell(t, load, strategy(s, t, load, cfg))
         for t in traces
         for load in cfg.load_seconds
         for s in cfg.strategies
@@ -91,9 +119,16 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
             settled = time.monotonic()
             tallies, watch, start, end = asyncio.run(replay(portal, cells, ids, cfg.engine))
             rows = report(portal, cells, ids, tallies, watch, (start, end), cfg.engine)
+            for row, cell in zip(rows, cells, strict=True):
+                if isinstance(cell.strategy, Forecast):
+                    row["plan_reasons"] = dict(cell.strategy.reasons)
             replayed = time.monotonic()
-        replica = overhead.deploy_ready(portal, uri, digest, 120)
-        gateway = asyncio.run(overhead.measure(portal, replica, cfg.overhead_rate, cfg.overhead_s))
+        gateway: list[dict[str, Any]] = []
+        if cfg.overhead:
+            replica = overhead.deploy_ready(portal, uri, digest, 120)
+            gateway = asyncio.run(
+                overhead.measure(portal, replica, cfg.overhead_rate, cfg.overhead_s)
+            )
         measured = time.monotonic()
     finally:
         portal.stop()
@@ -111,7 +146,41 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
         "quota_violations": sum(watch.violations.values()),
         "cells": rows,
         "gateway_overhead": gateway,
+        "forecast_vs_reactive": versus(rows),
     }
+
+
+def versus(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trace and load time with both: the forecast strategy's cold share and GPU-seconds
+    (serving + warm) against reactive's, and whether issue #23's goal is met (cold share at
+    most half, GPU-seconds at most 10 % more)."""
+    by = {(r["trace"], r["load_s"], r["strategy"]): r for r in rows}
+    out = []
+    for (trace, load, name), f in by.items():
+        r = by.get((trace, load, "reactive"))
+        if name != "forecast" or r is None:
+            continue
+        gpu_f = f["gpu_s_serving"] + f["gpu_s_warm"]
+        gpu_r = r["gpu_s_serving"] + r["gpu_s_warm"]
+        cold_ratio = f["cold_share"] / r["cold_share"] if r["cold_share"] else None
+        gpu_ratio = gpu_f / gpu_r if gpu_r else None
+        out.append(
+            {
+                "trace": trace,
+                "load_s": load,
+                "cold_share_reactive": r["cold_share"],
+                "cold_share_forecast": f["cold_share"],
+                "cold_ratio": None if cold_ratio is None else round(cold_ratio, 3),
+                "gpu_s_reactive": round(gpu_r, 1),
+                "gpu_s_forecast": round(gpu_f, 1),
+                "gpu_ratio": None if gpu_ratio is None else round(gpu_ratio, 3),
+                "goal_met": cold_ratio is not None
+                and gpu_ratio is not None
+                and cold_ratio <= 0.5
+                and gpu_ratio <= 1.1,
+            }
+        )
+    return out
 
 
 def markdown(out: dict[str, Any]) -> str:
@@ -142,6 +211,19 @@ def markdown(out: dict[str, Any]) -> str:
             f"| {g.get('portal_cpu_ms_per_request_net', 'n/a')} "
             f"| {g['direct_errors']}, {g['gateway_errors']} |"
         )
+    if out.get("forecast_vs_reactive"):
+        lines += [
+            "",
+            "| trace | load s | cold share reactive | cold share forecast | ratio "
+            "| GPU-s reactive | GPU-s forecast | ratio | goal (≤ 0.5, ≤ 1.1) met |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for v in out["forecast_vs_reactive"]:
+            lines.append(
+                f"| {v['trace']} | {v['load_s']:g} | {v['cold_share_reactive']:.1%} "
+                f"| {v['cold_share_forecast']:.1%} | {v['cold_ratio']} | {v['gpu_s_reactive']} "
+                f"| {v['gpu_s_forecast']} | {v['gpu_ratio']} | {'yes' if v['goal_met'] else 'no'} |"
+            )
     return "\n".join(lines)
 
 
@@ -158,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overhead-seconds", type=float, help="seconds of each mode per route")
     p.add_argument("--overhead-rate", type=float, help="requests/s of the overhead phase")
     p.add_argument("--overhead-only", action="store_true", help="no traces: the gateway only")
+    p.add_argument("--no-overhead", action="store_true", help="traces only: no overhead phase")
+    p.add_argument("--day-seconds", type=float, help="seconds of a compressed day (diurnal)")
+    p.add_argument("--history-days", type=int, help="days the forecast strategy starts from")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else Config()
@@ -172,6 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         changes["duration_s"] = args.duration
     if args.overhead_only:
         changes["traces"] = ()
+    if args.no_overhead:
+        changes["overhead"] = False
+    if args.day_seconds is not None:
+        changes["day_s"] = args.day_seconds
+    if args.history_days is not None:
+        changes["history_days"] = args.history_days
     if args.seed is not None:
         changes["seed"] = args.seed
     if args.overhead_seconds is not None:

@@ -2,16 +2,25 @@
 
 A strategy gives a service its replica bounds at deploy time and may change them while the
 trace plays (``step``, called every ``STEP_S`` with the arrivals seen so far, never the future
-ones). The three built in are static: their ``step`` does nothing and the portal's own
-autoscaler does the rest. A forecast-driven planner would be a class with the same two
-methods that raises ``warm`` ahead of a predicted burst, added to ``STRATEGIES``.
+ones). Three are static: their ``step`` does nothing and the portal's own autoscaler does the
+rest. ``forecast`` sizes the warm pool with the portal's pre-warm planner
+(``policies.prewarm``: the same fit, error check and plan as a service with
+``warm_policy: forecast``), from the arrivals of the simulated days before the replay and
+those seen so far, binned per simulated hour; the autoscaler still moves the serving count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from policies.forecast import HOURS_PER_DAY
+from policies.prewarm import ArrivalForecast, forecast_arrivals, plan_ahead
+from portal.inference.prewarm import REACTIVE_FLOOR, arrivals_per_replica
 
 STEP_S = 1.0
 """How often a strategy's ``step`` is called during the replay."""
@@ -38,6 +47,10 @@ class Scaler(Protocol):
     """What a strategy may do to its service while the trace plays."""
 
     async def set_bounds(self, bounds: Bounds) -> None: ...
+
+    async def serving(self) -> int:
+        """The serving replicas the service wants now (its ``desired``)."""
+        ...
 
 
 class Strategy(Protocol):
@@ -71,8 +84,80 @@ class Static:
         return None
 
 
+class Forecast:
+    """Forecast-driven warm pool: deployed as ``reactive`` (min 0, warm 0, the same quota),
+    then every step ``warm`` is set to the planner's size, at most ``budget``.
+
+    A bin is a simulated hour (``day_s / 24``); the fit is cached and refit once per bin
+    (in a thread: a fit takes tenths of a second of CPU), on whole bins only. The plan looks
+    ``horizon`` bins ahead: the current one and enough to cover the load time.
+    """
+
+    name = "forecast"
+
+    def __init__(
+        self,
+        *,
+        budget: int = 1,
+        day_s: float = 0.0,
+        load_s: float = 0.0,
+        history: Sequence[float] = (),
+        history_s: float = 0.0,
+        target: float = 1.0,
+        request_s: float = 1.0,
+    ) -> None:
+        self.budget = budget
+        self.bin_s = day_s / HOURS_PER_DAY if day_s else 1.0
+        self.horizon = 1 + math.ceil(load_s / self.bin_s)
+        self.history = tuple(history)  # arrivals before the replay, seconds (negative)
+        self.first_bin = -math.ceil(history_s / self.bin_s)
+        self.per_replica = arrivals_per_replica(target, request_s, self.bin_s)
+        self.reasons: Counter[str] = Counter()  # steps per plan reason
+        self.maximum = 1
+        self._fit: ArrivalForecast | None = None
+        self._fit_bin: int | None = None
+        self._warm = 0
+
+    def bounds(self, max_replicas: int) -> Bounds:
+        self.maximum = max(1, max_replicas)
+        return Bounds(0, self.maximum, 0)
+
+    def bins(self, seen: Sequence[float], upto: int) -> list[float]:
+        """Arrivals per whole bin from the history's first to ``upto`` (excluded)."""
+        counts = [0.0] * (upto - self.first_bin)
+        for t in (*self.history, *seen):
+            i = math.floor(t / self.bin_s) - self.first_bin
+            if 0 <= i < len(counts):
+                counts[i] += 1
+        return counts
+
+    async def step(self, scaler: Scaler, now_s: float, seen: tuple[float, ...]) -> None:
+        b = math.floor(now_s / self.bin_s)
+        if b != self._fit_bin:
+            done = self.bins(seen, b)
+            self._fit = await asyncio.to_thread(forecast_arrivals, done, self.horizon)
+            self._fit_bin = b
+        assert self._fit is not None
+        plan = plan_ahead(
+            self._fit,
+            0,
+            self.horizon,
+            warm_budget=self.budget,
+            reactive_floor=REACTIVE_FLOOR,
+            arrivals_per_replica=self.per_replica,
+            serving=await scaler.serving(),
+        )
+        self.reasons[plan.reason.value] += 1
+        if plan.replicas != self._warm:
+            await scaler.set_bounds(Bounds(0, self.maximum, plan.replicas))
+            self._warm = plan.replicas
+
+
 STRATEGIES: Mapping[str, Strategy] = {
     "reactive": Static("reactive", minimum=0, warm=0),
     "warm-pool": Static("warm-pool", minimum=0, warm=1),
     "fixed-min": Static("fixed-min", minimum=1, warm=0),
+    "forecast": Forecast(),
 }
+"""``forecast`` here is a placeholder: a run builds one per cell (``Forecast(...)`` with
+the cell's trace history, day and load time)."""

@@ -8,6 +8,7 @@ gets 403. Calling a service goes through the gateway (``portal.inference.gateway
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import Field
 
 from policies.errors import InvalidRequest
+from policies.prewarm import WarmReason
 from policies.requests import MAX_PRIORITY, TopologyRequirement
 from policies.services import (
     MAX_IDLE_S,
@@ -26,6 +28,7 @@ from policies.services import (
     ScalingMetric,
     ScalingRule,
     ServiceState,
+    WarmPolicy,
 )
 from portal.allocator import Allocator
 from portal.api import convert
@@ -39,7 +42,7 @@ from portal.api.workloads import charge
 from portal.inference.cached import listing
 from portal.inference.controller import ServiceController, ServiceView
 from portal.inference.spec import MAX_ARGS, Engine, Hold, Preset, ServiceSpec
-from portal.inference.traffic import Traffic, TrafficBook
+from portal.inference.traffic import Traffic
 from portal.inference.weights import CacheEntry
 from portal.jobs.backend import read_file_log
 from portal.jobs.spec import device_request
@@ -120,6 +123,14 @@ class ScalingIn(InModel):
     idle_s: float = Field(
         default=600.0, gt=0, le=MAX_IDLE_S, description="No request this long: 0 (if min 0)."
     )
+    warm_policy: WarmPolicy = Field(
+        default=WarmPolicy.FIXED,
+        strict=False,
+        description=(
+            "fixed: replicas.warm kept warm; forecast: replicas.warm is the budget of the "
+            "pre-warm planner (the reactive floor, 0, while its forecast is not trusted)."
+        ),
+    )
 
 
 class HoldIn(InModel):
@@ -163,6 +174,24 @@ class ReplicaOut(Model):
     )
 
 
+class WarmPlanOut(Model):
+    """The pre-warm planner's latest size for a service with ``warm_policy: forecast``."""
+
+    replicas: int = Field(ge=0, description="Warm replicas it keeps now.")
+    reason: WarmReason = Field(
+        description=(
+            "forecast (sized from it), high-error (recent error above the limit: the "
+            "reactive floor), no-error-yet (not checked yet: the floor), no-forecast."
+        )
+    )
+    budget: int = Field(ge=0, description="replicas.warm: the most it may keep.")
+    recent_error: float | None = Field(
+        description="The forecast's MASE on its latest day of bins; null before it is checked."
+    )
+    method: str | None = Field(description="How the forecast was made; null before any.")
+    at: datetime = Field(description="When it was planned.")
+
+
 class ServiceOut(Model):
     id: str
     tenant: str
@@ -186,6 +215,10 @@ class ServiceOut(Model):
             "(503), failed (replica unreachable), "
             "first_byte_p50_s and first_byte_p99_s (arrival to the replica's first byte)."
         )
+    )
+    warm_plan: WarmPlanOut | None = Field(
+        default=None,
+        description="With scaling.warm_policy forecast, the planner's latest size; else null.",
     )
 
 
@@ -223,9 +256,10 @@ def replica_out(r: ReplicaRecord, workload: WorkloadOut | None = None) -> Replic
     )
 
 
-def service_out(v: ServiceView, book: TrafficBook) -> ServiceOut:
+def service_out(v: ServiceView, controller: ServiceController) -> ServiceOut:
     s = v.service
-    traffic = book.get(s.id) or Traffic()
+    traffic = controller.traffic.get(s.id) or Traffic()
+    sizing = controller.warm_plans.get(s.id)
     return ServiceOut(
         id=s.id,
         tenant=s.tenant,
@@ -246,6 +280,18 @@ def service_out(v: ServiceView, book: TrafficBook) -> ServiceOut:
         ],
         gateway=f"gateway/{s.tenant}/{s.name}/v1",
         traffic=traffic.summary(),
+        warm_plan=None
+        if sizing is None
+        else WarmPlanOut(
+            replicas=sizing.replicas,
+            reason=sizing.reason,
+            budget=sizing.budget,
+            recent_error=None
+            if sizing.recent_error is None or not math.isfinite(sizing.recent_error)
+            else sizing.recent_error,
+            method=sizing.method,
+            at=sizing.at,
+        ),
     )
 
 
@@ -297,7 +343,7 @@ def deploy_service(
     """Created with its first replicas requested: see each replica's `workload` for its
     queue reason, position and ETA."""
     charge(caller, body.tenant)
-    return service_out(controller.deploy(spec_of(body, caller.name)), controller.traffic)
+    return service_out(controller.deploy(spec_of(body, caller.name)), controller)
 
 
 @router.get(
@@ -316,7 +362,7 @@ def list_services(
 ) -> Page[ServiceOut]:
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     views = [v for v in controller.services(shown) if state is None or v.service.state is state]
-    return page.page_of(views, lambda v: service_out(v, controller.traffic))
+    return page.page_of(views, lambda v: service_out(v, controller))
 
 
 class CacheEntryOut(Model):
@@ -375,7 +421,7 @@ def get_service(
     caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
     controller: Annotated[ServiceController, Depends(services)],
 ) -> ServiceOut:
-    return service_out(_readable(caller, controller, service_id), controller.traffic)
+    return service_out(_readable(caller, controller, service_id), controller)
 
 
 @router.patch(
@@ -396,7 +442,7 @@ def scale_service(
         replicas=_replicas(body.replicas) if body.replicas else None,
         scaling=_scaling(body.scaling) if body.scaling else None,
     )
-    return service_out(view, controller.traffic)
+    return service_out(view, controller)
 
 
 @router.delete(
@@ -411,7 +457,7 @@ def delete_service(
     controller: Annotated[ServiceController, Depends(services)],
 ) -> ServiceOut:
     charge(caller, controller.get(service_id).tenant)
-    return service_out(controller.delete(service_id), controller.traffic)
+    return service_out(controller.delete(service_id), controller)
 
 
 @router.get(

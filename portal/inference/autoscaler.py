@@ -108,7 +108,8 @@ class Autoscaler:
             last = svc.created_at
         idle_for = None if last is None else max(0.0, now - last.timestamp())
         want = desired_replicas(spec.scaling, spec.replicas, current, list(readings), now, idle_for)
-        want = min(want, max(current, self._ceiling(svc, spec)))
+        ceiling = spec.replica_ceiling(c.quotas(svc.tenant), c.models())
+        want = min(want, max(current, ceiling))
         if want == 0 and current > 0 and self._still_starting(svc):
             want = current  # the idle timer never kills a replica that is not ready yet
         c.record_scaling(svc, want, idle_for or 0.0, value)
@@ -134,17 +135,6 @@ class Autoscaler:
         if metric is ScalingMetric.TIME_TO_FIRST_TOKEN:
             return quantile(list(traffic.first_byte_s)[-100:], 0.9)
         return None
-
-    def _ceiling(self, svc: ServiceRecord, spec: ServiceSpec) -> int:
-        """The most replicas the tenant's limit holds, over the candidate flavors."""
-        dev = spec.devices
-        models = self._controller.models()
-        limits = {q.flavor: q.limit for q in self._controller.quotas(svc.tenant)}
-        per = max(1, dev.amount())
-        return max(
-            (limits.get(str(dev.flavor(m)), 0) // per for m in sorted(dev.models or models)),
-            default=0,
-        )
 
     def _still_starting(self, svc: ServiceRecord) -> bool:
         waiting = (ReplicaState.QUEUED, ReplicaState.STARTING)

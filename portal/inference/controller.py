@@ -35,17 +35,12 @@ from pathlib import Path
 from policies.errors import Conflict, InvalidRequest, NotFound, PortalError, Unavailable
 from policies.jobs import exit_code_of
 from policies.requests import WorkloadKind, WorkloadRequest
-from policies.services import (
-    MAX_START_FAILURES,
-    Replicas,
-    ReplicaState,
-    ScalingRule,
-    ServiceState,
-)
+from policies.services import MAX_START_FAILURES, Replicas, ReplicaState, ScalingRule, ServiceState
 from portal.allocator import Allocator, WorkloadStatus
 from portal.inference.backend import ServiceBackend, replica_launch
 from portal.inference.cached import HAS_PROCESS, holders, replica_weights
 from portal.inference.drain import DEFAULT_DRAIN_TIMEOUT_S, Drains, begin, check, revive
+from portal.inference.prewarm import WarmSizing, warm_size
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import Hold, ServiceSpec
 from portal.inference.traffic import TrafficBook
@@ -105,6 +100,7 @@ class ServiceController:
         self.traffic = TrafficBook()  # the gateway's counts, per service
         self._calls = EngineCalls(self)  # warm replicas' sleep and wake, outside the lock
         self._drains = Drains(drain_timeout_s)  # ready replicas leaving, not signalled yet
+        self.warm_plans: dict[str, WarmSizing] = {}  # set by ``prewarm.ForecastWarm``
 
     @property
     def now(self) -> datetime:
@@ -379,7 +375,8 @@ class ServiceController:
         active = svc.state is ServiceState.ACTIVE
         if active and revive(self, svc, live):
             live = stored.replicas(store, svc.id, live=True)
-        todo = plan(live, svc.desired if active else 0, self.spec_of(svc).replicas.warm * active)
+        warm = warm_size(self.spec_of(svc), self.warm_plans.get(svc.id), svc.desired) * active
+        todo = plan(live, svc.desired if active else 0, warm)
         for r in todo.stop:
             why = "warm pool shrunk" if r.pooled else "scaled down"
             self._stop(svc, r, why if active else f"service {svc.state.value}")
@@ -612,4 +609,4 @@ class ServiceController:
         event = EventRecord(
             self.now, kind, svc.tenant, workload, message, {"service": svc.id, **(data or {})}
         )
-        self._alloc.store.commit(ChangeSet(services=services, replicas=replicas, events=[event]))
+        self.store.commit(ChangeSet(services=services, replicas=replicas, events=[event]))

@@ -108,6 +108,7 @@ class Gateway:
         arrived = time.monotonic()
         sid, hold = await self.resolve(caller, tenant, name)
         traffic = self.book.of(sid, tenant, name)
+        traffic.arrived += 1
         body = await request.body()
         urls = self.controller.ready_urls(sid)
         self.controller.note_request(sid)

@@ -8,6 +8,7 @@ from portal.allocator import Allocator
 from portal.inference.autoscaler import EVALUATE_EVERY_S, Autoscaler
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
+from portal.inference.prewarm import PLAN_EVERY_S, ForecastWarm
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.weights import WeightCache
 from portal.service.loops import Loops
@@ -48,3 +49,4 @@ def register_for_service(loops: Loops, controller: ServiceController) -> None:
     if controller.backend is not None:
         loops.add("services", SERVICES_INTERVAL_S, controller.step)
         loops.add("autoscaler", EVALUATE_EVERY_S, Autoscaler(controller).evaluate)
+        loops.add("prewarm", PLAN_EVERY_S, ForecastWarm(controller).run)

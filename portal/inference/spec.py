@@ -17,7 +17,7 @@ from typing import Any
 
 from policies.errors import InvalidRequest
 from policies.requests import MAX_PRIORITY, DeviceRequest
-from policies.services import ModelRef, Replicas, ScalingMetric, ScalingRule
+from policies.services import ModelRef, Replicas, ScalingMetric, ScalingRule, WarmPolicy
 from portal.inference.weights import check_fetchable
 from portal.jobs.spec import RESERVED_ENV, device_request
 from portal.jobs.spec import Backend as Backend
@@ -208,6 +208,12 @@ class ServiceSpec:
             raise InvalidRequest("priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
         if self.devices.kind is None:
             raise InvalidRequest("devices.kind", "null", "gpu, mig or share: a replica needs a GPU")
+        if self.scaling.warm_policy is WarmPolicy.FORECAST and not self.replicas.warm:
+            raise InvalidRequest(
+                "scaling.warm_policy",
+                "forecast with replicas.warm 0",
+                "fixed, or forecast with replicas.warm >= 1 (the planner's budget)",
+            )
 
     @property
     def served_name(self) -> str:
@@ -245,6 +251,16 @@ class ServiceSpec:
             f"a flavor {self.tenant} has quota for: {', '.join(allowed) or 'none'}",
         )
 
+    def replica_ceiling(self, quotas: Sequence[QuotaRecord], models: frozenset[str]) -> int:
+        """The most replicas the tenant's limit holds, over the candidate flavors."""
+        dev = self.devices
+        limits = {q.flavor: q.limit for q in quotas if q.tenant == self.tenant}
+        per = max(1, dev.amount())
+        return max(
+            (limits.get(str(dev.flavor(m)), 0) // per for m in sorted(dev.models or models)),
+            default=0,
+        )
+
     # ---------------------------------------------------------------- stored as JSON
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,6 +286,7 @@ class ServiceSpec:
                 "up_window_s": s.up_window_s,
                 "down_window_s": s.down_window_s,
                 "idle_s": s.idle_s,
+                "warm_policy": s.warm_policy.value,
             },
             "hold": {"max_requests": self.hold.max_requests, "timeout_s": self.hold.timeout_s},
             "priority": self.priority,
@@ -300,6 +317,8 @@ class ServiceSpec:
                 up_window_s=float(s["up_window_s"]),
                 down_window_s=float(s["down_window_s"]),
                 idle_s=float(s["idle_s"]),
+                # Stored before warm policies existed: fixed.
+                warm_policy=WarmPolicy(s.get("warm_policy", WarmPolicy.FIXED.value)),
             ),
             hold=Hold(int(d["hold"]["max_requests"]), float(d["hold"]["timeout_s"])),
             priority=int(d["priority"]),

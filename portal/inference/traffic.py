@@ -30,6 +30,7 @@ def quantile(values: list[float], q: float) -> float | None:
 class Traffic:
     """One service's requests through the gateway."""
 
+    arrived: int = 0  # every request for the service: the pre-warm planner's arrivals
     held: int = 0  # waiting for a ready replica (scale from zero)
     held_total: int = 0  # ever held: the requests that met a cold start or a wake
     in_flight: int = 0  # sent to a replica, not answered to the end yet

@@ -6,12 +6,14 @@ violation on any sample, the strategies' own signatures — never a timing (thos
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from benchmarks.inference import run
+from benchmarks.inference.strategies import Bounds, Forecast
 from benchmarks.inference.traces import TraceKind, bursty, diurnal
 
 pytestmark = pytest.mark.slow
@@ -36,8 +38,9 @@ def test_a_tiny_run_accounts_for_every_request_and_never_exceeds_a_quota(tmp_pat
     assert run.main(argv) == 0
     result = json.loads(out.read_text())
     cells = result["cells"]
+    names = ("reactive", "warm-pool", "fixed-min", "forecast")
     assert {(c["trace"], c["strategy"]) for c in cells} == {
-        (t, s) for t in ("bursty", "diurnal") for s in ("reactive", "warm-pool", "fixed-min")
+        (t, s) for t in ("bursty", "diurnal") for s in names
     }
     assert result["quota_samples"] > 0 and result["quota_violations"] == 0
     for c in cells:
@@ -58,6 +61,47 @@ def test_a_tiny_run_accounts_for_every_request_and_never_exceeds_a_quota(tmp_pat
         # Only the warm pool is charged warm GPU time.
         assert by[(t, "warm-pool")]["gpu_s_warm"] > 0
         assert by[(t, "reactive")]["gpu_s_warm"] == by[(t, "fixed-min")]["gpu_s_warm"] == 0
+        # The forecast planner ran every step, and is compared with reactive.
+        assert sum(by[(t, "forecast")]["plan_reasons"].values()) > 0
+    assert {(v["trace"], v["load_s"]) for v in result["forecast_vs_reactive"]} == {
+        ("bursty", 0.2),
+        ("diurnal", 0.2),
+    }
     for g in result["gateway_overhead"]:
         assert g["direct_errors"] == g["gateway_errors"] == 0, g
         assert g["direct_requests"] == g["gateway_requests"] > 0, g
+
+
+class Recorder:
+    """STAND-IN for the portal's API as a strategy sees it: the bounds set, and a serving
+    count given by the test."""
+
+    def __init__(self, serving: int) -> None:
+        self.set: list[Bounds] = []
+        self._serving = serving
+
+    async def set_bounds(self, bounds: Bounds) -> None:
+        self.set.append(bounds)
+
+    async def serving(self) -> int:
+        return self._serving
+
+
+def test_the_forecast_strategy_warms_ahead_of_the_morning_from_a_week_of_history() -> None:
+    day_s, load_s = 240.0, 20.0
+    cfg = run.Config(day_s=day_s, duration_s=2 * day_s, history_days=7)
+    trace = run.make_trace(TraceKind.DIURNAL, cfg)
+    planner = run.strategy("forecast", trace, load_s, cfg)
+    assert isinstance(planner, Forecast)
+    # A bin is a simulated hour (10 s); the plan covers it and the 20 s of load after it.
+    assert (planner.bin_s, planner.horizon) == (10.0, 3)
+    assert planner.bounds(2) == Bounds(0, 2, 0)  # deployed as reactive, with its quota
+    night, dawn = Recorder(serving=0), Recorder(serving=0)
+    asyncio.run(planner.step(night, 30.0, trace.seen_by(30.0)))  # 03:00: nothing ahead
+    asyncio.run(planner.step(dawn, 0.23 * day_s, trace.seen_by(0.23 * day_s)))  # 05:30
+    assert night.set == [] and dawn.set == [Bounds(0, 2, 1)], planner.reasons
+    assert planner.reasons == {"forecast": 2}
+    # Once a replica serves the morning, the pool is given back.
+    served = Recorder(serving=1)
+    asyncio.run(planner.step(served, 0.3 * day_s, trace.seen_by(0.3 * day_s)))
+    assert served.set == [Bounds(0, 2, 0)]

@@ -8,7 +8,18 @@ import math
 import pytest
 
 from policies.errors import InvalidRequest
-from policies.prewarm import MAX_FORECAST_ERROR, WarmPlan, WarmReason, plan_warm, recent_error
+from policies.prewarm import (
+    MAX_FORECAST_ERROR,
+    MIN_EXPECTED,
+    ArrivalForecast,
+    WarmPlan,
+    WarmReason,
+    expected,
+    forecast_arrivals,
+    plan_ahead,
+    plan_warm,
+    recent_error,
+)
 
 
 def plan(forecast: list[float], **kw: object) -> WarmPlan:
@@ -68,3 +79,29 @@ def test_recent_error_is_scaled_by_the_naive_error_on_the_history() -> None:
     assert recent_error([2.0, 2.0], [0.0, 2.0], history) == pytest.approx(1 / 4)
     assert recent_error([1.0], [1.0], [3.0, 3.0]) == 0.0
     assert recent_error([1.0], [0.0], [3.0, 3.0]) == math.inf
+
+
+def test_a_cached_forecast_is_planned_from_its_offset_and_ignores_unlikely_arrivals() -> None:
+    fc = ArrivalForecast((0.3, 0.4, 12.0, 25.0, 0.0), recent_error=0.5, method="holt-winters")
+    kw = {"warm_budget": 3, "reactive_floor": 1, "arrivals_per_replica": 10.0}
+    # Bins 0-1: under MIN_EXPECTED (0.5) each, nothing expected: no warm replica.
+    assert MIN_EXPECTED == 0.5 and expected([0.3, 0.5, 2.0]) == [0.0, 0.5, 2.0]
+    assert plan_ahead(fc, 0, 2, **kw) == WarmPlan(0, WarmReason.FORECAST)
+    # Two bins later (the same fit, reused): 25 arrivals need 3, one serves.
+    assert plan_ahead(fc, 2, 2, serving=1, **kw) == WarmPlan(2, WarmReason.FORECAST)
+    untrusted = ArrivalForecast(fc.ahead, recent_error=1.5, method="holt-winters")
+    assert plan_ahead(untrusted, 2, 2, **kw) == WarmPlan(1, WarmReason.HIGH_ERROR)
+
+
+def test_a_forecast_is_checked_only_with_two_days_before_its_last_day() -> None:
+    day = [0.0] * 8 + [20.0, 22.0, 19.0, 21.0, 20.0, 18.0, 23.0, 20.0, 21.0, 19.0] + [0.0] * 6
+    # Two days: a forecast, never checked (a daily season needs two days before the check).
+    short = forecast_arrivals(day * 2, 3)
+    assert short.recent_error is None and len(short.ahead) == 3
+    # Three days alike: checked on the third, and the night ahead is forecast empty.
+    full = forecast_arrivals(day * 3, 3)
+    assert full.recent_error is not None and full.method == "holt-winters"
+    assert expected(full.ahead) == [0.0, 0.0, 0.0]
+    # The third day turned upside down: far worse than repeating the day before.
+    flipped = forecast_arrivals(day * 2 + day[12:] + day[:12], 3)
+    assert flipped.recent_error is not None and flipped.recent_error > MAX_FORECAST_ERROR

@@ -48,6 +48,8 @@ BAD: list[tuple[str, object, str]] = [
     ("scaling", {"metric": "vibes"}, "scaling.metric"),
     ("scaling", {"target": 0}, "scaling.target"),
     ("scaling", {"idle_s": -1}, "scaling.idle_s"),
+    ("scaling", {"warm_policy": "psychic"}, "scaling.warm_policy"),
+    ("scaling", {"warm_policy": "forecast"}, "scaling.warm_policy"),  # replicas.warm 0: no budget
     ("hold", {"max_requests": -1}, "hold.max_requests"),
     ("name", "Bad_Name", "name"),
     ("priority", 10**9, "priority"),
@@ -83,6 +85,22 @@ def test_a_name_is_unique_in_the_tenant(client: TestClient, allocator: Allocator
         == 201
     )
     assert len(stored.services(allocator.store)) == 2
+
+
+def test_the_warm_policy_is_shown_and_a_bad_one_changes_nothing(client: TestClient) -> None:
+    body = service_body()
+    body["replicas"] = {"min": 0, "max": 2, "warm": 1}
+    body["scaling"] = {"warm_policy": "forecast"}
+    r = client.post("/api/v1/services", json=body, headers=auth("alice"))
+    assert r.status_code == 201, r.text
+    made = r.json()
+    # Nothing planned yet (the prewarm loop has not run): no plan, the floor of 0 warm.
+    assert made["spec"]["scaling"]["warm_policy"] == "forecast" and made["warm_plan"] is None
+    assert made["replicas"] == []
+    url = f"/api/v1/services/{made['id']}"
+    r = client.patch(url, json={"scaling": {"warm_policy": "sometimes"}}, headers=auth("alice"))
+    assert (r.status_code, r.json()["field"]) == (422, "scaling.warm_policy")
+    assert client.get(url, headers=auth("alice")).json()["spec"] == made["spec"]
 
 
 def test_each_replica_is_an_inference_workload_and_beyond_quota_waits_with_the_reason(
