@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from policies.errors import InvalidRequest
+from policies.errors import Forbidden, InvalidRequest
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY
 
 DEFAULT_THRESHOLD = 0.8
@@ -62,6 +62,47 @@ class ElasticSettings:
         if not 0.0 <= self.idle_below <= self.threshold:
             raise InvalidRequest(
                 "elastic.idle_below", self.idle_below, f"a fraction from 0 to {self.threshold:g}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticLimits:
+    """What a platform admin lets a tenant's own admins set: growth no more eager than
+    ``min_threshold`` over at least ``min_window_s``, idle slices kept at most ``max_idle_s``
+    (eager growth and idle slices both take capacity others could use)."""
+
+    min_threshold: float = 0.0
+    min_window_s: float = 0.0
+    max_idle_s: float = MAX_SECONDS
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_threshold <= 1.0:
+            raise InvalidRequest(
+                "limits.min_threshold", self.min_threshold, "a fraction from 0 to 1"
+            )
+        for name, value in (
+            ("limits.min_window_s", self.min_window_s),
+            ("limits.max_idle_s", self.max_idle_s),
+        ):
+            if not 0.0 <= value <= MAX_SECONDS:
+                raise InvalidRequest(name, value, f"seconds from 0 to {MAX_SECONDS:g}")
+
+    def admit(self, tenant: str, settings: ElasticSettings) -> None:
+        """Raise ``Forbidden`` when ``settings`` leave these limits (a tenant admin's edit)."""
+        if settings.threshold < self.min_threshold:
+            raise Forbidden(
+                f"elastic.threshold {settings.threshold:g} is below {self.min_threshold:g}, "
+                f"the lowest the platform admin allows for {tenant}"
+            )
+        if settings.window_s < self.min_window_s:
+            raise Forbidden(
+                f"elastic.window_s {settings.window_s:g} is below {self.min_window_s:g}, "
+                f"the shortest the platform admin allows for {tenant}"
+            )
+        if settings.idle_s > self.max_idle_s:
+            raise Forbidden(
+                f"elastic.idle_s {settings.idle_s:g} is above {self.max_idle_s:g}, "
+                f"the longest the platform admin allows for {tenant}"
             )
 
 

@@ -16,6 +16,7 @@ from portal.allocator import Allocator
 from portal.api import alerts as alert_routes
 from portal.api import (
     cost,
+    elastic,
     errors,
     forecast,
     inventory,
@@ -89,6 +90,7 @@ def create_app(
     for module in (
         tenants,
         quotas,
+        elastic,
         workloads,
         jobs,
         services,

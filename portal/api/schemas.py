@@ -7,6 +7,7 @@ from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from policies.elastic import DEFAULT_IDLE_S, DEFAULT_THRESHOLD, DEFAULT_WINDOW_S, MAX_SECONDS
 from policies.flavors import FlavorKind
 from policies.quota import MAX_WEIGHT
 from policies.requests import (
@@ -363,3 +364,66 @@ class NodeChangesOut(Model):
 class CapacityOut(Model):
     flavor: str
     capacity: int = Field(ge=0, description="Units the inventory holds, in the flavor's unit.")
+
+
+# ------------------------------------------------------------------ elastic jobs
+
+
+class ElasticLimitsIO(InModel):
+    min_threshold: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="The lowest `threshold` the tenant's admins may set.",
+    )
+    min_window_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=MAX_SECONDS,
+        description="The shortest `window_s` the tenant's admins may set.",
+    )
+    max_idle_s: float = Field(
+        default=MAX_SECONDS,
+        ge=0.0,
+        le=MAX_SECONDS,
+        description="The longest `idle_s` they may set.",
+    )
+
+
+class ElasticIn(InModel):
+    threshold: float = Field(
+        default=DEFAULT_THRESHOLD,
+        ge=0.0,
+        le=1.0,
+        description="Grow when the job's GPU utilization (a fraction) stays at or above this.",
+    )
+    window_s: float = Field(
+        default=DEFAULT_WINDOW_S, ge=0.0, le=MAX_SECONDS, description="... for this many seconds."
+    )
+    idle_s: float = Field(
+        default=DEFAULT_IDLE_S,
+        ge=0.0,
+        le=MAX_SECONDS,
+        description="Give back the newest slice once its GPUs were idle this many seconds.",
+    )
+    idle_below: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="Idle: utilization below this fraction; at most `threshold`.",
+    )
+    limits: ElasticLimitsIO | None = Field(
+        default=None,
+        description="Platform admins only: the bounds of the tenant's admins' edits. "
+        "null: keep them. A tenant admin sending it gets 403.",
+    )
+
+
+class ElasticOut(Model):
+    tenant: str
+    threshold: float
+    window_s: float
+    idle_s: float
+    idle_below: float
+    limits: ElasticLimitsIO
+    version: int = Field(description="0: never set (the defaults).")

@@ -20,6 +20,8 @@ from portal.api.schemas import (
     MAX_PAGE,
     CapacityOut,
     DevicesIn,
+    ElasticIn,
+    ElasticOut,
     NodeChangesOut,
     NodeOut,
     QueueEntryOut,
@@ -141,6 +143,17 @@ class AsyncPortal:
 
     async def quota(self, tenant: str, flavor: str) -> WithETag[QuotaOut]:
         return await self._run(core.quota(tenant, flavor))
+
+    async def elastic(self, tenant: str) -> WithETag[ElasticOut]:
+        """A tenant's elastic-job policy and limits, and its ETag (version 0: the defaults)."""
+        return await self._run(core.elastic(tenant))
+
+    async def set_elastic(
+        self, tenant: str, body: ElasticIn, *, if_match: str | None = None, create: bool = False
+    ) -> WithETag[ElasticOut]:
+        """Replace a tenant's elastic-job policy (``body.limits``: platform admins only);
+        ``if_match``/``create`` as for ``set_quota``."""
+        return await self._run(core.set_elastic(tenant, body, if_match=if_match, create=create))
 
     async def set_quota(
         self,

@@ -25,6 +25,8 @@ from portal.api.schemas import (
     MAX_PAGE,
     CapacityOut,
     DevicesIn,
+    ElasticIn,
+    ElasticOut,
     NodeChangesOut,
     NodeOut,
     Page,
@@ -317,6 +319,24 @@ def _quota_path(tenant: str, flavor: str) -> str:
 def quota(tenant: str, flavor: str) -> Op[WithETag[QuotaOut]]:
     call = Call("GET", _quota_path(tenant, flavor), idempotent=True)
     return (yield from tagged(call, QuotaOut))
+
+
+def elastic(tenant: str) -> Op[WithETag[ElasticOut]]:
+    call = Call("GET", f"{API}/tenants/{_seg(tenant)}/elastic", idempotent=True)
+    return (yield from tagged(call, ElasticOut))
+
+
+def set_elastic(
+    tenant: str, body: ElasticIn, *, if_match: str | None, create: bool
+) -> Op[WithETag[ElasticOut]]:
+    # Without limits (None) the stored ones are kept: a tenant admin's request leaves them out.
+    call = Call(
+        "PUT",
+        f"{API}/tenants/{_seg(tenant)}/elastic",
+        body=body.model_dump(mode="json", exclude_none=True),
+        headers=_conditional(if_match, create),
+    )
+    return (yield from tagged(call, ElasticOut))
 
 
 def set_quota(

@@ -15,6 +15,8 @@ from portal.api.schemas import (
     MAX_PAGE,
     CapacityOut,
     DevicesIn,
+    ElasticIn,
+    ElasticOut,
     NodeChangesOut,
     NodeOut,
     QueueEntryOut,
@@ -160,6 +162,17 @@ class Portal:
     def quota(self, tenant: str, flavor: str) -> WithETag[QuotaOut]:
         """One quota and its ETag (pass it to ``set_quota(if_match=...)``)."""
         return self._run(core.quota(tenant, flavor))
+
+    def elastic(self, tenant: str) -> WithETag[ElasticOut]:
+        """A tenant's elastic-job policy and limits, and its ETag (version 0: the defaults)."""
+        return self._run(core.elastic(tenant))
+
+    def set_elastic(
+        self, tenant: str, body: ElasticIn, *, if_match: str | None = None, create: bool = False
+    ) -> WithETag[ElasticOut]:
+        """Replace a tenant's elastic-job policy (``body.limits``: platform admins only);
+        ``if_match``/``create`` as for ``set_quota``."""
+        return self._run(core.set_elastic(tenant, body, if_match=if_match, create=create))
 
     def set_quota(
         self,

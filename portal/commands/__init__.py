@@ -12,6 +12,7 @@ from typing import Any
 from portal.commands import (
     alerts,
     cost,
+    elastic,
     jobs,
     nodes,
     offers,
@@ -27,6 +28,7 @@ from portal.commands import (
 NOUNS = (
     tenants,
     quotas,
+    elastic,
     workloads,
     jobs,
     services,

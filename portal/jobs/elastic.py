@@ -23,12 +23,19 @@ import logging
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policies.elastic import ElasticSettings, Resize, Sample, decide, slice_priority
-from policies.errors import NotFound
+from policies.elastic import (
+    ElasticLimits,
+    ElasticSettings,
+    Resize,
+    Sample,
+    decide,
+    slice_priority,
+)
+from policies.errors import Forbidden, NotFound
 from policies.jobs import JobState
 from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
@@ -37,11 +44,13 @@ from portal.allocator.state import State
 from portal.jobs.checkpoints import newest_complete_checkpoint
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import JobSpec
+from portal.store.elastic import elastic_settings
 from portal.store.jobs import SLICE_KEY_PREFIX, slice_key_prefix
 from portal.store.records import (
     AllocationRecord,
     AttemptRecord,
     ChangeSet,
+    ElasticSettingsRecord,
     JobRecord,
     WorkloadState,
 )
@@ -85,23 +94,80 @@ class ElasticJobs:
         *,
         utilization: Utilization | None = None,
         retry_s: float = DEFAULT_RETRY_S,
+        check_s: float = 0.0,
     ) -> None:
         self._ctl = controller
         self._alloc = alloc
         self.utilization = utilization
         self.retry_s = retry_s
-        self._settings: dict[str, ElasticSettings] = {}
+        # Seconds between two readings of a job's utilization (each is a database query;
+        # the policy's windows are minutes long, the jobs loop runs twice a second).
+        self.check_s = check_s
+        self._next_check: dict[str, datetime] = {}
+        # Settings given for this process only (``set_settings``), over the stored ones.
+        self._given: dict[str, ElasticSettings] = {}
         self._stopping: dict[str, _Stopping] = {}
         self._next_try: dict[str, datetime] = {}
 
     # ---------------------------------------------------------------- settings
 
     def set_settings(self, tenant: str, settings: ElasticSettings) -> None:
-        """The tenant's growth policy (the defaults until set)."""
-        self._settings[tenant] = settings
+        """The tenant's growth policy for this process only (``save`` stores it)."""
+        self._given[tenant] = settings
 
     def settings(self, tenant: str) -> ElasticSettings:
-        return self._settings.get(tenant, ElasticSettings())
+        """The tenant's policy: as given to this process, else as stored (read each time, a
+        key lookup: a deleted and re-created tenant never inherits its old row), else the
+        defaults."""
+        if tenant in self._given:
+            return self._given[tenant]
+        found = elastic_settings(self._alloc.store, tenant)
+        return found[0].settings if found else ElasticSettings()
+
+    def stored(self, tenant: str) -> ElasticSettingsRecord:
+        """The tenant's stored settings and limits; the defaults at version 0 when none."""
+        if tenant not in {t.name for t in self._alloc.tenants()}:
+            raise NotFound("tenant", tenant)
+        found = elastic_settings(self._alloc.store, tenant)
+        if found:
+            return found[0]
+        epoch = datetime.fromtimestamp(0, UTC)
+        return ElasticSettingsRecord(tenant, ElasticSettings(), ElasticLimits(), epoch, 0)
+
+    def save(
+        self,
+        tenant: str,
+        settings: ElasticSettings,
+        limits: ElasticLimits | None,
+        *,
+        platform: bool,
+        expected_version: int,
+    ) -> ElasticSettingsRecord:
+        """Store the tenant's settings (version ``expected_version + 1``). Only a platform
+        admin (``platform``) sets ``limits`` (None: keep them); anyone else edits within them.
+
+        Raises:
+            NotFound: no such tenant.
+            Forbidden: limits from someone other than a platform admin, or settings outside
+                the limits.
+            Conflict: the stored version is not ``expected_version``.
+        """
+        with self._ctl._lock:
+            current = self.stored(tenant)
+            if not platform:
+                if limits is not None:
+                    raise Forbidden(f"only a platform admin may set the elastic limits of {tenant}")
+                current.limits.admit(tenant, settings)
+            rec = ElasticSettingsRecord(
+                tenant=tenant,
+                settings=settings,
+                limits=current.limits if limits is None else limits,
+                updated_at=self._ctl.now,
+                version=expected_version + 1,
+            )
+            self._alloc.store.commit(ChangeSet(elastic=[rec]))
+            self._given.pop(tenant, None)
+            return rec
 
     # ---------------------------------------------------------------- slices
 
@@ -239,6 +305,10 @@ class ElasticJobs:
             self._resize(job, spec, spec.members + kept, "a slice was reclaimed")
             return True
         now = self._ctl.now
+        checked = self._next_check.get(job.id)
+        if checked is not None and now < checked:
+            return False
+        self._next_check[job.id] = now + timedelta(seconds=self.check_s)
         ids = [gang.id, *(s.id for s in slices)]
         settings = self.settings(job.tenant)
         since = now - timedelta(seconds=max(settings.window_s, settings.idle_s))
@@ -306,3 +376,4 @@ class ElasticJobs:
         for jid in job_ids:
             self._stopping.pop(jid, None)
             self._next_try.pop(jid, None)
+            self._next_check.pop(jid, None)

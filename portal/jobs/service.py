@@ -6,20 +6,30 @@ Kubernetes, the ``jobs-admission`` loop of kubectl Jobs)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from datetime import datetime
 
+from sqlalchemy import Engine
+
+from policies.elastic import Sample
 from policies.isolation import IsolationSettings
 from portal.allocator import Allocator
 from portal.jobs.backend import local_backend
 from portal.jobs.controller import JobController
+from portal.jobs.elastic import Utilization
 from portal.jobs.spec import Backend as BackendKind
 from portal.service.loops import Loops
 from portal.settings import Settings
+from portal.telemetry.reads import workload_utilization
 
 log = logging.getLogger(__name__)
 
 JOBS_INTERVAL_S = 0.5
 """Seconds between rounds of the jobs loop: how soon a member's exit, a placement or a
 preemption is acted on."""
+
+ELASTIC_CHECK_S = 10.0
+"""Seconds between two readings of an elastic job's utilization under serve."""
 
 NO_LOCAL_RUNNER = "this installation has no local job runner (portal.jobs.runner)"
 
@@ -47,8 +57,26 @@ def build_for_service(
             controller = JobController(allocator, refuse=NO_LOCAL_RUNNER)
         else:
             controller = JobController(allocator, backend=backend)
+    wire_elastic(controller, allocator.store.engine)
     controller.start()
     return controller
+
+
+def telemetry_utilization(engine: Engine) -> Utilization:
+    """Elastic jobs' utilization as the telemetry stored it: the samples the node agent (NVML)
+    or the simulated inventory sent, attributed to workloads at ingest."""
+
+    def read(workload_ids: Sequence[str], since: datetime) -> list[Sample]:
+        rows = workload_utilization(engine, workload_ids, since.timestamp())
+        return [Sample(at, fraction) for at, fraction in rows]
+
+    return read
+
+
+def wire_elastic(controller: JobController, engine: Engine) -> None:
+    """Elastic jobs under serve grow on the stored telemetry, read every ``ELASTIC_CHECK_S``."""
+    controller.elastic.utilization = telemetry_utilization(engine)
+    controller.elastic.check_s = ELASTIC_CHECK_S
 
 
 def register_for_service(loops: Loops, controller: JobController) -> None:

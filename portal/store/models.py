@@ -438,3 +438,23 @@ class RayJob(Base):
     updated_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
     version: Mapped[int] = mapped_column(Integer)
+
+
+class TenantElastic(Base):
+    """A tenant's elastic-job policy (``policies.elastic.ElasticSettings``) and the limits
+    a platform admin set for the tenant's own admins (``ElasticLimits``). No row: defaults."""
+
+    __tablename__ = "tenant_elastic"
+
+    tenant: Mapped[str] = mapped_column(
+        String(NAME_LENGTH), ForeignKey("tenants.name", ondelete="CASCADE"), primary_key=True
+    )
+    threshold: Mapped[float] = mapped_column(Float)
+    window_s: Mapped[float] = mapped_column(Float)
+    idle_s: Mapped[float] = mapped_column(Float)
+    idle_below: Mapped[float] = mapped_column(Float)
+    min_threshold: Mapped[float] = mapped_column(Float)
+    min_window_s: Mapped[float] = mapped_column(Float)
+    max_idle_s: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime]
+    version: Mapped[int] = mapped_column(Integer)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from policies.elastic import ElasticLimits, ElasticSettings
 from policies.jobs import JobState
 from policies.ray import RayState, SliceState
 from policies.services import ReplicaState, ServiceState
@@ -275,6 +276,17 @@ class RayJobAttempt:
 
 
 @dataclass(frozen=True, slots=True)
+class ElasticSettingsRecord:
+    """A tenant's stored elastic policy and the limits its own admins edit it within."""
+
+    tenant: str
+    settings: ElasticSettings
+    limits: ElasticLimits
+    updated_at: datetime
+    version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class RayJobRecord:
     """A Ray job: its spec (``portal.ray.jobspec.RayJobSpec.to_dict``), the cluster it runs
     on (``one_off``: created for it and deleted when it ends), where it stands, and its
@@ -320,6 +332,7 @@ class ChangeSet:
     ray_clusters: list[RayClusterRecord] = field(default_factory=list)  # versioned upserts
     ray_slices: list[RaySliceRecord] = field(default_factory=list)  # upserts by (cluster, number)
     ray_jobs: list[RayJobRecord] = field(default_factory=list)  # versioned upserts by id
+    elastic: list[ElasticSettingsRecord] = field(default_factory=list)  # versioned, by tenant
 
     def empty(self) -> bool:
         return not (
@@ -339,6 +352,7 @@ class ChangeSet:
             or self.ray_clusters
             or self.ray_slices
             or self.ray_jobs
+            or self.elastic
         )
 
 

@@ -37,6 +37,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 
 from policies.errors import Conflict, NotFound, PortalError
 from portal.store import convert
+from portal.store import elastic as elastic_rows
 from portal.store import jobs as job_rows
 from portal.store import ray as ray_rows
 from portal.store import services as service_rows
@@ -244,6 +245,7 @@ class Store:
             service_rows.SERVICES,
             ray_rows.CLUSTERS,
             ray_rows.JOBS,
+            elastic_rows.ELASTIC,
         ):
             key = table.primary_key.columns
             self._insert_new[table.name] = raw(
@@ -460,6 +462,9 @@ class Store:
         # After their clusters (the foreign key).
         for rj in changes.ray_jobs:
             self._versioned(tx, ray_rows.JOBS, ray_rows.job_row(rj), f"Ray job {rj.id!r}")
+        for es in changes.elastic:
+            row = elastic_rows.elastic_row(es)
+            self._versioned(tx, elastic_rows.ELASTIC, row, f"elastic settings of {es.tenant!r}")
         if changes.events:
             tx.insert_rows(self._insert_event, [convert.event_row(e) for e in changes.events])
         if changes.usage_history:

@@ -11,6 +11,7 @@ GPU without GPU Performance Monitoring): "not measured", never 0 %.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -18,7 +19,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, func, literal, select
 
 from policies.errors import InvalidRequest
-from portal.telemetry.store import HOUR_S, MINUTE_S, between, workload_aggregates
+from portal.telemetry.store import (
+    HOUR_S,
+    MINUTE_S,
+    between,
+    of_allocation,
+    workload_aggregates,
+)
 from portal.telemetry.tables import ROLLUPS, SAMPLES, WORKLOAD_ROLLUPS, WORKLOAD_SAMPLES
 
 MAX_POINTS = 10_000
@@ -308,3 +315,25 @@ def latest_minutes(engine: Engine, start: float, end: float) -> list[DeviceMinut
         DeviceMinute(r[0], r[1] / 1000, r[2], None if r[3] is None else float(r[3]), float(r[4]))
         for r in rows
     ]
+
+
+def workload_utilization(
+    engine: Engine, workload_ids: Sequence[str], start: float
+) -> list[tuple[float, float]]:
+    """``(at, fraction)``: each listed workload's utilization of its allocation at each raw
+    sample time since ``start`` (averaged over its devices), oldest first. Samples that did
+    not measure utilization are left out: no evidence, not idle."""
+    if not workload_ids:
+        return []
+    w = WORKLOAD_SAMPLES
+    share = func.avg(of_allocation())
+    stmt = (
+        select(w.c.at_ms, share)
+        .where(w.c.workload_id.in_(list(workload_ids)), w.c.at_ms >= round(start * 1000))
+        .group_by(w.c.workload_id, w.c.at_ms)
+        .having(share.is_not(None))
+        .order_by(w.c.at_ms)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [(r[0] / 1000, float(r[1]) / 100.0) for r in rows]

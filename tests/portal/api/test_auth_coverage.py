@@ -33,6 +33,7 @@ RAY_BODY: dict[str, object] = {
 BODIES: dict[tuple[str, str], dict[str, object]] = {
     ("PUT", "/api/v1/tenants/{tenant}"): {"weight": 1.0},
     ("PUT", "/api/v1/tenants/{tenant}/quotas/{flavor}"): {"guaranteed": 1, "limit": 2},
+    ("PUT", "/api/v1/tenants/{tenant}/elastic"): {"threshold": 0.9},
     ("POST", "/api/v1/workloads"): gpu_request(),
     ("POST", "/api/v1/jobs"): job_body(),
     ("POST", "/api/v1/services"): service_body(),
@@ -97,6 +98,9 @@ def test_every_route_answers_401_without_a_valid_token_and_403_without_its_scope
     app.state.ray.release_idle(idle, 60.0)
     one_off = {"entrypoint": "true", "cluster": RAY_BODY}
     rjid = client.post("/api/v1/ray/jobs", json=one_off, headers=auth("alice")).json()["id"]
+    # Stored elastic settings at version 1, as the admin's If-Match below expects.
+    create = {**auth("root"), "If-None-Match": "*"}
+    assert client.put("/api/v1/tenants/team-a/elastic", json={}, headers=create).status_code == 200
     # Required query values, real ones.
     version = client.get("/api/v1/nodes", headers=auth("root")).headers["Inventory-Version"]
     queries = {("GET", "/api/v1/inventory/changes"): {"since": version}}

@@ -37,7 +37,7 @@ def test_upgrade_is_idempotent_and_reaches_head(db_url: str) -> None:
     migrate.upgrade(db_url)
     engine = make_engine(db_url)
     try:
-        assert migrate.current(engine) == migrate.head() == "0011"
+        assert migrate.current(engine) == migrate.head() == "0012"
     finally:
         engine.dispose()
 
@@ -66,7 +66,7 @@ def test_a_database_from_a_newer_portal_is_refused(db_url: str) -> None:
     try:
         with engine.begin() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
-        with pytest.raises(Conflict, match=r"schema revision '9999'.*knows up to '0011'"):
+        with pytest.raises(Conflict, match=r"schema revision '9999'.*knows up to '0012'"):
             migrate.upgrade(engine)
     finally:
         engine.dispose()
