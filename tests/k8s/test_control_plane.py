@@ -7,10 +7,9 @@ import json
 import re
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -18,22 +17,11 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.support import gpu_nodes
 from tests.support.k8s import POD_CIDR, REPO_ROOT, K8sCluster
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
-T = TypeVar("T")
 IMAGE = "registry.invalid/gpuportal/never-pulled:0"  # kwok runs no containers
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    """Poll ``probe`` until it returns something other than None."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result is not None:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -17,10 +16,10 @@ from policies.isolation import IsolationSettings, TenantSpec, tenant_manifests
 from portal.isolation import ObjectRef, TenantHasPods, reconcile
 from tests.support import gpu_nodes
 from tests.support.k8s import SERVICE_CIDR, USERS, K8sCluster
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
-T = TypeVar("T")
 IMAGE = "registry.invalid/gpuportal/never-pulled:0"  # kwok runs no containers
 
 # The fixture's users: alice and carol are in gpuportal:tenant-a, bob in gpuportal:tenant-b.
@@ -32,16 +31,6 @@ A = TenantSpec("tenant-a", {"T4": 1}, cpu_millis=4000, memory_mib=8192, pods=10)
 B = TenantSpec("tenant-b", {"T4": 2}, cpu_millis=4000, memory_mib=8192, pods=10)
 C = TenantSpec("tenant-c", {"T4": 1}, cpu_millis=4000, memory_mib=8192, pods=10)
 NS_A, NS_B, NS_C = (SETTINGS.namespace(t.name) for t in (A, B, C))
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result is not None:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 def notebook_pod(name: str, **changes: Any) -> dict[str, Any]:

@@ -12,7 +12,6 @@ step happens in the order it reads.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +43,7 @@ from portal.store.writer import Store
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.kwok_stages import RUN_FOR
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
@@ -60,16 +60,6 @@ TEAM_B = TenantSpec(
     name="kjteamb", gpu_limits={"H100-80GB": 8}, cpu_millis=8000, memory_mib=8192, pods=10
 )
 NS_A = SETTINGS.namespace(TEAM_A.name)
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result is not None:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ binder binds it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -32,10 +32,10 @@ from portal.store.writer import Store
 from spawner.pod import PodPlacement, PodSettings, place_pod
 from tests.support import gpu_nodes
 from tests.support.k8s import POD_CIDR, K8sCluster
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
-T = TypeVar("T")
 IMAGE = "registry.invalid/gpuportal/never-pulled:0"  # kwok runs no containers
 SETTINGS = IsolationSettings()
 POD_SETTINGS = PodSettings(isolation=SETTINGS)
@@ -52,16 +52,6 @@ VISION = TenantSpec(
 AUDIT = TenantSpec(
     name="bindaudit", gpu_limits={"H100-80GB": 1}, cpu_millis=2000, memory_mib=4096, pods=5
 )
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result is not None:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

@@ -4,30 +4,20 @@ changes and deletions (ConfigMaps stand in for any kind), and its groups."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from portal.kube.informer import Informer
 from tests.support.k8s import K8sCluster
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
-T = TypeVar("T")
 NAMESPACE = "informer-test"
 LABEL = "informer.gpuportal.test/group"
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result is not None:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ step, sync, binder pass), so every step happens in the order it reads.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +39,7 @@ from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.kuberay import KubeRayOperator
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
 
@@ -60,16 +60,6 @@ TOKENS = {
     "alice": user("alice", {TEAM_A.name}, *member_of(TEAM_A.name)),
     "bob": user("bob", {TEAM_B.name}, *member_of(TEAM_B.name)),
 }
-
-
-def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result is not None:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
