@@ -14,7 +14,7 @@ from policies.requests import WorkloadKind
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
-from portal.api.schemas import DevicesIn
+from portal.api.schemas import DevicesIn, ElasticIn
 from portal.client import core, jobs, ray, ray_jobs, services
 from portal.store.writer import Store
 
@@ -37,6 +37,8 @@ def client_operations() -> list[core.Op[object]]:
         core.set_tenant("t", cohort=None, weight=1, pools=(), if_match='"1"', create=False),
         core.quotas(1, None),
         core.quota("t", "f"),
+        core.elastic("t"),
+        core.set_elastic("t", ElasticIn(), if_match='"1"', create=False),
         core.set_quota(
             "t", "f", guaranteed=0, limit=0, budget_gpu_hours=None, if_match='"1"', create=False
         ),
