@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -77,6 +78,10 @@ CONFLICT_AT_START = "conflict-at-start"
 INTERVAL_REFRESH_S = 5.0
 """How long status reads share one computation of the queue's intervals while nothing
 changes (running work ages: its remaining time by past run lengths shrinks)."""
+SLOW_INTERVALS_S = 0.1
+"""A recompute of the intervals slower than this (thousands queued: ~0.3 s under the lock) is
+shared for ten times as long even when the state changes, so it takes at most a tenth of the
+lock; a workload queued since reads its point estimate without an interval meanwhile."""
 
 
 def _end_contradiction(draft: Draft, c: Contradiction) -> None:
@@ -125,6 +130,7 @@ class Allocator(GroupCommit):
         self._epoch = uuid.uuid4().hex[:12]
         self._started = False
         self._intervals_at: tuple[tuple[int, int], dict[str, Interval | None]] | None = None
+        self._intervals_kept_until = 0.0  # monotonic: a slow recompute's result is kept
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -572,9 +578,12 @@ class Allocator(GroupCommit):
         now = self._clock()
         key = (state.version, math.floor(now.timestamp() / INTERVAL_REFRESH_S))
         cached = self._intervals_at
-        if cached is None or cached[0] != key:
+        began = time.monotonic()
+        if cached is None or (cached[0] != key and began >= self._intervals_kept_until):
             got = estimates.queue_intervals(state, now, estimates.history_of(state))
             cached = self._intervals_at = (key, got)
+            took = time.monotonic() - began
+            self._intervals_kept_until = began + 10 * took if took > SLOW_INTERVALS_S else 0.0
         return cached[1]
 
     def _by_idempotency(
