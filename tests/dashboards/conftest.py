@@ -58,23 +58,27 @@ class Recorder:
             await self.app(scope, receive, send)
             return
         body = bytearray()
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.body":
                 body.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # Recorded before the last byte leaves: once the client holds the answer,
+                    # the exchange is already in ``seen`` (appending after the app returned
+                    # raced the test's next read).
+                    self.seen.append(
+                        Exchange(
+                            scope["method"],
+                            scope["path"],
+                            scope["query_string"].decode(),
+                            auth.partition(" ")[2],
+                            bytes(body),
+                        )
+                    )
             await send(message)
 
         await self.app(scope, receive, capture)
-        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
-        self.seen.append(
-            Exchange(
-                scope["method"],
-                scope["path"],
-                scope["query_string"].decode(),
-                auth.partition(" ")[2],
-                bytes(body),
-            )
-        )
 
 
 @dataclass
