@@ -2,7 +2,8 @@
 
 ``postgres_server`` runs ``initdb`` in a temporary directory and starts ``postgres`` on
 127.0.0.1 with a free port (as the unprivileged ``postgres`` user when the tests run as root,
-since PostgreSQL refuses to run as root). ``postgres_url`` gives each test a fresh, empty
+since PostgreSQL refuses to run as root); it is stopped at exit and, on Linux, also when
+pytest is killed (the parent-death signal). ``postgres_url`` gives each test a fresh, empty
 database cloned from a template. ``db_url`` runs a test on SQLite and on PostgreSQL.
 """
 
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import itertools
 import os
 import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -57,6 +60,16 @@ def find_bindir() -> Path | None:
         if (c / "initdb").is_file() and (c / "postgres").is_file():
             return c
     return None
+
+
+def _quit_with_parent() -> None:
+    """Runs in the child after it took the ``postgres`` user: an immediate shutdown (SIGQUIT)
+    when the thread that started it dies, even by SIGKILL, so a killed test run leaves no
+    server behind (Linux only; elsewhere the ``atexit`` handler is all there is)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGQUIT)
 
 
 @dataclass
@@ -142,6 +155,7 @@ class PostgresServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_quit_with_parent,
                 **self._user,
             )
         return self._wait_ready()
