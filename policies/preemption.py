@@ -9,7 +9,9 @@ unnecessary, trying the dearest first. The result is minimal: removing any one v
 the tenant's need uncovered (so, amounts being positive, no proper subset covers it).
 
 A tenant named in the plan is above its guaranteed, so any of its workloads of that flavor
-runs on borrowed quota and may be chosen (``RunningItem.borrowed`` is informational).
+runs on borrowed quota and may be chosen (``RunningItem.borrowed`` is informational). So an
+inference service's borrowed replicas go warm ones first (their priority is the lowest), then
+the newest serving one first.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class RunningItem:
     priority: int
     started_at: float
     borrowed: int = 0
+    seq: int = 0
+    """The order of the request among the allocator's workloads (higher: requested later)."""
 
 
 def select_victims(
@@ -65,7 +69,7 @@ def select_victims(
 
 
 def _cover(items: list[RunningItem], amount: int) -> list[RunningItem] | None:
-    order = sorted(items, key=lambda i: (i.priority, -i.started_at, i.workload_id))
+    order = sorted(items, key=lambda i: (i.priority, -i.started_at, -i.seq, i.workload_id))
     chosen: list[RunningItem] = []
     total = 0
     for item in order:

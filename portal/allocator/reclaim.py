@@ -30,6 +30,7 @@ def preempt(draft: Draft, claimant: Live, flavor: str, need: dict[str, int]) -> 
             priority=lv.rec.priority,
             started_at=(lv.rec.started_at or lv.rec.created_at).timestamp(),
             borrowed=sum(a.amount for a in lv.allocations if a.flavor == flavor and a.borrowed),
+            seq=lv.seq,
         )
         for lv in (draft.live[w] for w in draft.ledger.holders_of(flavor))
         if lv.rec.state is WorkloadState.RUNNING and lv.rec.tenant in need

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Final, Protocol, runtime_checkable
 
 import httpx
 
@@ -121,6 +121,24 @@ class Authenticator(Protocol):
     def __call__(self, token: str) -> Caller | None: ...
 
 
+class Miss(StrEnum):
+    """``RemembersTokens.remembered``'s answer when only asking (I/O) would tell."""
+
+    MISS = "miss"
+
+
+MISS: Final = Miss.MISS
+
+
+@runtime_checkable
+class RemembersTokens(Protocol):
+    """An authenticator that can answer some tokens from memory, without I/O: the API then
+    answers them on its event loop, and goes to a worker thread only on ``MISS`` (every
+    request paying a thread hop costs more CPU than the lookup)."""
+
+    def remembered(self, token: str) -> Caller | Miss | None: ...
+
+
 def token_from_header(authorization: str | None) -> str:
     """The token of ``Authorization: token X`` or ``Bearer X``; raises ``Unauthorized``."""
     if not authorization:
@@ -138,6 +156,9 @@ class StaticAuthenticator:
         self._tokens = dict(tokens)
 
     def __call__(self, token: str) -> Caller | None:
+        return self._tokens.get(token)
+
+    def remembered(self, token: str) -> Caller | None:
         return self._tokens.get(token)
 
 
@@ -185,13 +206,17 @@ class HubAuthenticator:
         self._cache: dict[str, tuple[float, Caller | None]] = {}
         self._lock = threading.Lock()
 
+    def remembered(self, token: str) -> Caller | Miss | None:
+        """The cached answer while fresh, else ``MISS`` (no I/O: the lock is never held
+        while asking the hub)."""
+        hit = self._hit(self._key(token), self._clock())
+        return MISS if hit is None else hit[1]
+
     def __call__(self, token: str) -> Caller | None:
-        # Keep digests, not tokens, in memory.
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = self._key(token)
         now = self._clock()
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
+        hit = self._hit(key, now)
+        if hit is not None:
             return hit[1]
         caller = self._ask(token)
         with self._lock:
@@ -201,6 +226,16 @@ class HubAuthenticator:
                     self._cache.clear()
             self._cache[key] = (now + self._ttl, caller)
         return caller
+
+    @staticmethod
+    def _key(token: str) -> str:
+        # Keep digests, not tokens, in memory.
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    def _hit(self, key: str, now: float) -> tuple[float, Caller | None] | None:
+        with self._lock:
+            hit = self._cache.get(key)
+        return hit if hit is not None and hit[0] > now else None
 
     def _ask(self, token: str) -> Caller | None:
         try:

@@ -12,10 +12,11 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader
+from starlette.concurrency import run_in_threadpool
 
 from policies.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from portal.allocator import Allocator
-from portal.api.auth import Authenticator, Caller, Scope, token_from_header
+from portal.api.auth import MISS, Authenticator, Caller, RemembersTokens, Scope, token_from_header
 from portal.api.schemas import MAX_PAGE, Page
 from portal.errors import PreconditionFailed, PreconditionRequired, Unauthorized
 
@@ -50,19 +51,29 @@ class Requires:
 
     scope: Scope
 
-    def __call__(
+    async def __call__(
         self,
         request: Request,
         authorization: Annotated[str | None, Security(_token_header)],
         authenticator: Annotated[Authenticator, Depends(_authenticator)],
     ) -> Caller:
-        caller = authenticator(token_from_header(authorization))
+        caller = await authenticate(authenticator, token_from_header(authorization))
         request.state.caller = caller  # for the request log line
         if caller is None:
             raise Unauthorized("unknown or expired token: get a new one from the hub")
         if not caller.holds_any(self.scope):
             raise Forbidden(f"{caller.kind} {caller.name} lacks scope {self.scope}")
         return caller
+
+
+async def authenticate(authenticator: Authenticator, token: str) -> Caller | None:
+    """The token's owner: from the authenticator's memory on the event loop when it has the
+    answer, else in a worker thread (asking the hub blocks)."""
+    if isinstance(authenticator, RemembersTokens):
+        known = authenticator.remembered(token)
+        if known is not MISS:
+            return known
+    return await run_in_threadpool(authenticator, token)
 
 
 def requires(scope: Scope) -> Caller:

@@ -5,8 +5,12 @@ readings, and sets the service's desired replicas with ``policies.services.desir
   ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``, TGI's ``tgi_queue_size``,
   scraped from each ready replica's metrics path) plus the requests the gateway holds;
   ``concurrency`` the gateway's requests in flight and held; ``time_to_first_token`` the
-  gateway's recent p90 to the first byte. ``gpu_utilization`` is not read yet: a service
-  scaled on it keeps its replicas (and scales to zero when idle).
+  gateway's recent p90 to the first byte; ``gpu_utilization`` the percent busy of the
+  serving replicas' allocations, from the telemetry the portal stores
+  (``portal.telemetry.reads.workload_utilization``): one reading per sample time newer than
+  the last one read, averaged over the replicas sampled then. Samples that did not measure
+  utilization are no evidence: without a new measured sample there is no new reading, and no
+  scale decision waits on a window the readings do not cover.
 - Never above the tenant's limit: the desired count is capped at the replicas the tenant's
   limit of the replica's flavor can hold (the allocator would queue the rest anyway).
 - Scale-to-zero after ``idle_s`` without a request (``min`` 0), never while a replica is
@@ -33,11 +37,14 @@ from portal.inference.spec import Preset, ServiceSpec
 from portal.inference.traffic import Traffic, quantile
 from portal.store import services as stored
 from portal.store.records import ServiceRecord
+from portal.telemetry.reads import workload_utilization
 
 log = logging.getLogger(__name__)
 
 EVALUATE_EVERY_S = 1.0
 SCRAPE_TIMEOUT_S = 0.5
+UTILIZATION_LOOKBACK_S = 60.0
+"""How far back the first read of a service's utilization (or one after a gap) looks."""
 WAITING_METRIC: Mapping[Preset, str] = {
     Preset.VLLM: "vllm:num_requests_waiting",
     Preset.TEST: "vllm:num_requests_waiting",
@@ -79,6 +86,8 @@ class Autoscaler:
         self._controller = controller
         self._scrape = scrape
         self._readings: dict[str, deque[Reading]] = {}
+        # The newest utilization sample time read per service: each sample is read once.
+        self._sampled: dict[str, float] = {}
 
     def evaluate(self) -> None:
         """One evaluation of every active service."""
@@ -95,9 +104,14 @@ class Autoscaler:
         now = c.now.timestamp()
         current = svc.desired
         readings = self._readings.setdefault(svc.id, deque())
-        value = self._value(svc, spec, c.traffic.get(svc.id) or Traffic(), max(1, current))
-        if value is not None:
-            readings.append(Reading(now, value))
+        if spec.scaling.metric is ScalingMetric.GPU_UTILIZATION:
+            fresh = self._utilization(svc, now)
+            readings.extend(fresh)
+            value = fresh[-1].value if fresh else None
+        else:
+            value = self._value(svc, spec, c.traffic.get(svc.id) or Traffic(), max(1, current))
+            if value is not None:
+                readings.append(Reading(now, value))
         horizon = max(spec.scaling.up_window_s, spec.scaling.down_window_s, 1.0)
         while readings and readings[0].at < now - min(MAX_WINDOW_S, horizon) - 5:
             readings.popleft()
@@ -135,6 +149,24 @@ class Autoscaler:
         if metric is ScalingMetric.TIME_TO_FIRST_TOKEN:
             return quantile(list(traffic.first_byte_s)[-100:], 0.9)
         return None
+
+    def _utilization(self, svc: ServiceRecord, now: float) -> list[Reading]:
+        """Readings (percent, at each sample's time) from the serving replicas' samples newer
+        than the last read; warm ones are left out (asleep, they would read as idle)."""
+        c = self._controller
+        serving = [
+            r.workload_id
+            for r in stored.replicas(c.store, svc.id, live=True)
+            if r.state is ReplicaState.READY and not r.pooled
+        ]
+        since = max(self._sampled.get(svc.id, 0.0), now - UTILIZATION_LOOKBACK_S)
+        by_time: dict[float, list[float]] = {}
+        for at, fraction in workload_utilization(c.store.engine, serving, since):
+            if at > since or svc.id not in self._sampled:
+                by_time.setdefault(at, []).append(fraction * 100.0)
+        if by_time:
+            self._sampled[svc.id] = max(by_time)
+        return [Reading(at, sum(v) / len(v)) for at, v in sorted(by_time.items())]
 
     def _still_starting(self, svc: ServiceRecord) -> bool:
         waiting = (ReplicaState.QUEUED, ReplicaState.STARTING)

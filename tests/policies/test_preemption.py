@@ -21,8 +21,10 @@ from policies.requests import WorkloadKind
 F = "H100-80GB"
 
 
-def run(wid: str, tenant: str, amount: int, priority: int = 0, started: float = 0.0) -> RunningItem:
-    return RunningItem(wid, tenant, F, amount, priority, started, borrowed=amount)
+def run(
+    wid: str, tenant: str, amount: int, priority: int = 0, started: float = 0.0, seq: int = 0
+) -> RunningItem:
+    return RunningItem(wid, tenant, F, amount, priority, started, borrowed=amount, seq=seq)
 
 
 @pytest.mark.parametrize(
@@ -32,6 +34,11 @@ def run(wid: str, tenant: str, amount: int, priority: int = 0, started: float = 
         ([run("hi", "b", 1, 5), run("lo", "b", 1, -1)], {"b": 1}, ["lo"]),
         # Same priority: youngest first (started 20 > 10).
         ([run("old", "b", 1, 0, 10.0), run("young", "b", 1, 0, 20.0)], {"b": 1}, ["young"]),
+        # Started together (one scheduling cycle): the latest requested first, whatever the
+        # ids say ("a" < "z" would pick "a" if the id decided).
+        ([run("z", "b", 1, 0, 5.0, seq=1), run("a", "b", 1, 0, 5.0, seq=2)], {"b": 1}, ["a"]),
+        # A later start beats a later request: started 6 (seq 1) before started 5 (seq 9).
+        ([run("s5", "b", 1, 0, 5.0, seq=9), run("s6", "b", 1, 0, 6.0, seq=1)], {"b": 1}, ["s6"]),
         # Order a(1), b(1), c(4) reaches 1 + 1 + 4 = 6 >= 4 at c; sparing b leaves 5 >= 4,
         # then sparing a leaves 4 >= 4: only c.
         ([run("a", "b", 1, 0), run("b", "b", 1, 1), run("c", "b", 4, 2)], {"b": 4}, ["c"]),
@@ -70,6 +77,7 @@ items = st.builds(
     priority=st.integers(-2, 2),
     started_at=st.floats(0, 100),
     borrowed=st.integers(0, 8),
+    seq=st.integers(0, 20),
 )
 
 
@@ -135,3 +143,28 @@ def test_bad_grace(grace: object) -> None:
         InvalidRequest, match=r"notebook_grace_s .*expected seconds from 0 to 86400"
     ):
         PreemptionPolicy(notebook_grace_s=grace)  # type: ignore[arg-type]
+
+
+@given(
+    starts=st.lists(st.sampled_from([0.0, 1.0, 2.0]), min_size=1, max_size=8),
+    warm=st.lists(st.booleans(), min_size=8, max_size=8),
+    n=st.integers(1, 8),
+)
+def test_replicas_of_a_service_go_warm_first_then_newest_first(
+    starts: list[float], warm: list[bool], n: int
+) -> None:
+    """One service's replicas (one device each, requested in order ``seq``, started at
+    ``starts``; warm ones at the pool's priority -1000): the ``n`` victims are exactly the
+    first ``n`` in the order warm first, then latest started, then latest requested."""
+    replicas = [
+        run(f"r{k}", "b", 1, -1000 if warm[k] else 0, started, seq=k + 1)
+        for k, started in enumerate(starts)
+    ]
+    got = select_victims(replicas, {"b": n}, F)
+    if n > len(replicas):
+        assert got is None
+        return
+    expected = sorted(
+        replicas, key=lambda r: (not warm[int(r.workload_id[1:])], -r.started_at, -r.seq)
+    )
+    assert got == [r.workload_id for r in expected[:n]]

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
-from portal.api.auth import CallerKind, HubAuthenticator, Scope, token_from_header
+from portal.api.auth import MISS, CallerKind, HubAuthenticator, Scope, token_from_header
+from portal.api.deps import authenticate
 from portal.errors import Unauthorized, Unavailable
 
 ALICE = {
@@ -79,3 +82,22 @@ def test_a_missing_or_malformed_header_is_unauthorized(header: str | None) -> No
 @pytest.mark.parametrize("header", ["token abc", "Bearer abc", "bearer  abc "])
 def test_token_and_bearer_headers_carry_the_token(header: str) -> None:
     assert token_from_header(header) == "abc"
+
+
+def test_only_a_fresh_cached_answer_is_given_from_memory_and_the_rest_asks_the_hub() -> None:
+    hub, clock = FakeHub(), Clock()
+    auth = make(hub, clock)
+    assert auth.remembered("good") is MISS and auth.remembered("bad") is MISS
+    assert hub.asked == []  # remembering never asks
+    assert asyncio.run(authenticate(auth, "good")) == auth("good")
+    assert asyncio.run(authenticate(auth, "bad")) is None
+    assert len(hub.asked) == 2
+    # From memory now: alice, and "nobody" for the unknown token, without asking again.
+    known = auth.remembered("good")
+    assert known is not MISS and known is not None and known.name == "alice"
+    assert auth.remembered("bad") is None
+    assert asyncio.run(authenticate(auth, "good")) == known and len(hub.asked) == 2
+    # Stale after the TTL: the event loop's path misses, and the hub is asked again.
+    clock.now = 31
+    assert auth.remembered("good") is MISS
+    assert asyncio.run(authenticate(auth, "good")) == known and len(hub.asked) == 3

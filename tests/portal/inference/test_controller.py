@@ -36,11 +36,16 @@ def store_url(db_url: str) -> str:
 
 
 @pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
 def rig(
-    store_url: str, tmp_path: Path
+    store_url: str, tmp_path: Path, clock: ManualClock
 ) -> Iterator[tuple[Allocator, FakeRunner, ServiceController]]:
     store = Store(store_url)
-    alloc = Allocator(store, clock=ManualClock())
+    alloc = Allocator(store, clock=clock)
     alloc.start([hgx("n1")])
     alloc.set_tenant("team-a", cohort="lab")
     alloc.set_tenant("team-b", cohort="lab")
@@ -109,6 +114,30 @@ def test_a_reclaim_stops_borrowed_replicas_with_the_allocators_grace_and_they_wa
     assert held <= 8
     ready = controller.ready_urls(sid)
     assert len(ready) == sum(1 for r in live if r.state is ReplicaState.READY)
+
+
+def test_a_reclaim_takes_the_newest_borrowed_replicas_first(
+    rig: tuple[Allocator, FakeRunner, ServiceController], clock: ManualClock
+) -> None:
+    alloc, runner, controller = rig
+    # team-a: replicas 1-6 start together, 7 and 8 a minute later (a scale up); 4 of the 8
+    # GPUs are borrowed from team-b's guarantee.
+    sid = controller.deploy(spec(6)).service.id
+    controller.step()
+    clock.advance(minutes=1)
+    controller.scale(sid, replicas=Replicas(min=8, max=8))
+    controller.step()
+    assert controller.view(sid).ready == 8
+    # team-b takes back 3: the two started last, then the last requested of those started
+    # together (6, not one of 1-5 by the luck of its workload id).
+    claim = alloc.request(
+        WorkloadRequest("team-b", "bob", "nb", DeviceRequest(kind=FlavorKind.GPU, count=3))
+    )
+    assert claim.state is WorkloadState.QUEUED
+    controller.step()
+    assert sorted(number for _sid, number, _grace in runner.stops) == [6, 7, 8]
+    grace = alloc.grace_for("inference").total_seconds()
+    assert {g for _sid, _n, g in runner.stops} == {grace}
 
 
 def test_a_restart_ends_replicas_whose_process_is_gone_and_keeps_the_others(
