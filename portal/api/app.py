@@ -39,7 +39,6 @@ from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
 from portal.inference.controller import ServiceController
 from portal.inference.gateway import Gateway
 from portal.inference.gateway import router as gateway_router
-from portal.inference.gateway_route import GatewayRoute
 from portal.jobs.controller import JobController
 from portal.ray.controller import RayController
 from portal.ray.jobs import RayJobs
@@ -109,8 +108,6 @@ def create_app(
     app.include_router(alert_routes.router, prefix=PREFIX)
     app.include_router(service_metrics.router)
     app.include_router(gateway_router)
-    # First: gateway requests skip the route walk and dependency solving (same checks).
-    app.router.routes.insert(0, GatewayRoute())
 
     @app.get("/", tags=["health"], summary="What this service is and where its API lives")
     def index() -> dict[str, str]:

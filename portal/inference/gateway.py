@@ -15,9 +15,6 @@ at most ``hold.max_requests`` are held at once. Beyond either, 503 with ``Retry-
 A replica chosen for removal drains (``portal.inference.drain``): it leaves the rotation and
 is stopped once nothing the gateway sent it is still in flight. A request whose replica went
 away anyway (it cannot be reached, or answers 503) is sent to another ready one, or held once.
-
-The routes below document the API; requests are served by ``portal.inference.gateway_route``,
-ahead of FastAPI's router, with the same checks in the same order.
 """
 
 from __future__ import annotations
@@ -231,12 +228,6 @@ class Gateway:
             traffic.held -= 1
 
 
-def models_answer(tenant: str, service: str) -> JSONResponse:
-    """The OpenAI model list of a service: its one model, named as the service."""
-    card = {"id": service, "object": "model", "created": 0, "owned_by": tenant}
-    return JSONResponse({"object": "list", "data": [card]})
-
-
 def gateway_of(request: Request) -> Gateway:
     gw: Gateway = request.app.state.gateway
     return gw
@@ -251,7 +242,8 @@ async def list_models(
 ) -> JSONResponse:
     """Answered by the gateway, without waking a service at zero."""
     await gateway_of(request).resolve(caller, tenant, service)
-    return models_answer(tenant, service)
+    card = {"id": service, "object": "model", "created": 0, "owned_by": tenant}
+    return JSONResponse({"object": "list", "data": [card]})
 
 
 @router.post("/chat/completions", summary="OpenAI chat completions, streamed or not")
