@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -273,10 +274,12 @@ def _run(
         c0 = time.process_time()
         intervals = alloc.read(lambda st: estimates.queue_intervals(st, clock(), history))
         eta_cpu.append(time.process_time() - c0)
-        if first is None:
-            entries = alloc.queue()
-        else:
-            entries = [e for e in alloc.queue() if e.workload_id == first]
+        # The queue as Allocator.queue builds it, on these same intervals: recomputing them
+        # there would double the replay's cost, and the allocator's throttle for slow
+        # recomputes (SLOW_INTERVALS_S, wall time) would make the figures depend on the load.
+        entries = alloc.read(lambda st: estimates.queue_entries(st, clock(), intervals))
+        if first is not None:
+            entries = [e for e in entries if e.workload_id == first]
         rate = _service_time(admitted_times, t)
         for e in entries:
             raw = intervals.get(e.workload_id)
@@ -542,19 +545,30 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="runs replayed in parallel processes")
     args = ap.parse_args(argv)
     if not 0 < args.scale <= 1:
         ap.error(f"--scale {args.scale}: a fraction in (0, 1]")
     if args.gpus < 1:
         ap.error(f"--gpus {args.gpus}: at least 1")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
     nodes, pods = select(args.nodes, args.pods, args.gpus, args.scale, args.limit, args.seed)
-    results = []
+    runs = [(m, o) for m in args.modes.split(",") for o in args.orders.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes.split(","):
-            for order in args.orders.split(","):
-                results.append(
-                    replay(nodes, pods, mode, order, args.seed, Path(tmp), args.reread_s)
-                )
+        if args.jobs == 1 or len(runs) == 1:
+            results = [
+                replay(nodes, pods, m, o, args.seed, Path(tmp), args.reread_s) for m, o in runs
+            ]
+        else:
+            # Each run is independent (its own allocator, database file and virtual clock)
+            # and single-threaded: processes, one per run, up to --jobs at a time.
+            with ProcessPoolExecutor(min(args.jobs, len(runs))) as pool:
+                futures = [
+                    pool.submit(replay, nodes, pods, m, o, args.seed, Path(tmp), args.reread_s)
+                    for m, o in runs
+                ]
+                results = [f.result() for f in futures]
     print(table(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))

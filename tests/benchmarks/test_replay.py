@@ -77,14 +77,20 @@ def test_cli_prints_the_table(trace: tuple[Path, Path], tmp_path: Path) -> None:
             "--limit",
             "10",
             "--orders",
-            "fifo",
+            "fifo,priority",
             "--modes",
             "declared",
+            "--jobs",
+            "2",
             "--json",
             str(out),
         ]
     )
-    assert [r["pods"] + r["refused"] for r in results] == [10]
+    # Two runs in two processes, reported in the order asked.
+    assert [r["order"] for r in results] == ["fifo", "priority"]
+    assert [r["pods"] + r["refused"] for r in results] == [10, 10]
     assert out.exists()
     with pytest.raises(SystemExit):
         replay.main(["--nodes", str(nodes), "--pods", str(pods), "--scale", "0"])
+    with pytest.raises(SystemExit):
+        replay.main(["--nodes", str(nodes), "--pods", str(pods), "--jobs", "0"])
