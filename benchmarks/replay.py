@@ -216,7 +216,7 @@ def _run(
     _set_quotas(alloc)
     by_id: dict[str, Pod] = {}
     history = eta_policy.RunLengths()
-    calibration = eta_policy.WaitCalibration()
+    learning = alloc.wait_learning  # the portal's own calibration, fed by its admissions
     ends: list[tuple[float, str]] = []  # (virtual end, wid) of running pods, a heap
     waiting: set[str] = set()
     preemptions = 0
@@ -239,9 +239,6 @@ def _run(
                 pod.start = rec.started_at.timestamp() - base
                 waiting.discard(rec.id)
                 admitted_times.append(pod.start)
-                for s in pod.samples[:1]:
-                    if s.raw is not None:
-                        calibration.add(s.raw, pod.start - s.at)
                 heapq.heappush(ends, (pod.start + pod.duration, rec.id))
             if rec.state is WorkloadState.PREEMPTING and not pod.preempted:
                 pod.preempted = True
@@ -272,18 +269,21 @@ def _run(
     def read_etas(first: str | None) -> None:
         t = now()
         c0 = time.process_time()
-        intervals = alloc.read(lambda st: estimates.queue_intervals(st, clock(), history))
+        raw = alloc.read(lambda st: estimates.queue_intervals(st, clock(), history))
         eta_cpu.append(time.process_time() - c0)
-        # The queue as Allocator.queue builds it, on these same intervals: recomputing them
-        # there would double the replay's cost, and the allocator's throttle for slow
-        # recomputes (SLOW_INTERVALS_S, wall time) would make the figures depend on the load.
+        # Calibrated and built into the queue as Allocator.queue does, on these same raw
+        # intervals: recomputing them there would double the replay's cost, and the
+        # allocator's throttle for slow recomputes (SLOW_INTERVALS_S, wall time) would make
+        # the figures depend on the load.
+        learning.seen(raw, clock().timestamp())
+        intervals = learning.apply(raw)
         entries = alloc.read(lambda st: estimates.queue_entries(st, clock(), intervals))
         if first is not None:
             entries = [e for e in entries if e.workload_id == first]
         rate = _service_time(admitted_times, t)
         for e in entries:
-            raw = intervals.get(e.workload_id)
-            got = calibration.apply(raw) if raw is not None else None
+            raw_iv = raw.get(e.workload_id)
+            got = intervals.get(e.workload_id)
             by_id[e.workload_id].samples.append(
                 Sample(
                     t,
@@ -294,9 +294,9 @@ def _run(
                     got.high if got else None,
                     e.position * rate if rate is not None else None,
                     first is not None,
-                    raw.point if raw else None,
-                    raw.low if raw else None,
-                    raw.high if raw else None,
+                    raw_iv.point if raw_iv else None,
+                    raw_iv.low if raw_iv else None,
+                    raw_iv.high if raw_iv else None,
                 )
             )
 
