@@ -24,8 +24,10 @@ placement, preemption) is the allocator's own.
 
 Every ETA the portal gives is recorded at submission and re-read (the whole queue at once)
 at most every ``--reread-s`` virtual seconds while pods wait, against the wait that followed:
-the allocator's point ``eta_s``, the calibrated interval (``estimates.queue_intervals``, fed the
-completed run lengths per tenant and kind) and the baseline position × mean service time.
+the replayed interval (``estimates.queue_intervals``, fed the completed run lengths per tenant
+and kind), the portal's calibrated ``eta_s`` and interval (the allocator's own
+``WaitLearning``, fed by its admissions) and the baseline position × mean service time.
+``--jobs N`` runs the modes and orders in N processes (each run is independent).
 """
 
 from __future__ import annotations
@@ -496,9 +498,9 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         "realized wait inside the p20–p80 interval, uncalibrated and calibrated; "
         "goal ≤ 25 % and 55–65 %):",
         "",
-        "| mode | order | reads | samples | portal eta_s | interval point, uncalibrated "
-        "| calibrated point | baseline "
-        "| coverage, uncalibrated | calibrated coverage "
+        "| mode | order | reads | samples | portal eta_s (calibrated point) "
+        "| replayed point, uncalibrated | calibrated point | baseline "
+        "| coverage, uncalibrated (replay p20–p80) | coverage, portal (calibrated) "
         "| no estimate (portal / calibrated / baseline) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
