@@ -7,7 +7,9 @@ replays releases and admissions with the quota rules of ``policies.quota`` until
 waiting workload is admitted, ``samples`` times with seeded draws for what is unknown. A
 workload's wait is the median over the samples, its interval their p20–p80: when the run-length
 model is right, the interval holds the realized wait about 60 % of the time by construction.
-With exact ends only (a preemption deadline, limits that runs always reach), the samples agree.
+With exact ends only (a preemption deadline, limits that runs always reach), the samples agree
+— too much: what is left out below makes real waits differ, so the portal shows an interval
+calibrated on its own past errors instead (``policies.eta.WaitCalibration``).
 
 Counts, not devices: placement (topology, fragmentation) is not replayed. The real allocator
 already tried every waiting workload on the snapshot, so the replay admits nothing before the
