@@ -24,8 +24,10 @@ placement, preemption) is the allocator's own.
 
 Every ETA the portal gives is recorded at submission and re-read (the whole queue at once)
 at most every ``--reread-s`` virtual seconds while pods wait, against the wait that followed:
-the allocator's point ``eta_s``, the calibrated interval (``estimates.queue_intervals``, fed the
-completed run lengths per tenant and kind) and the baseline position × mean service time.
+the replayed interval (``estimates.queue_intervals``, fed the completed run lengths per tenant
+and kind), the portal's calibrated ``eta_s`` and interval (the allocator's own
+``WaitLearning``, fed by its admissions) and the baseline position × mean service time.
+``--jobs N`` runs the modes and orders in N processes (each run is independent).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -215,7 +218,7 @@ def _run(
     _set_quotas(alloc)
     by_id: dict[str, Pod] = {}
     history = eta_policy.RunLengths()
-    calibration = eta_policy.WaitCalibration()
+    learning = alloc.wait_learning  # the portal's own calibration, fed by its admissions
     ends: list[tuple[float, str]] = []  # (virtual end, wid) of running pods, a heap
     waiting: set[str] = set()
     preemptions = 0
@@ -238,9 +241,6 @@ def _run(
                 pod.start = rec.started_at.timestamp() - base
                 waiting.discard(rec.id)
                 admitted_times.append(pod.start)
-                for s in pod.samples[:1]:
-                    if s.raw is not None:
-                        calibration.add(s.raw, pod.start - s.at)
                 heapq.heappush(ends, (pod.start + pod.duration, rec.id))
             if rec.state is WorkloadState.PREEMPTING and not pod.preempted:
                 pod.preempted = True
@@ -271,16 +271,21 @@ def _run(
     def read_etas(first: str | None) -> None:
         t = now()
         c0 = time.process_time()
-        intervals = alloc.read(lambda st: estimates.queue_intervals(st, clock(), history))
+        raw = alloc.read(lambda st: estimates.queue_intervals(st, clock(), history))
         eta_cpu.append(time.process_time() - c0)
-        if first is None:
-            entries = alloc.queue()
-        else:
-            entries = [e for e in alloc.queue() if e.workload_id == first]
+        # Calibrated and built into the queue as Allocator.queue does, on these same raw
+        # intervals: recomputing them there would double the replay's cost, and the
+        # allocator's throttle for slow recomputes (SLOW_INTERVALS_S, wall time) would make
+        # the figures depend on the load.
+        learning.seen(raw, clock().timestamp())
+        intervals = learning.apply(raw)
+        entries = alloc.read(lambda st: estimates.queue_entries(st, clock(), intervals))
+        if first is not None:
+            entries = [e for e in entries if e.workload_id == first]
         rate = _service_time(admitted_times, t)
         for e in entries:
-            raw = intervals.get(e.workload_id)
-            got = calibration.apply(raw) if raw is not None else None
+            raw_iv = raw.get(e.workload_id)
+            got = intervals.get(e.workload_id)
             by_id[e.workload_id].samples.append(
                 Sample(
                     t,
@@ -291,9 +296,9 @@ def _run(
                     got.high if got else None,
                     e.position * rate if rate is not None else None,
                     first is not None,
-                    raw.point if raw else None,
-                    raw.low if raw else None,
-                    raw.high if raw else None,
+                    raw_iv.point if raw_iv else None,
+                    raw_iv.low if raw_iv else None,
+                    raw_iv.high if raw_iv else None,
                 )
             )
 
@@ -493,9 +498,9 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         "realized wait inside the p20–p80 interval, uncalibrated and calibrated; "
         "goal ≤ 25 % and 55–65 %):",
         "",
-        "| mode | order | reads | samples | portal eta_s | interval point, uncalibrated "
-        "| calibrated point | baseline "
-        "| coverage, uncalibrated | calibrated coverage "
+        "| mode | order | reads | samples | portal eta_s (calibrated point) "
+        "| replayed point, uncalibrated | calibrated point | baseline "
+        "| coverage, uncalibrated (replay p20–p80) | coverage, portal (calibrated) "
         "| no estimate (portal / calibrated / baseline) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -542,19 +547,30 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="runs replayed in parallel processes")
     args = ap.parse_args(argv)
     if not 0 < args.scale <= 1:
         ap.error(f"--scale {args.scale}: a fraction in (0, 1]")
     if args.gpus < 1:
         ap.error(f"--gpus {args.gpus}: at least 1")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
     nodes, pods = select(args.nodes, args.pods, args.gpus, args.scale, args.limit, args.seed)
-    results = []
+    runs = [(m, o) for m in args.modes.split(",") for o in args.orders.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes.split(","):
-            for order in args.orders.split(","):
-                results.append(
-                    replay(nodes, pods, mode, order, args.seed, Path(tmp), args.reread_s)
-                )
+        if args.jobs == 1 or len(runs) == 1:
+            results = [
+                replay(nodes, pods, m, o, args.seed, Path(tmp), args.reread_s) for m, o in runs
+            ]
+        else:
+            # Each run is independent (its own allocator, database file and virtual clock)
+            # and single-threaded: processes, one per run, up to --jobs at a time.
+            with ProcessPoolExecutor(min(args.jobs, len(runs))) as pool:
+                futures = [
+                    pool.submit(replay, nodes, pods, m, o, args.seed, Path(tmp), args.reread_s)
+                    for m, o in runs
+                ]
+                results = [f.result() for f in futures]
     print(table(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))

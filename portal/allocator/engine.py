@@ -131,6 +131,8 @@ class Allocator(GroupCommit):
         self._started = False
         self._intervals_at: tuple[tuple[int, int], dict[str, Interval | None]] | None = None
         self._intervals_kept_until = 0.0  # monotonic: a slow recompute's result is kept
+        self._waits = estimates.WaitLearning()
+        self.subscribe(self._waits.observe)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -570,18 +572,26 @@ class Allocator(GroupCommit):
             (f["eta_low_s"], f["eta_high_s"], f["eta_reason"]),
         )
 
+    @property
+    def wait_learning(self) -> estimates.WaitLearning:
+        """How the queue's intervals are calibrated against the waits that followed (the
+        time replay reads the queue through it, as ``_queue_intervals`` does)."""
+        return self._waits
+
     def _queue_intervals(self) -> dict[str, Interval | None]:
         """Every queued workload's calibrated wait, computed once per applied change (and
         per ``INTERVAL_REFRESH_S`` as running work ages) for all status reads in between:
-        one walk over the running work answers the whole queue."""
+        one replay of the queue answers it whole; past estimates against the waits that
+        followed set the interval (``WaitLearning``)."""
         state = self._state
         now = self._clock()
         key = (state.version, math.floor(now.timestamp() / INTERVAL_REFRESH_S))
         cached = self._intervals_at
         began = time.monotonic()
         if cached is None or (cached[0] != key and began >= self._intervals_kept_until):
-            got = estimates.queue_intervals(state, now, estimates.history_of(state))
-            cached = self._intervals_at = (key, got)
+            raw = estimates.queue_intervals(state, now, estimates.history_of(state))
+            self._waits.seen(raw, now.timestamp())
+            cached = self._intervals_at = (key, self._waits.apply(raw))
             took = time.monotonic() - began
             self._intervals_kept_until = began + 10 * took if took > SLOW_INTERVALS_S else 0.0
         return cached[1]

@@ -6,11 +6,13 @@ Reads a ``Memory`` (the live state, under the allocator's lock); changes nothing
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from policies import eta_sim, quota
 from policies.eta import Interval, ReleaseCurve, RunLengths, WaitCalibration, minutes_words
+from portal.allocator.draft import Decision
 from portal.allocator.memory import Live, Memory
 from portal.allocator.releases import ReleaseIndex
 from portal.allocator.views import QueueEntry
@@ -261,3 +263,39 @@ def _reason(ahead: int, unit: str, est: eta_sim.Estimate) -> str:
     else:
         basis = f"{est.by_limit} at time limits, {est.by_history} judging by past run lengths"
     return f"{_ahead(ahead)}; {unit} frees for it {when}, after {n} jobs end ({basis})"
+
+
+class WaitLearning:
+    """The live calibration of the queue's intervals (``WaitCalibration``): the first raw
+    estimate each queued workload was given (its point, and when), learned from when the
+    allocator admits it. Workloads that end without starting are forgotten unlearned."""
+
+    __slots__ = ("_first", "calibration")
+
+    def __init__(self, calibration: WaitCalibration | None = None) -> None:
+        self.calibration = calibration if calibration is not None else WaitCalibration()
+        self._first: dict[str, tuple[float, float]] = {}  # id -> (read at, raw point)
+
+    def seen(self, raw: Mapping[str, Interval | None], now: float) -> None:
+        """Remember the estimates of workloads not estimated before."""
+        first = self._first
+        for wid, iv in raw.items():
+            if iv is not None and wid not in first:
+                first[wid] = (now, iv.point)
+
+    def observe(self, decision: Decision) -> None:
+        """Learn from the workloads a decision admitted (an allocator observer: quick)."""
+        for rec in decision.changes.workloads:
+            got = self._first.get(rec.id)
+            if got is None:
+                continue
+            if rec.started_at is not None:
+                del self._first[rec.id]
+                at, point = got
+                self.calibration.add(point, max(0.0, rec.started_at.timestamp() - at))
+            elif rec.state.terminal:
+                del self._first[rec.id]
+
+    def apply(self, raw: Mapping[str, Interval | None]) -> dict[str, Interval | None]:
+        cal = self.calibration
+        return {wid: cal.apply(iv) if iv is not None else None for wid, iv in raw.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -138,7 +139,47 @@ def test_calibration_learns_a_systematic_underestimate() -> None:
     for _ in range(10):
         cal.add(100.0, 300.0)
     got = cal.apply(Interval(50.0, 40.0, 60.0, "r"))
-    assert (got.point, got.low, got.high) == (150.0, 120.0, 180.0)
+    # Every past wait was 3 times its estimate: the interval is there, the point moves in.
+    assert (got.point, got.low, got.high) == (150.0, 150.0, 150.0)
+
+
+def test_calibration_interval_is_the_point_times_the_p20_and_p80_ratios() -> None:
+    cal = WaitCalibration()
+    for ratio in range(1, 11):  # realized / estimated: 0.5, 1.0, ... 5.0
+        cal.add(100.0, 50.0 * ratio)
+    got = cal.apply(Interval(100.0, 0.0, 1e6, "r"))
+    # The p20 and p80 of ten ratios are the 2nd and 8th; the raw width is not added, and a
+    # point inside the interval stays.
+    assert (got.low, got.point, got.high) == (100.0, 100.0, 400.0)
+
+
+def test_calibration_covers_past_waits_at_its_stated_rate() -> None:
+    """Split-conformal: on errors like the ones it learned from, the p20–p80 interval holds
+    the realized wait close to 60 % of the time, whatever the raw interval said."""
+    rng = random.Random(7)
+    cal = WaitCalibration(window=2000)
+    for _ in range(2000):
+        est = rng.uniform(60, 3600)
+        cal.add(est, est * rng.lognormvariate(0.3, 0.8))
+    inside = 0
+    for _ in range(2000):
+        est = rng.uniform(60, 3600)
+        real = est * rng.lognormvariate(0.3, 0.8)
+        got = cal.apply(Interval(est, est, est, "r"))  # a raw interval that is a point
+        inside += got.low <= real <= got.high
+    assert 0.55 <= inside / 2000 <= 0.65
+
+
+def test_calibration_keeps_the_newest_ratios() -> None:
+    cal = WaitCalibration(window=MIN_HISTORY)
+    for _ in range(MIN_HISTORY):
+        cal.add(100.0, 1000.0)
+    for _ in range(MIN_HISTORY):
+        cal.add(100.0, 100.0)  # estimates got better: the old errors are forgotten
+    assert len(cal) == MIN_HISTORY
+    assert cal.apply(Interval(60.0, 60.0, 60.0, "r"))[:3] == (60.0, 60.0, 60.0)
+    with pytest.raises(InvalidRequest, match="calibration window"):
+        WaitCalibration(window=MIN_HISTORY - 1)
 
 
 def test_history_keeps_the_newest_runs_of_a_group_and_of_the_pool() -> None:

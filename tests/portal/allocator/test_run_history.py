@@ -165,3 +165,41 @@ def test_a_slow_recompute_of_the_intervals_is_shared_for_ten_times_as_long(
     assert a.status(first.id).eta_low_s is not None  # the kept answer still serves w1
     time.sleep(max(0.0, a._intervals_kept_until - time.monotonic()) + 0.02)
     assert a.status(second.id).eta_low_s is not None and len(calls) == 2
+
+
+def test_the_live_allocator_calibrates_its_intervals_against_the_waits_that_followed(
+    make_allocator: Make, clock: ManualClock
+) -> None:
+    a = make_allocator([hgx("n1")])
+    _tenants(a)
+
+    def cycle(jump_s: int) -> Any:
+        """team-b's waiter reads its status behind a holder declared (and run) for 1000 s;
+        a higher-priority job of its tenant, which the replay cannot foresee, arrives before
+        the release and runs ``jump_s`` first."""
+        job = WorkloadKind.JOB
+        holder = a.request(wl("team-a", gpus(8), name="h", kind=job), expected_duration_s=1e3)
+        waiter = a.request(wl("team-b", gpus(8), name="w", kind=job))
+        status = a.status(waiter.id)
+        clock.advance(seconds=999)
+        urgent = a.request(
+            wl("team-b", gpus(8), name="u", kind=job, priority=5), expected_duration_s=jump_s
+        )
+        clock.advance(seconds=1)
+        a.release(holder.id)
+        clock.advance(seconds=jump_s)
+        a.release(urgent.id)
+        assert a.status(waiter.id).state is WorkloadState.RUNNING
+        a.release(waiter.id)
+        clock.advance(seconds=1)
+        return status
+
+    first = cycle(500)
+    # Nothing learned yet: the replay's own interval, a point at the declared end.
+    assert (first.eta_low_s, first.eta_s, first.eta_high_s) == (1000.0, 1000.0, 1000.0)
+    for jump in (250, 500, 500, 750):
+        cycle(jump)
+    later = cycle(500)
+    # Waits of 1.25 to 1.75 times their estimate (p20 1.25, p80 1.5 of five): the interval
+    # moved there and the replayed point (1000 s, below it) to its low end.
+    assert (later.eta_low_s, later.eta_s, later.eta_high_s) == (1250.0, 1250.0, 1500.0)
