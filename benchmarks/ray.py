@@ -93,7 +93,7 @@ def one_run(
     join = time.monotonic() - began
 
     began = time.monotonic()
-    times = backend.idle_times([address])
+    times = backend.read_heads([address])
     idle_read = time.monotonic() - began
     if times.get(address) is None:
         raise RuntimeError(f"the head at {address} did not report its nodes' idle times")
