@@ -13,6 +13,12 @@ the client's side, as a notebook would:
 4. **idle read**: one read of every node's idle time from the head's GCS (the child
    interpreter the controller runs every ``idle_check_s`` for clusters with ``idle_s``).
 
+With ``--autoscale`` the increase is Ray's instead (``workers.autoscale``): a driver submits
+``N + grow`` one-GPU tasks that hold their GPU, so ``grow`` of them cannot be scheduled, and
+from the moment they are submitted the benchmark measures until the increase's slice holds
+its devices (**admitted**: the controller's demand read, every ``idle_check_s`` as in the
+service, then admission) and until ``N + grow`` workers have joined (**joined**).
+
 Each run takes the cluster down and waits until every node has ended before the next one.
 Medians over ``--runs``; the machine's load average is printed, since ``ray start`` is
 CPU-bound on a small machine.
@@ -25,7 +31,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -64,6 +73,77 @@ def _until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
         time.sleep(POLL_S)
 
 
+DRIVER = textwrap.dedent(
+    """
+    import os, pathlib, sys, time
+    import ray
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    flag = pathlib.Path(sys.argv[3])
+
+    @ray.remote(num_gpus=1)
+    def hold():
+        while not flag.exists():
+            time.sleep(0.1)
+
+    held = [hold.remote() for _ in range(int(sys.argv[2]))]
+    print("submitted", flush=True)
+    ray.get(held, timeout=900)
+    os._exit(0)
+    """
+)
+
+
+def autoscale_run(
+    portal: Portal, backend: LocalRay, workers: int, grow: int, timeout_s: float, tmp: Path
+) -> dict[str, float]:
+    began = time.monotonic()
+    address = portal.ray.up(
+        TENANT,
+        workers=workers,
+        max_workers=workers + grow,
+        flavor=FLAVOR,
+        autoscale=True,
+        timeout_s=timeout_s,
+        poll_s=POLL_S,
+    )
+    usable = time.monotonic() - began
+    [cluster] = [c for c in portal.ray.list(TENANT) if c.state.value == "running"]
+    flag = tmp / f"go-{cluster.id}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, address, str(workers + grow), str(flag)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert driver.stdout is not None
+        if driver.stdout.readline().strip() != "submitted":
+            raise RuntimeError("the driver did not submit its tasks")
+        began = time.monotonic()
+
+        def admitted() -> bool:
+            s = portal.ray.get(cluster.id).slices
+            return len(s) > 1 and s[-1].workload is not None and bool(s[-1].workload.allocations)
+
+        _until("the increase admitted", admitted, timeout_s)
+        admit = time.monotonic() - began
+        _until(
+            f"{workers + grow} workers joined",
+            lambda: portal.ray.get(cluster.id).joined == workers + grow,
+            timeout_s,
+        )
+        join = time.monotonic() - began
+        flag.write_text("")
+        driver.wait(timeout_s)
+    finally:
+        driver.kill()
+        driver.wait()
+    portal.ray.down(cluster.id)
+    _until("every node ended", lambda: not backend.adopt(), 120)
+    return {"usable_s": usable, "admit_s": admit, "join_s": join}
+
+
 def one_run(
     portal: Portal, backend: LocalRay, workers: int, grow: int, timeout_s: float
 ) -> dict[str, float]:
@@ -93,7 +173,7 @@ def one_run(
     join = time.monotonic() - began
 
     began = time.monotonic()
-    times = backend.idle_times([address])
+    times = backend.read_heads([address])
     idle_read = time.monotonic() - began
     if times.get(address) is None:
         raise RuntimeError(f"the head at {address} did not report its nodes' idle times")
@@ -110,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--grow", type=int, default=1, help="workers added by the increase")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one step may take")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--autoscale", action="store_true", help="the increase is Ray's unmet demand, not scale"
+    )
     args = ap.parse_args(argv)
     version = installed_ray_version()
     if version is None:
@@ -135,6 +218,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             with Serving(app) as url:
                 portal = Portal(url, TOKEN)
                 for n in range(args.runs):
+                    if args.autoscale:
+                        runs.append(
+                            autoscale_run(
+                                portal, backend, args.workers, args.grow, args.timeout, Path(tmp)
+                            )
+                        )
+                        r = runs[-1]
+                        say(
+                            f"run {n + 1}: usable {r['usable_s']:.1f} s, demand to admitted "
+                            f"{r['admit_s']:.1f} s, to joined {r['join_s']:.1f} s"
+                        )
+                        continue
                     runs.append(one_run(portal, backend, args.workers, args.grow, args.timeout))
                     r = runs[-1]
                     say(
@@ -162,9 +257,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     say(f"\n| measure (median of {len(runs)}) | value |\n|---|---:|")
     m, w, g = medians, args.workers, args.grow
     say(f"| API call to usable cluster (head + {w} workers) | {m['usable_s']:.1f} s |")
-    say(f"| increase {w} -> {w + g} admitted | {m['admit_ms']:.0f} ms |")
-    say(f"| increase joined | {medians['join_s']:.1f} s |")
-    say(f"| one idle read of a head's nodes | {medians['idle_read_s']:.2f} s |")
+    if args.autoscale:
+        say(f"| unmet demand to increase {w} -> {w + g} admitted | {m['admit_s']:.1f} s |")
+        say(f"| unmet demand to increase joined | {m['join_s']:.1f} s |")
+    else:
+        say(f"| increase {w} -> {w + g} admitted | {m['admit_ms']:.0f} ms |")
+        say(f"| increase joined | {medians['join_s']:.1f} s |")
+        say(f"| one idle read of a head's nodes | {medians['idle_read_s']:.2f} s |")
     say(
         "load average (1, 5, 15 min): before "
         + ", ".join(f"{x:.2f}" for x in load_before)

@@ -26,6 +26,7 @@ from dashboards.forecast_view import CapacityForecastView
 from dashboards.jobs_view import JobsView
 from dashboards.landing import LandingView
 from dashboards.my_work import MyWorkView
+from dashboards.ray_view import RayClustersView
 from dashboards.services_view import ServicesView
 from dashboards.sources import ApiSource, Source
 from dashboards.stores import (
@@ -34,6 +35,7 @@ from dashboards.stores import (
     CostStore,
     JobsStore,
     MyWorkStore,
+    RayStore,
     ServicesStore,
     Store,
     TenantStore,
@@ -76,18 +78,21 @@ def _tenant_page(
     wanted = args.get("tenant", "")
     store = TenantStore(source, tenant=wanted if wanted in names else names[0], clock=clock)
     services = ServicesStore(source, tenant=store.tenant, clock=clock)
-    page = Page(TITLES["tenant"], pn.Column(sizing_mode="stretch_width"), [store, services])
+    ray = RayStore(source, tenant=store.tenant, clock=clock)
+    page = Page(TITLES["tenant"], pn.Column(sizing_mode="stretch_width"), [store, services, ray])
     choose = pn.widgets.Select(label="tenant", options=names, value=store.tenant, width=240)
 
     def view() -> TenantView:
         shown = ServicesView(services, empty=f"{store.tenant} runs no inference services.")
-        return TenantView(store, viewer, shown)
+        clusters = RayClustersView(ray, empty=f"{store.tenant} runs no Ray clusters.")
+        return TenantView(store, viewer, shown, clusters)
 
     def show(tenant: str) -> None:
-        store.tenant = services.tenant = tenant
+        store.tenant = services.tenant = ray.tenant = tenant
         store.message = ""
         store.refresh()
         services.refresh()
+        ray.refresh()
         page.view[:] = [choose, view()]  # type: ignore[index]
 
     choose.param.watch(lambda e: show(e.new), "value")
@@ -117,14 +122,16 @@ def build_view(
     elif view == "cost":
         if viewer.holds_any(Scope.COST_READ):
             cost = CostStore(source)
-            stores: list[Store] = [cost]
+            every_ray = RayStore(source, stopped=True, clock=clock)
+            stores: list[Store] = [cost, every_ray]
             forecast = None
             # The capacity forecast covers every tenant: only unfiltered cost readers get it.
             if viewer.can_everywhere(Scope.COST_READ):
                 outlook = CapacityForecastStore(source)
                 forecast = CapacityForecastView(outlook)
                 stores.append(outlook)
-            page = Page(TITLES["cost"], CostView(cost, forecast), stores)
+            shown_ray = RayClustersView(every_ray, empty="no Ray cluster this month")
+            page = Page(TITLES["cost"], CostView(cost, forecast, shown_ray), stores)
         else:  # opened by its address: say so instead of a page of refused reads
             page = Page(
                 TITLES["cost"],
@@ -142,10 +149,12 @@ def build_view(
         jobs = JobsStore(source, owner=viewer.name, may_launch=may_launch)
         services = ServicesStore(source, owner=viewer.name, clock=clock)
         shown = ServicesView(services, empty="You have no inference services.")
+        own_ray = RayStore(source, owner=viewer.name, clock=clock)
+        own_clusters = RayClustersView(own_ray, empty="You have no Ray clusters.")
         page = Page(
             TITLES["my_work"],
-            MyWorkView(work, JobsView(jobs), shown),
-            [work, jobs, services],
+            MyWorkView(work, JobsView(jobs), shown, own_clusters),
+            [work, jobs, services, own_ray],
         )
     else:
         query = f"?{urlencode({'token': args['token']})}" if "token" in args else ""

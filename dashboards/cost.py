@@ -13,6 +13,7 @@ from panel.viewable import Viewer
 
 from dashboards import components as c
 from dashboards.forecast_view import CapacityForecastView
+from dashboards.ray_view import RayClustersView
 from dashboards.stores import CostStore
 from dashboards.stores.cost import cost, efficiency, idle_cost, measured
 from portal.api.cost import CostGroupOut
@@ -31,12 +32,17 @@ class CostView(Viewer):
     )
 
     def __init__(
-        self, store: CostStore, forecast: CapacityForecastView | None = None, **params: object
+        self,
+        store: CostStore,
+        forecast: CapacityForecastView | None = None,
+        ray: RayClustersView | None = None,
+        **params: object,
     ) -> None:
         super().__init__(**params)
         self.store = store
         # The capacity forecast section, for viewers who may read every tenant's cost.
         self.forecast = forecast
+        self.ray = ray
 
     def headline(self, *_: object) -> str:
         r = self.store.report
@@ -162,6 +168,7 @@ class CostView(Viewer):
             c.live(self.budgets, st.budgets),
             "### Inference services: warm pool and serving",
             c.live(self.services, st.services),
+            *([self.ray] if self.ray is not None else []),
             download,
             *([self.forecast] if self.forecast is not None else []),
             sizing_mode="stretch_width",

@@ -13,6 +13,7 @@ from panel.viewable import Viewer
 
 from dashboards import components as c
 from dashboards.jobs_view import JobsView
+from dashboards.ray_view import RayClustersView
 from dashboards.services_view import ServicesView
 from dashboards.stores import MyWorkStore
 from portal.api.schemas import WorkloadOut
@@ -54,12 +55,14 @@ class MyWorkView(Viewer):
         store: MyWorkStore,
         jobs: JobsView | None = None,
         services: ServicesView | None = None,
+        ray: RayClustersView | None = None,
         **params: object,
     ) -> None:
         super().__init__(**params)
         self.store = store
         self.jobs = jobs
         self.services = services
+        self.ray = ray
         self.choose = pn.widgets.Select(label="workload", options={}, width=320)
         self.stop_button = pn.widgets.Button(label="Stop / cancel", color="danger", width=140)
         self.stop_button.on_click(self._stop)
@@ -158,6 +161,7 @@ class MyWorkView(Viewer):
             c.message(self.store),
             *([self.jobs] if self.jobs is not None else []),
             *([self.services] if self.services is not None else []),
+            *([self.ray] if self.ray is not None else []),
             "### GPU usage, last hour",
             c.live(self.usage_table, st.usage),
             pn.pane.HoloViews(pn.bind(self.usage_plot, st.usage), linked_axes=False),

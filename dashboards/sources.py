@@ -17,6 +17,7 @@ from portal.api.alerts import AlertOut
 from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
 from portal.api.forecast import CapacityForecastOut
 from portal.api.jobs import AttemptOut, JobCostOut, JobOut, LogOut
+from portal.api.ray import RayCostOut, RayOut
 from portal.api.schemas import CapacityOut, NodeOut, QueueEntryOut, QuotaOut, UsageOut, WorkloadOut
 from portal.api.services import ServiceOut
 from portal.api.telemetry import DeviceMinuteOut, PointOut
@@ -107,6 +108,8 @@ class Source(Protocol):
     def capacity_forecast(self, *, weeks: int | None = None) -> CapacityForecastOut: ...
     def services(self, tenant: str | None = None) -> list[ServiceOut]: ...
     def jobs(self) -> list[JobOut]: ...
+    def ray_clusters(self, tenant: str | None = None) -> list[RayOut]: ...
+    def ray_cost(self, cluster_id: str) -> RayCostOut: ...
     def job_attempts(self, job_id: str) -> list[AttemptOut]: ...
     def job_cost(self, job_id: str) -> JobCostOut: ...
     def job_log(self, job_id: str, *, attempt: int | None, offset: int) -> LogOut: ...
@@ -242,6 +245,14 @@ class ApiSource:
         self, *, start: datetime | None = None, end: datetime | None = None, step: str = "day"
     ) -> str:
         return self._portal.chargeback(start=start, end=end, step=step)
+
+    def ray_clusters(self, tenant: str | None = None) -> list[RayOut]:
+        """Every Ray cluster the viewer may read (of ``tenant``), stopped ones included,
+        with their slices."""
+        return self._portal.ray.list(tenant)
+
+    def ray_cost(self, cluster_id: str) -> RayCostOut:
+        return self._portal.ray.cost(cluster_id)
 
     def jobs(self) -> list[JobOut]:
         """Every job the viewer may read (ended ones included), in submission order."""

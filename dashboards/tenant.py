@@ -10,6 +10,7 @@ import panel as pn
 from panel.viewable import Viewer
 
 from dashboards import components as c
+from dashboards.ray_view import RayClustersView
 from dashboards.services_view import ServicesView
 from dashboards.stores import QuotaDraft, TenantStore
 from portal.api.auth import Caller, Scope
@@ -126,12 +127,14 @@ class TenantView(Viewer):
         store: TenantStore,
         viewer: Caller,
         services: ServicesView | None = None,
+        ray: RayClustersView | None = None,
         **params: object,
     ) -> None:
         super().__init__(**params)
         self.store = store
         self.viewer = viewer
         self.services = services
+        self.ray = ray
         self.editor = QuotaEditor(store) if self.may_edit() else None
 
     def may_edit(self) -> bool:
@@ -260,6 +263,7 @@ class TenantView(Viewer):
             c.live(self.workloads, st.workloads, st.latest),
             c.message(self.store, "note"),
             *([self.services] if self.services is not None else []),
+            *([self.ray] if self.ray is not None else []),
             editor,
             sizing_mode="stretch_width",
         )

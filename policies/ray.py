@@ -96,3 +96,27 @@ def is_idle(idle_ms: Sequence[int], idle_s: float) -> bool:
     them) have each been idle ``idle_ms`` milliseconds counts as idle for ``idle_s`` seconds.
     No node reported: not idle (the read says nothing)."""
     return bool(idle_ms) and min(idle_ms) >= idle_s * 1000.0
+
+
+def workers_for_demand(demand: Sequence[tuple[float, int]], gpus_per_worker: int, most: int) -> int:
+    """How many more workers of ``gpus_per_worker`` GPUs (at most ``most``) the unmet GPU
+    ``demand`` needs: ``(GPUs of one bundle, how many such bundles)`` as the head's GCS
+    reports the tasks, actors and placement groups Ray could not schedule. Bundles are packed
+    largest first onto as few workers as hold them (Ray places a bundle on one node); a
+    bundle larger than one worker fits none, however many are added, so it asks for none."""
+    if gpus_per_worker <= 0 or most <= 0:
+        return 0
+    free: list[float] = []  # what is left on each worker added so far
+    for g, n in sorted(demand, reverse=True):
+        if not 0 < g <= gpus_per_worker:
+            continue
+        for _ in range(max(0, n)):
+            for i, left in enumerate(free):
+                if g <= left + 1e-9:
+                    free[i] = left - g
+                    break
+            else:
+                if len(free) == most:
+                    return most
+                free.append(gpus_per_worker - g)
+    return len(free)

@@ -13,6 +13,7 @@ from dashboards.stores.cost import CostStore
 from dashboards.stores.forecast import CapacityForecastStore
 from dashboards.stores.jobs import JobsStore
 from dashboards.stores.my_work import MyWorkStore
+from dashboards.stores.ray import RayStore
 from dashboards.stores.services import ServicesStore
 from dashboards.stores.tenant import Member, QuotaDraft, TenantStore
 
@@ -25,6 +26,7 @@ __all__ = [
     "Member",
     "MyWorkStore",
     "QuotaDraft",
+    "RayStore",
     "ServicesStore",
     "Store",
     "TenantStore",

@@ -16,9 +16,12 @@ from pydantic import Field
 from policies.errors import InvalidRequest
 from policies.ray import RayState, SliceState
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, TopologyRequirement
+from portal.accounting.service import Accounting
+from portal.accounting.workloads import workload_costs
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
+from portal.api.cost import MONEY, accounting_of, money_text
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.inputs import KEY, Label, Text, bounded
@@ -26,6 +29,7 @@ from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, Workl
 from portal.api.workloads import charge
 from portal.ray.controller import RayController, RayView, SliceView
 from portal.ray.spec import MAX_CPUS, MAX_IDLE_S, RaySpec, worker_devices
+from portal.store import ray as stored
 
 router = APIRouter(prefix="/ray", tags=["ray"], responses=ERROR_RESPONSES)
 
@@ -61,6 +65,13 @@ class WorkersIn(InModel):
         description="Workers wanted now (min..max); null: min. Above min, a slice of its own.",
     )
     cpus: int = Field(default=1, ge=1, le=MAX_CPUS, description="Each worker's CPUs.")
+    autoscale: bool = Field(
+        default=False,
+        description=(
+            "Grow on demand: GPU tasks, actors or placement groups Ray cannot schedule ask "
+            "for more workers (up to max), each increase a slice of its own. Needs max > min."
+        ),
+    )
 
 
 class RayIn(InModel):
@@ -128,6 +139,30 @@ class RayOut(Model):
     slices: list[SliceOut] = Field(description="Its slices, oldest first.")
 
 
+class SliceCostOut(Model):
+    number: int = Field(ge=1, description="1: the gang admitted with the head.")
+    workers: int = Field(ge=1)
+    state: SliceState = Field(description="queued, running or released.")
+    workload_id: str = Field(description="Its allocator workload, whose allocations are priced.")
+    gpu_hours: float = Field(ge=0, description="GPU-equivalent hours it held (running: to now).")
+    cost: str = Field(pattern=MONEY, description="In `currency`, whole cents.")
+
+
+class RayCostOut(Model):
+    cluster_id: str
+    tenant: str = Field(description="The tenant charged.")
+    currency: str
+    unpriced_models: list[str] = Field(
+        description="GPU models its workers held without a configured price; counted at 0."
+    )
+    gpu_hours: float = Field(ge=0, description="Every slice together, since it was created.")
+    cost: str = Field(
+        pattern=MONEY,
+        description="Every slice together, rounded once from the exact sum (whole cents).",
+    )
+    slices: list[SliceCostOut] = Field(description="Each slice, oldest first.")
+
+
 def slice_out(v: SliceView) -> SliceOut:
     s = v.slice
     return SliceOut(
@@ -185,6 +220,7 @@ def spec_of(body: RayIn, owner: str, installed: str | None) -> RaySpec:
         idle_s=body.idle_s,
         priority=body.priority,
         idle_suspend=body.idle_suspend,
+        autoscale=w.autoscale,
     )
 
 
@@ -232,6 +268,46 @@ def get_cluster(
     view = rays.view(cluster_id)
     caller.require(Scope.WORKLOADS_READ, view.cluster.tenant)
     return ray_out(view)
+
+
+@router.get(
+    "/{cluster_id}/cost",
+    response_model=RayCostOut,
+    responses=_404,
+    summary="Its GPU-hours and money since creation: every slice, priced as /cost prices",
+)
+def cluster_cost(
+    cluster_id: ClusterId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    rays: Annotated[RayController, Depends(controller)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
+) -> RayCostOut:
+    """Each slice is an allocator workload, charged as any (its hours are in the tenant's
+    `/cost` totals too); a released slice keeps what it cost."""
+    cluster = rays.get(cluster_id)
+    caller.require(Scope.WORKLOADS_READ, cluster.tenant)
+    slices = stored.slices(rays.store, cluster_id)
+    costs = workload_costs(acc, [s.workload_id for s in slices])
+    total = costs.total()
+    return RayCostOut(
+        cluster_id=cluster_id,
+        tenant=cluster.tenant,
+        currency=costs.currency,
+        unpriced_models=list(costs.unpriced_models),
+        gpu_hours=float(total.allocated_gpu_hours),
+        cost=money_text(total.cost),
+        slices=[
+            SliceCostOut(
+                number=s.number,
+                workers=s.workers,
+                state=s.state,
+                workload_id=s.workload_id,
+                gpu_hours=float(costs.of(s.workload_id).allocated_gpu_hours),
+                cost=money_text(costs.of(s.workload_id).cost),
+            )
+            for s in slices
+        ],
+    )
 
 
 @router.patch(

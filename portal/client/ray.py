@@ -26,7 +26,7 @@ from portal.errors import PortalError
 
 if TYPE_CHECKING:
     from portal.api.jobs import JobCostOut, LogOut
-    from portal.api.ray import RayOut
+    from portal.api.ray import RayCostOut, RayOut
     from portal.api.ray_jobs import RayJobOut
     from portal.api.schemas import DevicesIn
     from portal.client.sync import Portal
@@ -53,6 +53,13 @@ def listed(page_size: int, tenant: str | None) -> Op[list[RayOut]]:
     from portal.api.ray import RayOut
 
     return (yield from core.every_page(f"{API}/ray", RayOut, page_size, _filters(tenant=tenant)))
+
+
+def cost(cluster_id: str) -> Op[RayCostOut]:
+    from portal.api.ray import RayCostOut
+
+    call = Call("GET", f"{API}/ray/{_seg(cluster_id)}/cost", idempotent=True)
+    return (yield from core.one(call, RayCostOut))
 
 
 def scale(cluster_id: str, workers: int) -> Op[RayOut]:
@@ -92,6 +99,7 @@ def body(
     idle_s: float | None,
     priority: int,
     idle_suspend: bool = False,
+    autoscale: bool = False,
 ) -> dict[str, Any]:
     """The ``POST /ray`` body; the server checks every value and names the one wrong."""
     return {
@@ -103,6 +111,7 @@ def body(
             "min": workers,
             "max": max(1, workers) if max_workers is None else max_workers,
             "cpus": worker_cpus,
+            "autoscale": autoscale,
         },
         "ray_version": ray_version,
         "idle_s": idle_s,
@@ -144,12 +153,14 @@ class Ray:
         idle_s: float | None = None,
         priority: int = 0,
         idle_suspend: bool = False,
+        autoscale: bool = False,
     ) -> RayOut:
         """Ask for a cluster of ``workers`` workers (admitted with the head as one gang), each
         with ``count`` GPUs of ``flavor`` (or a MIG instance, a share, or any ``devices``),
         growing up to ``max_workers`` (default ``workers``). After ``idle_s`` seconds with
         nothing running, its workers are released (``idle_suspend``: the head too) until
-        ``resume``. Returns at once."""
+        ``resume``. With ``autoscale``, GPU work Ray cannot schedule asks for more workers
+        (up to ``max_workers``), each increase a slice of its own. Returns at once."""
         want = core.devices_for(
             flavor, count=count, milli=milli, gpu_memory_mib=gpu_memory_mib, devices=devices
         )
@@ -165,6 +176,7 @@ class Ray:
             idle_s=idle_s,
             priority=priority,
             idle_suspend=idle_suspend,
+            autoscale=autoscale,
         )
         return self._portal._run(create(sent))
 
@@ -210,6 +222,10 @@ class Ray:
     def list(self, tenant: str | None = None) -> builtins.list[RayOut]:
         """Every cluster the token may read, in creation order."""
         return self._portal._run(listed(self._portal._page_size, tenant))
+
+    def cost(self, cluster_id: str) -> RayCostOut:
+        """The cluster's GPU-hours and money since it was created, slice by slice."""
+        return self._portal._run(cost(cluster_id))
 
     def scale(self, cluster_id: str, workers: int) -> RayOut:
         """Set the worker count: an increase is one new charged slice (it may wait with its

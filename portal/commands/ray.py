@@ -54,6 +54,11 @@ def register(commands: Any) -> None:
     sub.add_argument(
         "--idle-suspend", action="store_true", help="when idle, stop the head too (suspended)"
     )
+    sub.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="grow on unmet GPU demand, up to --max-workers (each increase its own slice)",
+    )
     sub.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
     sub.add_argument("--no-wait", action="store_true", help="print the cluster and return")
     add_connection_options(sub)
@@ -141,6 +146,7 @@ def up(args: argparse.Namespace) -> int:
             name=args.name,
             idle_s=args.idle_s,
             idle_suspend=args.idle_suspend,
+            autoscale=args.autoscale,
         )
         if not args.no_wait:
             portal.ray.wait(info.id, timeout_s=args.timeout)

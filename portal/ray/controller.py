@@ -36,17 +36,26 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from policies.errors import Conflict, InvalidRequest, NotFound, PortalError, Unavailable
-from policies.ray import RayState, SliceFacts, SliceState, check_bounds, is_idle, plan_scale
+from policies.ray import (
+    RayState,
+    SliceFacts,
+    SliceState,
+    check_bounds,
+    is_idle,
+    plan_scale,
+    workers_for_demand,
+)
 from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.jobs.launch import visible_devices
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import ClusterFacts
-from portal.ray.idle import IDLE_CHECK_S, Due, IdleReads
+from portal.ray.idle import IDLE_CHECK_S, Due, HeadRead, IdleReads
 from portal.ray.local import LocalRay, cluster_of, head_key, worker_key
 from portal.ray.spec import (
     RaySpec,
     _worker_field,
+    candidate_flavors,
     check_tenant_flavors,
     check_version,
     fits_cluster,
@@ -108,7 +117,7 @@ class RayController:
         self._ready: set[tuple[str, int]] = set()
         self._started = False
         self._last_created: datetime | None = None
-        self._idle = IdleReads(backend.idle_times, idle_check_s) if backend else None
+        self._idle = IdleReads(backend.read_heads, idle_check_s) if backend else None
         # Clusters whose Ray temp dir goes once none of their nodes runs.
         self._to_clean: set[str] = set()
         # Workers joined, as an outside backend (``portal.ray.kube``) last observed them.
@@ -199,8 +208,9 @@ class RayController:
     def clusters(self, tenants: Collection[str] | None = None) -> list[RayView]:
         return [self._view(c) for c in stored.clusters(self._alloc.store, tenants=tenants)]
 
-    def scale(self, cluster_id: str, workers: int) -> RayView:
-        """Set the worker count: an increase is one new slice, a decrease releases slices."""
+    def scale(self, cluster_id: str, workers: int, *, why: str = "") -> RayView:
+        """Set the worker count: an increase is one new slice, a decrease releases slices.
+        ``why`` is said in the cluster's message (the autoscaler's demand)."""
         with self._lock:
             cluster = self.get(cluster_id)
             if cluster.state.terminal:
@@ -211,7 +221,7 @@ class RayController:
             new = self._versioned(
                 cluster,
                 spec={**cluster.spec, "workers": workers},
-                message=f"scaled from {before} to {workers} workers",
+                message=f"{why}scaled from {before} to {workers} workers",
             )
             self._commit([new], [], "ray.scaled", new, new.message)
             if cluster.state.released:  # the size ``resume`` asks for: nothing held now
@@ -332,7 +342,8 @@ class RayController:
     # ---------------------------------------------------------------- idleness
 
     def _idle_round(self, active: list[RayClusterRecord]) -> None:
-        """Release the clusters the last read found idle; start the next read when due."""
+        """Act on the last read: release the clusters found idle, grow the autoscaled ones
+        with unmet GPU demand; start the next read when due."""
         assert self._idle is not None
         read = self._idle.take()
         for cluster in active:
@@ -340,18 +351,51 @@ class RayController:
             if got is None or got[1] is None:
                 continue
             now = self.get(cluster.id)
-            idle_s = self._spec(now).idle_s
-            # A change since the read (a scale, a node replaced) makes it stale.
-            fresh = now.version == got[0] and now.state is RayState.RUNNING
-            if fresh and idle_s is not None and is_idle(got[1], idle_s):
-                self.release_idle(now.id, min(got[1]) / 1000.0)
+            spec = self._spec(now)
+            # A change since the read (a scale, a node replaced, a worker joined) makes it
+            # stale.
+            if now.version != got[0] or now.state is not RayState.RUNNING:
+                continue
+            if spec.idle_s is not None and is_idle(got[1].idle_ms, spec.idle_s):
+                self.release_idle(now.id, min(got[1].idle_ms) / 1000.0)
+            elif spec.autoscale and got[1].gpu_demand:
+                self._grow_on_demand(now, spec, got[1])
         self._idle.start_if_due(
             [
                 Due(c.id, c.version, c.address)
                 for c in active
-                if c.state is RayState.RUNNING and c.address and self._spec(c).idle_s is not None
+                if c.state is RayState.RUNNING
+                and c.address
+                and (self._spec(c).idle_s is not None or self._spec(c).autoscale)
             ]
         )
+
+    def _grow_on_demand(self, cluster: RayClusterRecord, spec: RaySpec, read: HeadRead) -> None:
+        """Ask for the workers Ray's unmet GPU demand needs, as ``scale`` would: one new
+        slice, bounded by ``max_workers`` and by what the tenant's limit could ever give.
+        Nothing while an increase already waits (the demand read is the one it answers)."""
+        live = stored.slices(self._alloc.store, cluster.id)
+        if any(s.state is SliceState.QUEUED for s in live):
+            return
+        facts = self._alloc.read(ClusterFacts.of)
+        flavors = set(candidate_flavors(spec.devices, facts.models))
+        limit = max(
+            (q.limit for q in self._alloc.quotas(cluster.tenant) if q.flavor in flavors),
+            default=0,
+        )
+        room = min(spec.max_workers - spec.workers, limit // max(1, spec.devices.amount()))
+        more = workers_for_demand(read.gpu_demand, spec.gpus_per_worker, room)
+        if more <= 0:
+            return
+        pending = sum(n for _, n in read.gpu_demand)
+        try:
+            self.scale(
+                cluster.id,
+                spec.workers + more,
+                why=f"autoscaler: {pending} GPU requests pending, ",
+            )
+        except PortalError as exc:
+            log.warning("Ray cluster %s: growth refused: %s", cluster.id, exc.message)
 
     def release_idle(self, cluster_id: str, idle_s: float) -> RayView:
         """Give a cluster idle for ``idle_s`` seconds back: stop its workers and release

@@ -1,10 +1,12 @@
-"""How long each node of a local Ray cluster has been idle, read from its head's GCS.
+"""How long each node of a local Ray cluster has been idle, and what GPU demand Ray could
+not schedule, read from its head's GCS.
 
 The portal never imports ray (it would load Ray's runtime into the service), so the read
 runs in a short child interpreter: the python beside the ``ray`` program, with a script that
 asks each head's GCS for the cluster status (``ray.autoscaler.v2.sdk.get_cluster_status``,
-which needs no dashboard) and prints every node's ``idle_time_ms`` as JSON. One child reads
-every cluster due, because starting an interpreter that imports ray costs seconds of CPU.
+which needs no dashboard) and prints every node's ``idle_time_ms`` and the GPU bundles of the
+pending tasks, actors and placement groups as JSON. One child reads every cluster due,
+because starting an interpreter that imports ray costs seconds of CPU.
 
 A node's idle time counts from the end of the last task or actor that held its resources,
 so tasks that ran on the head count too.
@@ -42,10 +44,19 @@ out = {}
 for address in sys.argv[2:]:
     try:
         s = get_cluster_status(address, timeout=int(sys.argv[1]))
-        out[address] = [
-            n.resource_usage.idle_time_ms if n.resource_usage is not None else 0
-            for n in s.active_nodes + s.idle_nodes
-        ]
+        d = s.resource_demands
+        out[address] = {
+            "idle": [
+                n.resource_usage.idle_time_ms if n.resource_usage is not None else 0
+                for n in s.active_nodes + s.idle_nodes
+            ],
+            "demand": [
+                [b.bundle.get("GPU", 0), b.count]
+                for r in d.ray_task_actor_demand + d.placement_group_demand
+                for b in r.bundles_by_count
+                if b.bundle.get("GPU", 0) > 0
+            ],
+        }
     except Exception as exc:
         out[address] = repr(exc)[:300]
 print(json.dumps(out))
@@ -58,9 +69,27 @@ def probe_python(ray_program: str) -> str:
     return str(beside) if beside.exists() else sys.executable
 
 
-def idle_times(python: str, addresses: Sequence[str]) -> dict[str, list[int] | None]:
-    """Each head address -> the idle milliseconds of every live node of its cluster, or
-    None where the head did not answer (a failed read never counts as idle)."""
+@dataclass(frozen=True, slots=True)
+class HeadRead:
+    """One head's answer: every live node's idle milliseconds, and the GPU bundles Ray could
+    not schedule as ``(GPUs of one bundle, how many)``."""
+
+    idle_ms: tuple[int, ...]
+    gpu_demand: tuple[tuple[float, int], ...] = ()
+
+
+def _head_read(value: object) -> HeadRead | None:
+    if not isinstance(value, dict):
+        return None
+    return HeadRead(
+        tuple(int(v) for v in value.get("idle", [])),
+        tuple((float(g), int(n)) for g, n in value.get("demand", [])),
+    )
+
+
+def read_heads(python: str, addresses: Sequence[str]) -> dict[str, HeadRead | None]:
+    """Each head address -> what its GCS reports, or None where the head did not answer
+    (a failed read never counts as idle, nor as demand)."""
     if not addresses:
         return {}
     try:
@@ -82,21 +111,19 @@ def idle_times(python: str, addresses: Sequence[str]) -> dict[str, list[int] | N
             "Ray idle read gave no answer (exit %s): %s", done.returncode, done.stderr[-500:]
         )
         return dict.fromkeys(addresses)
-    result: dict[str, list[int] | None] = {}
+    result: dict[str, HeadRead | None] = {}
     for address in addresses:
         value = found.get(address)
-        if isinstance(value, list):
-            result[address] = [int(v) for v in value]
-        else:
-            log.info("Ray idle read of %s: %s", address, value)
-            result[address] = None
+        result[address] = _head_read(value)
+        if result[address] is None:
+            log.info("Ray read of %s: %s", address, value)
     return result
 
 
 @dataclass(frozen=True, slots=True)
 class Due:
-    """A running cluster with ``idle_s`` to read: its id, its record's version (a read made
-    before the record changed is stale), and its head's address."""
+    """A running cluster with ``idle_s`` or ``autoscale`` to read: its id, its record's
+    version (a read made before the record changed is stale), and its head's address."""
 
     cluster_id: str
     version: int
@@ -104,22 +131,23 @@ class Due:
 
 
 class IdleReads:
-    """Reads idleness in a thread of its own, at most every ``every_s`` seconds and one read
-    at a time, so the controller's round never waits for the child interpreter."""
+    """Reads idleness and demand in a thread of its own, at most every ``every_s`` seconds
+    and one read at a time, so the controller's round never waits for the child
+    interpreter."""
 
     def __init__(
-        self, read: Callable[[Sequence[str]], dict[str, list[int] | None]], every_s: float
+        self, read: Callable[[Sequence[str]], dict[str, HeadRead | None]], every_s: float
     ) -> None:
         self._read = read
         self._every_s = every_s
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next = 0.0  # monotonic
-        self._found: dict[str, tuple[int, list[int] | None]] = {}
+        self._found: dict[str, tuple[int, HeadRead | None]] = {}
 
-    def take(self) -> dict[str, tuple[int, list[int] | None]]:
-        """What the last finished read found, once: cluster id -> (version read, every
-        node's idle milliseconds or None: unread)."""
+    def take(self) -> dict[str, tuple[int, HeadRead | None]]:
+        """What the last finished read found, once: cluster id -> (version read, the head's
+        answer or None: unread)."""
         with self._lock:
             found, self._found = self._found, {}
         return found

@@ -51,7 +51,8 @@ def worker_devices(data: Mapping[str, Any]) -> DeviceRequest:
 class RaySpec:
     """A Ray cluster as asked for. ``idle_s`` None: never released for idleness; once idle
     for ``idle_s``, its workers are released and the head kept, or with ``idle_suspend``
-    every node is stopped."""
+    every node is stopped. ``autoscale``: GPU demand Ray cannot schedule grows the cluster
+    (up to ``max_workers``) as ``scale`` would."""
 
     tenant: str
     owner: str
@@ -66,6 +67,7 @@ class RaySpec:
     idle_s: float | None = None
     priority: int = 0
     idle_suspend: bool = False
+    autoscale: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 253:
@@ -87,6 +89,10 @@ class RaySpec:
             raise InvalidRequest("idle_s", self.idle_s, f"seconds from 1 to {MAX_IDLE_S:g}")
         if self.idle_suspend and self.idle_s is None:
             raise InvalidRequest("idle_suspend", True, "false while idle_s is null")
+        if self.autoscale and self.max_workers <= self.min_workers:
+            raise InvalidRequest(
+                "workers.autoscale", True, "false while workers.max equals workers.min"
+            )
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise InvalidRequest("priority", self.priority, f"{-MAX_PRIORITY} to {MAX_PRIORITY}")
 
@@ -108,6 +114,7 @@ class RaySpec:
             "idle_s": self.idle_s,
             "priority": self.priority,
             "idle_suspend": self.idle_suspend,
+            "autoscale": self.autoscale,
         }
 
     @classmethod
@@ -127,6 +134,7 @@ class RaySpec:
             priority=data["priority"],
             # Clusters recorded before idle release existed have no such key.
             idle_suspend=bool(data.get("idle_suspend", False)),
+            autoscale=bool(data.get("autoscale", False)),
         )
 
 

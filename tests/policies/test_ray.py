@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from policies.errors import InvalidRequest
-from policies.ray import RayState, ScalePlan, SliceFacts, check_bounds, is_idle, plan_scale
+from policies.ray import (
+    RayState,
+    ScalePlan,
+    SliceFacts,
+    check_bounds,
+    is_idle,
+    plan_scale,
+    workers_for_demand,
+)
 
 BASE = SliceFacts(1, 2)
 
@@ -48,3 +56,14 @@ def test_a_cluster_is_idle_once_every_node_has_been_idle_that_long() -> None:
 def test_only_idle_and_suspended_clusters_hold_nothing_until_resumed() -> None:
     assert {s for s in RayState if s.released} == {RayState.IDLE, RayState.SUSPENDED}
     assert not RayState.IDLE.terminal and not RayState.SUSPENDED.terminal
+
+
+def test_unmet_gpu_demand_asks_for_as_few_workers_as_hold_it_within_the_room_left() -> None:
+    assert workers_for_demand([(1.0, 3)], 1, 8) == 3
+    assert workers_for_demand([(1.0, 3)], 2, 8) == 2  # two 1-GPU tasks share a 2-GPU worker
+    assert workers_for_demand([(2.0, 1), (1.0, 2)], 2, 8) == 2  # largest first
+    assert workers_for_demand([(0.5, 3)], 1, 8) == 2  # fractions pack
+    assert workers_for_demand([(1.0, 1_000_000)], 1, 3) == 3  # bounded by the room left
+    assert workers_for_demand([(4.0, 2)], 2, 8) == 0  # fits no worker: adding one is no use
+    assert workers_for_demand([(1.0, 2)], 1, 0) == 0  # already at max
+    assert workers_for_demand([], 1, 8) == 0

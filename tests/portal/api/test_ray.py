@@ -75,6 +75,21 @@ def test_bad_input_is_a_422_naming_the_field_and_creates_nothing(
     assert not [e for e in allocator.store.events() if e.kind.startswith(("ray.", "workload."))]
 
 
+def test_autoscale_needs_room_to_grow(client: TestClient, allocator: Allocator) -> None:
+    body = ray_body(most=2)
+    body["workers"]["autoscale"] = True
+    r = client.post("/api/v1/ray", json=body, headers=auth("alice"))
+    assert (r.status_code, r.json()["field"]) == (422, "workers.autoscale"), r.text
+    assert stored.clusters(allocator.store) == []
+    body = ray_body(most=3)
+    body["workers"]["autoscale"] = True
+    r = client.post("/api/v1/ray", json=body, headers=auth("alice"))
+    assert r.status_code == 201 and r.json()["spec"]["autoscale"] is True, r.text
+    assert client.get(f"/api/v1/ray/{r.json()['id']}", headers=auth("alice")).json()["spec"][
+        "autoscale"
+    ]
+
+
 def test_the_installed_version_is_the_default_and_valid(client: TestClient) -> None:
     body = with_(ray_body(), "ray_version", installed_ray_version())
     r = client.post("/api/v1/ray", json=body, headers=auth("alice"))

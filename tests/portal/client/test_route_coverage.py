@@ -90,6 +90,7 @@ def client_operations() -> list[core.Op[object]]:
         ray.get("r"),
         ray.listed(1, None),
         ray.scale("r", 1),
+        ray.cost("r"),
         ray.resume("r"),
         ray.delete("r"),
         ray_jobs.submit(None, {}),
