@@ -61,6 +61,18 @@ class DeviceRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     topology: TopologyRequirement = TopologyRequirement.ANY
+    # A request is a dictionary key on every decision (flavor, model and score caches), and
+    # hashing its fields calls the enums' Python-level hash each time: computed once.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if not h:
+            fields = (self.kind, self.count, self.models, self.mig_profile, self.milli)
+            rest = (self.gpu_memory_mib, self.cpu_milli, self.memory_mib, self.topology)
+            h = hash((fields, rest)) or 1
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0:

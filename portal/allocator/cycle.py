@@ -67,19 +67,28 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
     budget = PARTIAL_CYCLE_TRIES if freed is not None else None
     failed_shapes: set[tuple[object, ...]] = set()
     tried: set[str] = set()
-    for queued in draft.order(now):
+    affected = draft.affected() if freed is not None else {}
+    if freed is None:
+        pending = draft.order(now)
+    else:
+        # Only what the release could help (and the holder, which ends ``ahead``) needs
+        # ordering: the rest is skipped below whatever its place. Trying a workload changes
+        # no other queued workload's request or reason, so filtering first skips the same.
+        first_holder = holder
+
+        def keep(lv: Live) -> bool:
+            return lv.rec.id == first_holder or _may_start(draft, lv, freed, affected)
+
+        pending = draft.order(now, keep)
+    for queued in pending:
         lv = draft.live[queued.rec.id]
         if ahead and lv.rec.id == draft.scalars.reserved_for:
             ahead = False
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
             continue
-        if freed is not None and lv.req.devices.kind is not None:
-            usable = freed & draft.flavors_for(lv.req)
-            if not usable or (
-                lv.rec.reason in _QUOTA_REASONS and not _quota_may_change(draft, lv, usable)
-            ):
-                continue
+        if freed is not None and not _may_start(draft, lv, freed, affected):
+            continue
         if budget is not None:
             if budget == 0:
                 break  # the rest wait for the next full cycle (``tick``)
@@ -127,11 +136,25 @@ def _try_fresh(draft: Draft, lv: Live) -> None:
         note_blocked(draft, lv, blocked)
 
 
-def _quota_may_change(draft: Draft, lv: Live, flavors: frozenset[str]) -> bool:
+def _may_start(
+    draft: Draft, lv: Live, freed: frozenset[str], affected: dict[str, frozenset[str] | None]
+) -> bool:
+    """Whether what a partial cycle freed (``freed``, with the tenants whose quota verdicts
+    it can change) may let queued ``lv`` start."""
+    if lv.req.devices.kind is None:
+        return True
+    usable = freed & draft.flavors_for(lv.req)
+    return bool(usable) and (
+        lv.rec.reason not in _QUOTA_REASONS or _quota_may_change(affected, lv, usable)
+    )
+
+
+def _quota_may_change(
+    affected: dict[str, frozenset[str] | None], lv: Live, flavors: frozenset[str]
+) -> bool:
     """Whether the last release can change ``lv``'s quota verdict for one of ``flavors``."""
-    affected = draft.affected()
     for fl in flavors:
-        tenants = affected.get(fl, None)
+        tenants = affected.get(fl)
         if tenants is None or lv.rec.tenant in tenants:
             return True
     return False

@@ -76,10 +76,12 @@ class Ledger:
     def used(self, tenant: str, flavor: str) -> int:
         return self.usage.get((tenant, flavor), 0)
 
-    def tenant_gpu_equivalents(self, tenant: str) -> dict[str, float]:
-        if tenant not in self.gpu_equivalents:
+    def tenant_gpu_equivalents(self, tenant: str) -> Mapping[str, float]:
+        """The tenant's GPU-equivalents per flavor: a view, read it before the next change."""
+        geq = self.gpu_equivalents
+        if tenant not in geq:
             return {}
-        return dict(self.gpu_equivalents[tenant])
+        return geq[tenant]
 
     def holders_of(self, flavor: str) -> Mapping[str, int]:
         """Workload id -> amount of ``flavor`` it holds."""

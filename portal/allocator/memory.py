@@ -9,7 +9,7 @@ decider reads exactly the same way whether it looks at the live state or at its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, MutableSet
+from collections.abc import Callable, Mapping, MutableMapping, MutableSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -55,9 +55,17 @@ class Live:
     # preemption deadline, else start plus expected duration. Kept, not computed per read: a
     # queue ETA reads it for every holder of a flavor.
     end_at: float = field(init=False, compare=False, repr=False)
+    # What the queue order reads (``fairness.Queued``), kept so ordering a long queue makes
+    # no object per queued workload.
+    priority: int = field(init=False, compare=False, repr=False)
+    tenant: str = field(init=False, compare=False, repr=False)
+    enqueued_at: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         rec = self.rec
+        object.__setattr__(self, "priority", rec.priority)
+        object.__setattr__(self, "tenant", rec.tenant)
+        object.__setattr__(self, "enqueued_at", rec.created_at.timestamp())
         if rec.state is WorkloadState.PREEMPTING and rec.preempt_deadline is not None:
             end = rec.preempt_deadline.timestamp()
         elif rec.expected_duration_s is not None and rec.started_at is not None:
@@ -128,7 +136,7 @@ class Scalars:
 class Derived:
     """Values computed from the containers, cached until the inventory or quotas change."""
 
-    __slots__ = ("book", "cap_geq", "capacity", "facts", "flavors")
+    __slots__ = ("book", "cap_geq", "capacity", "facts", "flavors", "models")
 
     def __init__(self) -> None:
         self.capacity: dict[str, int] | None = None
@@ -136,6 +144,7 @@ class Derived:
         self.cap_geq: dict[str, float] | None = None
         self.book: quota.QuotaBook | None = None
         self.flavors: dict[DeviceRequest, frozenset[str]] = {}
+        self.models: dict[DeviceRequest, tuple[str, ...]] = {}
 
 
 @dataclass(slots=True)
@@ -182,11 +191,12 @@ class Memory:
     def quotas_changed(self) -> None:
         d = self.derived
         fresh = Derived()
-        fresh.capacity, fresh.facts, fresh.cap_geq, fresh.flavors = (
+        fresh.capacity, fresh.facts, fresh.cap_geq, fresh.flavors, fresh.models = (
             d.capacity,
             d.facts,
             d.cap_geq,
             d.flavors,
+            d.models,
         )
         self.derived = fresh
 
@@ -240,14 +250,15 @@ class Memory:
     def models_for(self, req: WorkloadRequest) -> list[str]:
         """Models whose flavor for this request exists in the inventory."""
         dev = req.devices
-        models = dev.models or self.facts().models
-        cap = self.capacity()
-        out = []
-        for m in sorted(models):
-            fl = dev.flavor(m)
-            if fl is not None and str(fl) in cap:
-                out.append(m)
-        return out
+        cache = self.derived.models
+        got = cache.get(dev)
+        if got is None:
+            models = dev.models or self.facts().models
+            cap = self.capacity()
+            got = cache[dev] = tuple(
+                m for m in sorted(models) if (fl := dev.flavor(m)) is not None and str(fl) in cap
+            )
+        return list(got)
 
     def flavors_for(self, req: WorkloadRequest) -> frozenset[str]:
         """Names of the flavors ``req`` could be counted as."""
@@ -311,20 +322,22 @@ class Memory:
             history=fairness.decayed(hist, at.timestamp(), now.timestamp(), self.half_life_s),
         )
 
-    def order(self, now: datetime) -> list[Live]:
+    def order(self, now: datetime, keep: Callable[[Live], bool] | None = None) -> list[Live]:
         """Queued workloads in scheduling order: priority, the tenant's weighted dominant
-        share, then arrival."""
+        share, then arrival. ``keep``: only those it accepts, in the same relative order (the
+        order is total: ``seq`` is unique)."""
         live = self.live
         pending = [live[w] for w in self.queued]
-        shares = {t: self.share(t, now) for t in {lv.rec.tenant for lv in pending}}
-        items = [_Queued.of(lv) for lv in pending]
-        return [item.live for item in fairness.queue_order(items, shares)]
+        if keep is not None:
+            pending = [lv for lv in pending if keep(lv)]
+        shares = {t: self.share(t, now) for t in {lv.tenant for lv in pending}}
+        return fairness.queue_order(pending, shares)
 
     def precedes(self, a: Live, b: Live, now: datetime) -> bool:
         """Whether queued ``a`` comes before queued ``b`` in ``order``."""
-        shares = {t: self.share(t, now) for t in {a.rec.tenant, b.rec.tenant}}
+        shares = {t: self.share(t, now) for t in {a.tenant, b.tenant}}
         key = fairness.queue_key
-        return key(_Queued.of(a), shares) < key(_Queued.of(b), shares)
+        return key(a, shares) < key(b, shares)
 
     def grace_for(self, kind: str) -> timedelta:
         """How long a preempted workload of ``kind`` may keep its devices."""
@@ -337,19 +350,6 @@ class Memory:
     def observe(self, dev: DeviceRequest, placement: Placement) -> None:
         """A placement was committed: scorers that learn the request mix see it (the live
         state only; a draft's placements are seen once its decision is applied)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Queued:
-    priority: int
-    tenant: str
-    enqueued_at: float
-    seq: int
-    live: Live
-
-    @staticmethod
-    def of(lv: Live) -> _Queued:
-        return _Queued(lv.rec.priority, lv.rec.tenant, lv.rec.created_at.timestamp(), lv.seq, lv)
 
 
 OUTSIDE_ENDS = frozenset({"preempted", "node-lost", "workload-gone", "conflict-at-start"})
