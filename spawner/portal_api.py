@@ -28,7 +28,12 @@ def _offers(tenant: str, keys: Sequence[str] | None) -> Op[list[OfferOut]]:
 
 
 def _request_for(
-    owner: str, tenant: str, devices: DevicesIn, name: str, idempotency_key: str, option: str
+    owner: str,
+    tenant: str,
+    devices: DevicesIn,
+    name: str,
+    idempotency_key: str,
+    option: str | None,
 ) -> Op[WorkloadOut]:
     body = {
         "tenant": tenant,
@@ -70,7 +75,7 @@ class SpawnerPortal(AsyncPortal):
         *,
         name: str,
         idempotency_key: str,
-        option: str,
+        option: str | None,
     ) -> WorkloadOut:
         """Request ``devices`` (the offer ``option``) for user ``owner`` charged to
         ``tenant``; running or queued."""
