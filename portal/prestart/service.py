@@ -124,9 +124,10 @@ class PrestartService:
         self.planned_at = self._clock()
 
     def wait_then_round(self, stopping: threading.Event) -> None:
-        """The loop's work: wait for a wake-up or the interval, then one round."""
+        """The loop's work: wait for a wake-up or the interval (not before the first round),
+        then one round."""
         deadline = time.monotonic() + self.settings.interval_s
-        while not stopping.is_set():
+        while self.planned_at is not None and not stopping.is_set():
             left = deadline - time.monotonic()
             if left <= 0 or self._wake.wait(min(WAKE_SLICE_S, left)):
                 break
