@@ -334,7 +334,8 @@ class Allocator(GroupCommit):
         changed nothing (never queued, no reclaim started for it).
         ``adopt``: a running workload (a pre-started placeholder) released in the same
         decision, so the request is scheduled on the devices it freed; ignored when it has
-        ended meanwhile, or when a retry finds the first request's workload.
+        ended meanwhile, when a retry finds the first request's workload, and when the
+        request would queue all the same (its quota): then it is decided again without.
         """
         wid = uuid.uuid4().hex
 
@@ -355,6 +356,8 @@ class Allocator(GroupCommit):
                 intake.start_on_free(draft, lv)
             elif freed is not None:
                 cycle.schedule(draft, freed=freed)  # the queue in order, the new one included
+                if wid in draft.queued:
+                    raise _NotAdopted  # it would wait anyway: the placeholder stays (no trace)
             else:
                 cycle.schedule(draft, fresh=wid)
             return wid
@@ -362,7 +365,15 @@ class Allocator(GroupCommit):
         def status(found: str | WorkloadStatus) -> WorkloadStatus:
             return self._status_of(found, estimate=estimate) if isinstance(found, str) else found
 
-        return self._decide_then(decide, status)
+        try:
+            return self._decide_then(decide, status)
+        except _NotAdopted:
+            return self.request(
+                req,
+                idempotency_key=idempotency_key,
+                expected_duration_s=expected_duration_s,
+                estimate=estimate,
+            )
 
     def release(self, workload_id: str, *, reason: str = "released") -> WorkloadStatus:
         """Release a workload's devices (or cancel it while queued). Idempotent."""
@@ -599,6 +610,10 @@ class Allocator(GroupCommit):
                 return r.id
         stored = self._store.workload_by_idempotency_key(req.tenant, req.owner, key)
         return status_of(stored, stored.message) if stored is not None else None
+
+
+class _NotAdopted(Exception):
+    """An adopting request would have queued: its draft is dropped and it is asked again."""
 
 
 def _end(

@@ -170,3 +170,18 @@ def test_a_spawn_adopts_a_placeholder_in_one_decision(alloc: Allocator, clock: M
     again = alloc.request(wl("team-a", gpus(1), name="dave"), idempotency_key=key,
                           adopt=s.placeholder_for(TWO, gpus(2)))  # fmt: skip
     assert again.id == first.id and s.pool.held() == {TWO: held[TWO]}
+
+
+def test_a_spawn_that_would_queue_anyway_leaves_the_placeholder(
+    alloc: Allocator, clock: ManualClock
+) -> None:
+    s = service(alloc, clock, budget=8.0)
+    s.refresh()
+    s.rates = {ONE: 6.0}
+    s.round()
+    held = s.pool.held()
+    assert alloc.request(wl("team-a", gpus(2))).state is WorkloadState.RUNNING
+    alloc.set_quota("team-a", H100, guaranteed=2, limit=2)  # at its limit now
+    spawn = alloc.request(wl("team-a", gpus(1), name="eve"), adopt=s.placeholder_for(ONE, gpus(1)))
+    assert spawn.state is WorkloadState.QUEUED and spawn.reason == "quota"
+    assert s.pool.held() == held
