@@ -122,7 +122,12 @@ async def spawn_path(url: str, tenant: str, spawns: int) -> dict[str, list[int]]
                 {"tenant": tenant, "option": OPTION}, [tenant], {tenant: offers}, user="u"
             )
             workload = await portal.request_for(
-                "u", tenant, choice.offer.devices, name=f"u/{i}", idempotency_key=uuid.uuid4().hex
+                "u",
+                tenant,
+                choice.offer.devices,
+                name=f"u/{i}",
+                idempotency_key=uuid.uuid4().hex,
+                option=OPTION,
             )
             allocation = (time.perf_counter_ns() - wall, time.process_time_ns() - cpu)
             assert workload.state.value == "running", workload

@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies.errors import InvalidRequest
+from policies.quota import validate_tenant_name
 
 # Placement policies the service can run: every named one except FGD, which needs the request
 # distribution of a trace up front (gpuportal learns it instead).
@@ -232,6 +233,43 @@ class Settings(BaseSettings):
         ),
     )
 
+    prestart_budget_gpus: float = Field(
+        default=0.0,
+        ge=0,
+        le=100_000,
+        allow_inf_nan=False,
+        description=(
+            "GPU-equivalents pre-started notebook environments may hold in all (placeholders "
+            "of the platform's tenant for the spawn options the forecast expects next, given "
+            "back before anyone waits; docs/spawner.md). 0, the default: off."
+        ),
+    )
+    prestart_horizon_s: float = Field(
+        default=600.0,
+        ge=60,
+        le=86_400,
+        description=(
+            "Seconds ahead the pre-started environments cover: an option keeps enough for "
+            "its forecast spawns over them with probability 0.8 (at most 4)."
+        ),
+    )
+    prestart_tenant: str = Field(
+        default="platform",
+        description=(
+            "The platform's own tenant the placeholders are charged to (created if missing, "
+            "its limit on every flavor set to the budget, no guarantee)."
+        ),
+    )
+    prestart_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds between rounds of the pre-start pool; a request that queues starts a "
+            "round at once."
+        ),
+    )
+
     leader_election: Literal["off", "lease"] = Field(
         default="off",
         description=(
@@ -263,6 +301,14 @@ class Settings(BaseSettings):
         if name not in SERVICE_POLICIES:
             raise ValueError("one of " + ", ".join(SERVICE_POLICIES))
         return name
+
+    @field_validator("prestart_tenant")
+    @classmethod
+    def _tenant_name(cls, name: str) -> str:
+        try:
+            return validate_tenant_name(name)
+        except InvalidRequest as exc:
+            raise ValueError(exc.valid) from None
 
     @field_validator("weight_cache_tenant_bytes")
     @classmethod

@@ -349,6 +349,7 @@ class GPUPortalMixin(Spawner):  # type: ignore[misc]  # jupyterhub is untyped
                     choice.offer.devices,
                     name=f"{self.user.name}/{self.name or 'default'}",
                     idempotency_key=self.spawn_key,
+                    option=choice.offer.key,
                 )
                 self.workload_id = workload.id
                 self._save_state()

@@ -28,13 +28,20 @@ def _offers(tenant: str, keys: Sequence[str] | None) -> Op[list[OfferOut]]:
 
 
 def _request_for(
-    owner: str, tenant: str, devices: DevicesIn, name: str, idempotency_key: str
+    owner: str,
+    tenant: str,
+    devices: DevicesIn,
+    name: str,
+    idempotency_key: str,
+    option: str | None,
 ) -> Op[WorkloadOut]:
     body = {
         "tenant": tenant,
         "name": name,
         "kind": "notebook",
         "devices": devices.model_dump(mode="json"),
+        # The offer picked: the portal hands the spawn a pre-started placeholder of it.
+        "option": option,
     }
     # The key makes a retry (or a hub restarted mid-spawn) find the first request's workload,
     # queue place included, instead of asking again.
@@ -61,7 +68,15 @@ class SpawnerPortal(AsyncPortal):
         return await self._run(_offers(tenant, keys))
 
     async def request_for(
-        self, owner: str, tenant: str, devices: DevicesIn, *, name: str, idempotency_key: str
+        self,
+        owner: str,
+        tenant: str,
+        devices: DevicesIn,
+        *,
+        name: str,
+        idempotency_key: str,
+        option: str | None,
     ) -> WorkloadOut:
-        """Request ``devices`` for user ``owner`` charged to ``tenant``; running or queued."""
-        return await self._run(_request_for(owner, tenant, devices, name, idempotency_key))
+        """Request ``devices`` (the offer ``option``) for user ``owner`` charged to
+        ``tenant``; running or queued."""
+        return await self._run(_request_for(owner, tenant, devices, name, idempotency_key, option))

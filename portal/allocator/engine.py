@@ -43,7 +43,7 @@ from policies.requests import MAX_PRIORITY, WorkloadRequest
 from portal.allocator import checks, cycle, estimates, intake, node_events
 from portal.allocator.draft import Draft
 from portal.allocator.group_commit import Clock, GroupCommit
-from portal.allocator.memory import Memory
+from portal.allocator.memory import Live, Memory
 from portal.allocator.ops import PutQuota, PutTenant
 from portal.allocator.state import (
     Contradiction,
@@ -325,6 +325,7 @@ class Allocator(GroupCommit):
         expected_duration_s: float | None = None,
         estimate: bool = True,
         free_only: bool = False,
+        adopt: str | None = None,
     ) -> WorkloadStatus:
         """Allocate now if quota and capacity allow, else queue with a reason.
 
@@ -333,6 +334,10 @@ class Allocator(GroupCommit):
         without its place and ETA (as ``status``), for callers that do not show them.
         ``free_only``: start now on free capacity or raise ``intake.NoFreeRoom``, having
         changed nothing (never queued, no reclaim started for it).
+        ``adopt``: a running workload (a pre-started placeholder) released in the same
+        decision, so the request is scheduled on the devices it freed; ignored when it has
+        ended meanwhile, when a retry finds the first request's workload, and when the
+        request would queue all the same (its quota): then it is decided again without.
         """
         wid = uuid.uuid4().hex
 
@@ -344,9 +349,17 @@ class Allocator(GroupCommit):
                 prior = self._by_idempotency(draft, req, idempotency_key)
                 if prior is not None:
                     return prior
+            adopted = draft.live.get(adopt) if adopt is not None else None
+            freed: frozenset[str] | None = None
+            if adopted is not None and adopted.rec.state is WorkloadState.RUNNING:
+                _, freed = _end(draft, adopted, WorkloadState.RELEASED, f"adopted by {req.name}")
             lv = intake.enqueue(draft, req, wid, idempotency_key, expected_duration_s)
             if free_only:
                 intake.start_on_free(draft, lv)
+            elif freed is not None:
+                cycle.schedule(draft, freed=freed)  # the queue in order, the new one included
+                if wid in draft.queued:
+                    raise _NotAdopted  # it would wait anyway: the placeholder stays (no trace)
             else:
                 cycle.schedule(draft, fresh=wid)
             return wid
@@ -354,7 +367,15 @@ class Allocator(GroupCommit):
         def status(found: str | WorkloadStatus) -> WorkloadStatus:
             return self._status_of(found, estimate=estimate) if isinstance(found, str) else found
 
-        return self._decide_then(decide, status)
+        try:
+            return self._decide_then(decide, status)
+        except _NotAdopted:
+            return self.request(
+                req,
+                idempotency_key=idempotency_key,
+                expected_duration_s=expected_duration_s,
+                estimate=estimate,
+            )
 
     def release(self, workload_id: str, *, reason: str = "released") -> WorkloadStatus:
         """Release a workload's devices (or cancel it while queued). Idempotent."""
@@ -365,14 +386,7 @@ class Allocator(GroupCommit):
             lv = draft.live[workload_id]
             queued = lv.rec.state is WorkloadState.QUEUED
             state = WorkloadState.CANCELLED if queued else WorkloadState.RELEASED
-            freed = frozenset(a.flavor for a in lv.allocations if a.flavor)
-            book = draft.book()
-            affected = {
-                fl: quota.affected_by_release(book, draft.ledger.usage, lv.rec.tenant, fl)
-                for fl in freed
-            }
-            draft.set_scalars(affected=tuple(affected.items()))
-            ended = draft.finish(lv, state, reason)
+            ended, freed = _end(draft, lv, state, reason)
             cycle.schedule(draft, freed=freed)
             return ended
 
@@ -606,6 +620,24 @@ class Allocator(GroupCommit):
                 return r.id
         stored = self._store.workload_by_idempotency_key(req.tenant, req.owner, key)
         return status_of(stored, stored.message) if stored is not None else None
+
+
+class _NotAdopted(Exception):
+    """An adopting request would have queued: its draft is dropped and it is asked again."""
+
+
+def _end(
+    draft: Draft, lv: Live, state: WorkloadState, reason: str
+) -> tuple[WorkloadRecord, frozenset[str]]:
+    """End ``lv`` on the draft; returns its final record and the flavors it freed (the
+    caller schedules them)."""
+    freed = frozenset(a.flavor for a in lv.allocations if a.flavor)
+    book = draft.book()
+    affected = {
+        fl: quota.affected_by_release(book, draft.ledger.usage, lv.rec.tenant, fl) for fl in freed
+    }
+    draft.set_scalars(affected=tuple(affected.items()))
+    return draft.finish(lv, state, reason), freed
 
 
 def _check_version(kind: str, name: str, current: int | None, expected: int | None) -> None:

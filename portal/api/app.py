@@ -22,6 +22,7 @@ from portal.api import (
     inventory,
     jobs,
     offers,
+    prestart,
     queue,
     quotas,
     ray,
@@ -102,6 +103,7 @@ def create_app(
         cost,
         forecast,
         offers,
+        prestart,
     ):
         app.include_router(module.router, prefix=PREFIX)
     app.include_router(telemetry_routes.router, prefix=PREFIX)

@@ -224,6 +224,14 @@ class WorkloadIn(InModel):
         le=1e9,
         description="How long it expects to run, for queue ETAs; null: unknown.",
     )
+    option: Key | None = Field(
+        default=None,
+        description=(
+            "The spawn option (offer key, e.g. `gpu:H100-80GB:1`) these devices are: a "
+            "notebook of one member with exactly the option's devices takes a pre-started "
+            "placeholder of it when one is held. Null: none."
+        ),
+    )
 
 
 class AllocationOut(Model):

@@ -7,15 +7,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from policies.errors import Forbidden
-from policies.requests import DeviceRequest, WorkloadRequest
+from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, codec
 from portal.api import convert
 from portal.api.auth import Caller, CallerKind, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses, shown_value
 from portal.api.inputs import HEADER, KEY, TEXT, Label, bounded
+from portal.api.prestart import prestart_of
 from portal.api.schemas import ErrorBody, Page, WorkloadIn, WorkloadOut
 from portal.errors import IdempotencyMismatch
+from portal.prestart.service import PrestartService
 from portal.store.records import WorkloadState
 
 router = APIRouter(prefix="/workloads", tags=["workloads"], responses=ERROR_RESPONSES)
@@ -94,6 +96,7 @@ def request_workload(
     response: Response,
     caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
     alloc: Annotated[Allocator, Depends(allocator)],
+    pre: Annotated[PrestartService | None, Depends(prestart_of)],
     idempotency_key: Annotated[
         Annotated[str, HEADER] | None,
         Header(
@@ -138,8 +141,15 @@ def request_workload(
         gang_size=body.gang_size,
         priority=body.priority,
     )
+    # A spawn of an option with a pre-started placeholder takes its devices in one decision.
+    adopt = None
+    if pre is not None and body.option is not None and req.kind is WorkloadKind.NOTEBOOK:
+        adopt = pre.placeholder_for(body.option, req.devices) if req.gang_size == 1 else None
     status = alloc.request(
-        req, idempotency_key=idempotency_key, expected_duration_s=body.expected_duration_s
+        req,
+        idempotency_key=idempotency_key,
+        expected_duration_s=body.expected_duration_s,
+        adopt=adopt,
     )
     if idempotency_key is not None:
         _check_retry(alloc, status.id, req, body.expected_duration_s, idempotency_key)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
     from portal.api.forecast import CapacityForecastOut
     from portal.api.offers import OfferOut
+    from portal.api.prestart import PrestartOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
 T = TypeVar("T")
@@ -301,6 +302,10 @@ class AsyncPortal:
         tenant: str | None = None,
     ) -> ServiceCostOut:
         return await self._run(core.service_hours(start, end, tenant))
+
+    async def prestart(self) -> PrestartOut:
+        """The pre-started environments' plan per option and placeholders (platform admins)."""
+        return await self._run(core.prestart())
 
     async def capacity_forecast(
         self, *, weeks: int | None = None, history_days: int | None = None

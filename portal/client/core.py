@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
     from portal.api.forecast import CapacityForecastOut
     from portal.api.offers import OfferOut
+    from portal.api.prestart import PrestartOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
 API = "api/v1"
@@ -530,6 +531,13 @@ def capacity_forecast(weeks: int | None, history_days: int | None) -> Op[Capacit
     params = _filters(weeks=weeks, history_days=history_days)
     call = Call("GET", f"{API}/forecast/capacity", params, idempotent=True)
     return (yield from one(call, CapacityForecastOut))
+
+
+def prestart() -> Op[PrestartOut]:
+    from portal.api.prestart import PrestartOut
+
+    call = Call("GET", f"{API}/prestart", idempotent=True)
+    return (yield from one(call, PrestartOut))
 
 
 def budgets(page_size: int, tenant: str | None) -> Op[list[BudgetOut]]:

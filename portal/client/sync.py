@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from portal.api.cost import BudgetOut, CostSummaryOut, ServiceCostOut
     from portal.api.forecast import CapacityForecastOut
     from portal.api.offers import OfferOut
+    from portal.api.prestart import PrestartOut
     from portal.api.telemetry import DeviceMinutesOut, SeriesPage
 
 T = TypeVar("T")
@@ -359,6 +360,10 @@ class Portal:
     ) -> ServiceCostOut:
         """Inference services' GPU-hours in the window, warm pool and serving apart."""
         return self._run(core.service_hours(start, end, tenant))
+
+    def prestart(self) -> PrestartOut:
+        """The pre-started environments' plan per option and placeholders (platform admins)."""
+        return self._run(core.prestart())
 
     def capacity_forecast(
         self, *, weeks: int | None = None, history_days: int | None = None

@@ -55,6 +55,7 @@ from portal.isolation import loop as isolation_loop
 from portal.isolation.config import load_isolation_settings
 from portal.jobs import service as job_service
 from portal.kube import service as kube_loops
+from portal.prestart import service as prestart_service
 from portal.ray import service as ray_service
 from portal.service import hubsync, logs, seed, startup, tokens
 from portal.service.decisions import ReportingStore
@@ -260,6 +261,13 @@ def _run(
         ray_controller=ray_controller,
         ray_job_controller=ray_jobs,
     )
+    # Pre-started environments (off unless given a budget): the API answers with their plan
+    # and a spawn adopts one; a request that queues wakes their loop at once.
+    prestart = prestart_service.build_for_service(allocator, settings)
+    app.state.prestart = prestart
+    if prestart is not None:
+        store.listeners.append(prestart.on_decision)
+        prestart_service.register(loops, prestart)
     accounting = cost_api.configure(app, settings)
     # Price the month at once, then keep it priced: no viewer pays for a cold month.
     loops.add("cost-warm", COST_WARM_INTERVAL_S, accounting.warm, first_after_s=0)

@@ -67,6 +67,7 @@ def client_operations() -> list[core.Op[object]]:
         core.budgets(1, None),
         core.service_hours(None, None, None),
         core.capacity_forecast(None, None),
+        core.prestart(),
         core.series("d", None, None, None, None, None),
         core.device_usage(None, None),
         core.alerts(1, None, (), None),

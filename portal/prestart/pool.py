@@ -11,11 +11,12 @@ queued, never reclaiming) at the lowest priority, with an idempotency key
 - ``reconcile()`` decides on one reading of the allocator (held placeholders, free capacity,
   queued flavors), then acts: it releases what the plan no longer wants (every placeholder of
   a flavor someone queues for first), then requests what is missing.
-- ``adopt(option)`` gives one placeholder of the option back so that a spawn of that option
-  takes its devices at once; the next ``reconcile`` starts a replacement if still wanted.
+- ``placeholder(option)`` names the oldest placeholder of an option: a spawn of it passes
+  that id to ``Allocator.request(adopt=...)``, which releases it and places the spawn in one
+  decision; the next ``reconcile`` starts a replacement if still wanted. ``adopt(option)``
+  only gives one back (for a caller that requests separately).
 
-Not built yet: the loop under ``gpuportal serve``, the spawner calling ``adopt``, the API and
-Cluster view, and starting anything beyond the held devices (decision 0013).
+The loop, the rates and the settings are ``portal.prestart.service``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from policies.prestart import PrestartOption, PrestartTarget, plan_prestart
+from policies.prestart import DEFAULT_HORIZON_S, PrestartOption, PrestartTarget, plan_prestart
 from policies.requests import MAX_PRIORITY, DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator
 from portal.allocator.intake import NoFreeRoom
@@ -59,12 +60,14 @@ class PrestartPool:
         options: Sequence[PrestartSpec],
         rates: Callable[[], Mapping[str, float]],
         budget: float,
+        horizon_s: float = DEFAULT_HORIZON_S,
     ) -> None:
         self._alloc = alloc
         self.tenant = tenant
         self.options = {o.key: o for o in options}
         self._rates = rates
         self.budget = budget
+        self.horizon_s = horizon_s
 
     def held(self) -> dict[str, list[str]]:
         """Running placeholders per option key, oldest first."""
@@ -103,7 +106,9 @@ class PrestartPool:
             PrestartOption(o.key, o.flavor, o.cost, rates.get(o.key, 0.0))
             for o in self.options.values()
         ]
-        return plan_prestart(options, budget=self.budget, free=free, queued=queued)
+        return plan_prestart(
+            options, budget=self.budget, free=free, queued=queued, horizon_s=self.horizon_s
+        )
 
     def reconcile(self) -> list[PrestartTarget]:
         """Release what the plan no longer wants, then request what it misses."""
@@ -118,6 +123,11 @@ class PrestartPool:
                 if not self._request(self.options[t.key]):
                     break
         return plan
+
+    def placeholder(self, option: str) -> str | None:
+        """The oldest placeholder held for ``option``, or None."""
+        ids = self.held().get(option, [])
+        return ids[0] if ids else None
 
     def adopt(self, option: str) -> bool:
         """Give back one placeholder of ``option`` for a spawn of it; False when none held."""
