@@ -98,6 +98,16 @@ def network_policies(spec: TenantSpec, settings: IsolationSettings) -> list[Mani
             settings,
             ALLOW_HUB_INGRESS,
             {
+                # Not the replicas: nothing but the gateway reaches them from outside.
+                "podSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": settings.label("role"),
+                            "operator": "NotIn",
+                            "values": [REPLICA_ROLE],
+                        }
+                    ]
+                },
                 "policyTypes": ["Ingress"],
                 "ingress": [
                     {
