@@ -95,6 +95,12 @@ def local_backend(state_dir: Path, weights: WeightCache | None = None) -> Servic
     return ServiceBackend(BackendKind.LOCAL, LocalRunner(state_dir), state_dir, weights=weights)
 
 
+def hub_id(uri: str) -> str:
+    """What engines take for a model: an ``hf://`` URI's repository id (they fetch it from
+    the Hugging Face Hub themselves), any other URI as it is."""
+    return uri.removeprefix("hf://")
+
+
 def fill(arg: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         arg = arg.replace("{" + key + "}", value)
@@ -116,7 +122,7 @@ def replica_launch(
         port = backend.port if backend.port is not None else free_port(backend.host)
     engine = spec.engine.resolved
     values = {
-        "model": model_path or spec.model.local_path or spec.model.uri,
+        "model": model_path or spec.model.local_path or hub_id(spec.model.uri),
         "name": spec.served_name,
         "port": str(port),
         "host": backend.bind or backend.host,
