@@ -190,6 +190,7 @@ def test_replicas_are_pods_bound_where_the_allocator_placed_them_within_quota(ri
         (allocation,) = placed.allocations
         assert pod.metadata.annotations[KEYS.allocation] == allocation.id
         assert pod.spec.node_name == allocation.node == NODE
+        assert pod.metadata.annotations[KEYS.gpus] == ",".join(map(str, allocation.gpus))
         assert pod.spec.scheduler_name == SCHEDULER_NAME
         assert pod.status.phase == "Running"
         # Restricted Pod Security (the namespace enforces it: the pod was admitted).
