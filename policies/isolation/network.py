@@ -25,6 +25,14 @@ ALLOW_DNS = "allow-dns-egress"
 ALLOW_HUB_API = "allow-hub-api-egress"
 ALLOW_INTRA_TENANT = "allow-intra-tenant"
 ALLOW_INTERNET = "allow-internet-egress"
+ALLOW_GATEWAY = "allow-gateway-to-replicas"
+REPLICA_ROLE = "inference-replica"
+"""The ``role`` label value of inference replica pods (``replica_selector``)."""
+
+
+def replica_selector(settings: IsolationSettings) -> dict[str, str]:
+    """The labels every inference replica pod carries, and that the gateway's policy selects."""
+    return {settings.label("role"): REPLICA_ROLE}
 
 
 def _peer(namespace: str, pod_labels: Mapping[str, str]) -> dict[str, Any]:
@@ -72,8 +80,34 @@ def network_policies(spec: TenantSpec, settings: IsolationSettings) -> list[Mani
         _policy(
             spec,
             settings,
+            ALLOW_GATEWAY,
+            {
+                # Replicas only: the gateway's port is no way into the tenant's other pods.
+                "podSelector": {"matchLabels": replica_selector(settings)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [_peer(settings.hub_namespace, settings.portal_pod_labels)],
+                        "ports": [{"protocol": tcp, "port": settings.inference_port}],
+                    }
+                ],
+            },
+        ),
+        _policy(
+            spec,
+            settings,
             ALLOW_HUB_INGRESS,
             {
+                # Not the replicas: nothing but the gateway reaches them from outside.
+                "podSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": settings.label("role"),
+                            "operator": "NotIn",
+                            "values": [REPLICA_ROLE],
+                        }
+                    ]
+                },
                 "policyTypes": ["Ingress"],
                 "ingress": [
                     {

@@ -93,7 +93,8 @@ def portal_cluster_role(settings: IsolationSettings) -> Manifest:
             # patch: the binder writes a job pod's allocation and rank on it before binding.
             _rule([""], ["pods"], [*READ, "create", "patch", "delete"]),
             _rule([""], ["pods/binding"], ["create"]),
-            # Training jobs: an attempt's indexed Job, headless Service and gang Workload.
+            # Training jobs: an attempt's indexed Job, headless Service and gang Workload
+            # (services create and delete their replicas' pods and headless Service too).
             _rule(["batch"], ["jobs"], [*READ, "create", "patch", "delete"]),
             _rule([""], ["services"], ["get", "create", "delete"]),
             _rule(["scheduling.k8s.io"], ["workloads"], ["get", "create", "delete"]),

@@ -113,6 +113,8 @@ class IsolationSettings:
         hub_api_port: JupyterHub's API port (notebooks report activity and authenticate there).
         portal_api_port: the portal service's port (the notebook-side client calls it).
         notebook_port: the port single-user servers listen on; only the hub and proxy reach it.
+        inference_port: the port inference replicas' engines listen on; only the portal (its
+            gateway) reaches it.
         dns_namespace, dns_pod_labels: the cluster DNS pods (UDP and TCP 53 are allowed there).
         api_server_cidrs: the Kubernetes API's service IP and endpoint addresses, always denied
             to tenant pods (also when they are public).
@@ -156,6 +158,7 @@ class IsolationSettings:
     hub_api_port: int = 8081
     portal_api_port: int = 8000
     notebook_port: int = 8888
+    inference_port: int = 8080
     dns_namespace: str = "kube-system"
     dns_pod_labels: Mapping[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
     api_server_cidrs: tuple[str, ...] = ("10.96.0.1/32",)
@@ -209,7 +212,7 @@ class IsolationSettings:
             )
         for what in ("hub_pod_labels", "proxy_pod_labels", "portal_pod_labels", "dns_pod_labels"):
             object.__setattr__(self, what, _labels(what, getattr(self, what)))
-        for what in ("hub_api_port", "portal_api_port", "notebook_port"):
+        for what in ("hub_api_port", "portal_api_port", "notebook_port", "inference_port"):
             _port(what, getattr(self, what))
         if not self.api_server_cidrs:
             raise InvalidRequest("api_server_cidrs", "()", "at least the API server's service IP")

@@ -44,7 +44,6 @@ from portal.inference.controller import ServiceController, ServiceView
 from portal.inference.spec import MAX_ARGS, Engine, Hold, Preset, ServiceSpec
 from portal.inference.traffic import Traffic
 from portal.inference.weights import CacheEntry
-from portal.jobs.backend import read_file_log
 from portal.jobs.spec import device_request
 from portal.store.records import EventRecord, ReplicaRecord
 
@@ -514,8 +513,7 @@ def service_logs(
     last = view.service.next_replica - 1
     if replica > max(1, last):
         raise InvalidRequest("replica", replica, f"1 to {max(1, last)}")
-    path = controller.log_path(service_id, replica)
-    data = read_file_log(path, offset, limit).data if path is not None else b""
+    data = controller.read_log(service_id, replica, offset, limit).data
     return LogOut(
         service_id=service_id,
         replica=replica,

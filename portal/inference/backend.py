@@ -27,6 +27,10 @@ LOOPBACK = "127.0.0.1"
 PROBE_TIMEOUT_S = 0.5
 POST_TIMEOUT_S = 5.0
 
+HEALTH_PATH_ENV = "GPUPORTAL_HEALTH_PATH"
+"""A replica's variable naming its engine's health path (on Kubernetes, the path of the pod's
+readiness probe)."""
+
 Probe = Callable[[str], bool]
 """Whether the engine at a URL (its health path included) answers 200."""
 
@@ -62,7 +66,12 @@ def http_post(url: str) -> bool:
 class ServiceBackend:
     """What the service controller uses of a backend: the runner of engine processes, where
     they listen, a folder to run them in, the health probe and the sleep and wake calls, and
-    the weight cache (None: replicas serve a ``file://`` model's folder itself)."""
+    the weight cache (None: replicas serve a ``file://`` model's folder itself).
+
+    The local backend gives each engine a free loopback port of this host. A backend whose
+    replicas each have a network of their own (Kubernetes: a pod each) sets ``port``, the one
+    port every engine listens on, ``bind`` (the ``{host}`` engines listen on) and
+    ``address``, the host name of replica ``(service_id, number)``."""
 
     kind: BackendKind
     runner: Runner
@@ -71,14 +80,25 @@ class ServiceBackend:
     probe: Probe = http_probe
     post: Probe = http_post
     weights: WeightCache | None = None
+    port: int | None = None
+    bind: str | None = None
+    address: Callable[[str, int], str] | None = None
 
-    def url(self, port: int) -> str:
-        return f"http://{self.host}:{port}"
+    def url(self, port: int, service_id: str = "", number: int = 0) -> str:
+        """The base URL of replica ``number`` of ``service_id``, listening on ``port``."""
+        host = self.address(service_id, number) if self.address is not None else self.host
+        return f"http://{host}:{port}"
 
 
 def local_backend(state_dir: Path, weights: WeightCache | None = None) -> ServiceBackend:
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return ServiceBackend(BackendKind.LOCAL, LocalRunner(state_dir), state_dir, weights=weights)
+
+
+def hub_id(uri: str) -> str:
+    """What engines take for a model: an ``hf://`` URI's repository id (they fetch it from
+    the Hugging Face Hub themselves), any other URI as it is."""
+    return uri.removeprefix("hf://")
 
 
 def fill(arg: str, values: dict[str, str]) -> str:
@@ -98,18 +118,20 @@ def replica_launch(
 ) -> tuple[MemberLaunch, int]:
     """The engine process of replica ``number`` serving ``model_path`` (default: the
     model's own folder, or its URI), and the port it will listen on."""
-    port = port if port is not None else free_port(backend.host)
+    if port is None:
+        port = backend.port if backend.port is not None else free_port(backend.host)
     engine = spec.engine.resolved
     values = {
-        "model": model_path or spec.model.local_path or spec.model.uri,
+        "model": model_path or spec.model.local_path or hub_id(spec.model.uri),
         "name": spec.served_name,
         "port": str(port),
-        "host": backend.host,
+        "host": backend.bind or backend.host,
     }
     env = {
         **dict(spec.engine.env),
         "GPUPORTAL_SERVICE_ID": service_id,
         "GPUPORTAL_REPLICA": str(number),
+        HEALTH_PATH_ENV: engine.health_path,
         "PORT": str(port),
     }
     launch = MemberLaunch(
@@ -121,5 +143,8 @@ def replica_launch(
         command=tuple(fill(a, values) for a in engine.command),
         cwd=str(backend.workdir),
         env=env,
+        image=engine.image or None,
+        tenant=spec.tenant,
+        allocation=allocation,
     )
     return launch, port

@@ -47,6 +47,7 @@ from portal.inference.traffic import TrafficBook
 from portal.inference.views import ReplicaView as ReplicaView
 from portal.inference.views import ServiceView as ServiceView
 from portal.inference.warm import WARM_PRIORITY, EngineCalls, plan, woken
+from portal.jobs.backend import LogChunk, LogReader, read_file_log
 from portal.jobs.runner import MemberExit, RunnerError
 from portal.store import services as stored
 from portal.store.records import (
@@ -211,6 +212,17 @@ class ServiceController:
             return None
         return self.backend.runner.log_path(service_id, number, 0)
 
+    def read_log(self, service_id: str, number: int, offset: int, limit: int) -> LogChunk:
+        """Up to ``limit`` bytes of replica ``number``'s engine log from ``offset``: from the
+        runner when its logs are not files here (a pod's, ``LogReader``), else the file's."""
+        runner: object = self.backend.runner if self.backend is not None else None
+        if isinstance(runner, LogReader):
+            return runner.read_log(service_id, number, 0, offset, limit)
+        path = self.log_path(service_id, number)
+        if path is None:
+            return LogChunk(b"", 0, "no backend runs replicas here")
+        return read_file_log(path, offset, limit)
+
     def spec_of(self, svc: ServiceRecord) -> ServiceSpec:
         return ServiceSpec.from_dict(svc.tenant, svc.owner, svc.name, svc.spec)
 
@@ -231,6 +243,7 @@ class ServiceController:
             spec = replace(
                 spec, replicas=replicas or spec.replicas, scaling=scaling or spec.scaling
             )
+            spec.check_backend(self.kind)
             bounds = spec.replicas
             desired = max(bounds.min, min(bounds.max, svc.desired))
             new = self._versioned(svc, spec=spec.to_dict(), desired=desired)
@@ -419,7 +432,7 @@ class ServiceController:
         starting = r.state is ReplicaState.STARTING and not r.warm and r.port is not None
         if starting and self.backend is not None and r.port is not None:
             health = self.spec_of(svc).engine.resolved.health_path
-            if self.backend.probe(self.backend.url(r.port) + health):
+            if self.backend.probe(self.backend.url(r.port, svc.id, r.number) + health):
                 ready = replace(r, state=ReplicaState.READY, ready_at=self.now)
                 new = self._versioned(svc, failures=0)
                 self._commit(
@@ -578,7 +591,7 @@ class ServiceController:
             if self.backend is None:
                 continue
             urls = tuple(
-                self.backend.url(r.port)
+                self.backend.url(r.port, svc.id, r.number)
                 for r in stored.replicas(self._alloc.store, svc.id, live=True)
                 if r.state is ReplicaState.READY and r.port is not None
             )

@@ -64,7 +64,7 @@ def begin(c: ServiceController, svc: ServiceRecord, r: ReplicaRecord, reason: st
     """``r`` (ready, with a port) leaves the rotation now, not at the loop's next round, if
     the gateway has requests in flight to it; whether it drains (else stop it at once)."""
     assert c.backend is not None and r.port is not None
-    url = c.backend.url(r.port)
+    url = c.backend.url(r.port, svc.id, r.number)
     if c.traffic.in_flight_at(url) <= 0:
         return False
     stopping = replace(r, state=ReplicaState.STOPPING, reason=reason)
@@ -77,7 +77,7 @@ def begin(c: ServiceController, svc: ServiceRecord, r: ReplicaRecord, reason: st
 
 def check(c: ServiceController, svc: ServiceRecord, r: ReplicaRecord) -> None:
     """Stop the draining ``r`` if nothing is in flight to it any more, or its time is up."""
-    url = None if c.backend is None or r.port is None else c.backend.url(r.port)
+    url = None if c.backend is None or r.port is None else c.backend.url(r.port, svc.id, r.number)
     if c._drains.due(r, c.traffic.in_flight_at(url), c.now):
         c._signal(svc, r, r.reason, c._stop_grace_s)
 

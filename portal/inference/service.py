@@ -1,16 +1,19 @@
 """The service controller inside ``gpuportal serve``: built over the service's allocator, with
-the local process backend when the inventory is this host's, and driven by the ``services``
-loop."""
+the local process backend when the inventory is this host's, the Kubernetes backend (pods
+bound by the portal's binder: ``portal.inference.kube``) when it is the cluster's, and driven
+by the ``services`` loop."""
 
 from __future__ import annotations
 
+from policies.isolation import IsolationSettings
 from portal.allocator import Allocator
 from portal.inference.autoscaler import EVALUATE_EVERY_S, Autoscaler
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
+from portal.inference.kube import kube_backend
 from portal.inference.prewarm import PLAN_EVERY_S, ForecastWarm
-from portal.inference.spec import Backend as BackendKind
 from portal.inference.weights import WeightCache
+from portal.kube.service import cluster_client
 from portal.service.loops import Loops
 from portal.settings import Settings
 
@@ -18,18 +21,14 @@ SERVICES_INTERVAL_S = 0.5
 """Seconds between rounds of the services loop: how soon a placement, an engine's health or
 its exit is acted on."""
 
-NO_KUBERNETES_BACKEND = (
-    "inference services run on the local backend only in this version: the Kubernetes "
-    "service backend (Deployments) is not available yet"
-)
 
-
-def build_for_service(allocator: Allocator, settings: Settings) -> ServiceController:
-    """The service's controller, started (running replicas re-adopted). Where no backend can
-    run replicas it still lists, scales and deletes services, and answers a deploy with 503."""
+def build_for_service(
+    allocator: Allocator, settings: Settings, isolation: IsolationSettings | None = None
+) -> ServiceController:
+    """The service's controller, started (running replicas re-adopted)."""
     if settings.inventory == "kubernetes":
-        controller = ServiceController(
-            allocator, kind=BackendKind.KUBERNETES, refuse=NO_KUBERNETES_BACKEND
+        backend = kube_backend(
+            cluster_client(), isolation or IsolationSettings(), settings.state_dir / "services"
         )
     else:
         weights = WeightCache(
@@ -38,9 +37,9 @@ def build_for_service(allocator: Allocator, settings: Settings) -> ServiceContro
             tenant_bytes=settings.weight_cache_tenant_bytes,
         )
         backend = local_backend(settings.state_dir / "services", weights)
-        controller = ServiceController(
-            allocator, backend=backend, drain_timeout_s=settings.drain_timeout_s
-        )
+    controller = ServiceController(
+        allocator, backend=backend, drain_timeout_s=settings.drain_timeout_s
+    )
     controller.start()
     return controller
 

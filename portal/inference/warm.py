@@ -124,7 +124,7 @@ class EngineCalls:
         if now is None or now.state is not ReplicaState.STARTING or now.port is None:
             return
         engine = c.spec_of(svc).engine.resolved
-        base = c.backend.url(now.port)
+        base = c.backend.url(now.port, svc.id, now.number)
         if not c.backend.probe(base + engine.health_path):
             return  # still loading: the next round tries again
         post = c.backend.post

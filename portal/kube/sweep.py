@@ -5,8 +5,9 @@ whose pods are all gone or finished: at once if a pod of it was seen before, or,
 was (the pod is not created yet, or the portal restarted), once the allocation is older than a
 grace period. A pod being deleted still holds its devices until it is gone. The allocator's
 release is idempotent, so each workload is released once. Workloads of kind ``job`` are left to
-the job controller, which releases an attempt when its members end, and those of kind ``ray``
-to the Ray controller, which releases a slice when its cluster shrinks or stops.
+the job controller, which releases an attempt when its members end, those of kind ``ray``
+to the Ray controller, which releases a slice when its cluster shrinks or stops, and those of
+kind ``inference`` to the service controller, which releases a replica when its pod is gone.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ Clock = Callable[[], datetime]
 RELEASE_REASON = "pod-gone"
 # States that hold devices; a preempted workload's pod going away is the expected end of it.
 HOLDING = frozenset({WorkloadState.RUNNING, WorkloadState.PREEMPTING})
+OWNED_KINDS = frozenset(
+    k.value for k in (WorkloadKind.JOB, WorkloadKind.RAY, WorkloadKind.INFERENCE)
+)
+"""Workload kinds whose controllers release them when their pods go."""
 
 
 def utcnow() -> datetime:
@@ -59,9 +64,9 @@ def gone(
     for w in live:
         if w.state not in HOLDING or not w.allocations or w.id in alive:
             continue
-        if w.kind in (WorkloadKind.JOB.value, WorkloadKind.RAY.value):
-            # The job and Ray controllers own their pods (a Ray worker pod the operator
-            # replaces keeps its slice) and release their workloads themselves.
+        if w.kind in OWNED_KINDS:
+            # The job, Ray and service controllers own their pods (a Ray worker pod the
+            # operator replaces keeps its slice) and release their workloads themselves.
             continue
         started = w.started_at or w.created_at
         if w.id in seen or (now - started).total_seconds() >= grace_s:

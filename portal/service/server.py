@@ -249,7 +249,7 @@ def _run(
     metrics = ServiceMetrics(allocator)
     store.listeners.append(lambda outcome, _event: metrics.decided(outcome))
     job_controller = job_service.build_for_service(allocator, settings, isolation)
-    service_controller = inference_service.build_for_service(allocator, settings)
+    service_controller = inference_service.build_for_service(allocator, settings, isolation)
     ray_controller = ray_service.build_for_service(allocator, settings)
     ray_jobs = ray_service.build_jobs_for_service(ray_controller, settings)
     app = create_app(

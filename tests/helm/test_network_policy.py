@@ -1,8 +1,8 @@
 """The chart's NetworkPolicies together with the tenant isolation policies, checked by an
 independent analyser (network-config-analyzer, see tests/portal/isolation/test_connectivity.py
 for how it is installed): the chart's pods plus z2jh's hub and proxy in the release namespace, a
-tenant notebook, a stranger in another namespace and DNS; the assertions are on the connections
-nca computes, not on the YAML."""
+tenant notebook and inference replica, a stranger in another namespace and DNS; the assertions
+are on the connections nca computes, not on the YAML."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from policies.isolation import TenantSpec, tenant_manifests
+from policies.isolation.network import replica_selector
 from tests.helm.chart import CHART as CHART_DIR
 from tests.helm.chart import Helm, isolation_of, load_yaml
 from tests.portal.isolation.test_connectivity import nca_executable
@@ -77,6 +78,7 @@ def cluster_objects(helm: Helm) -> list[dict[str, Any]]:
         _pod("hub", NAMESPACE, VALUES["hub"]["podLabels"], 8081),
         _pod("proxy", NAMESPACE, VALUES["hub"]["proxyPodLabels"], 8000),
         _pod("notebook", TENANT_NS, {"app": "notebook"}, settings.notebook_port),
+        _pod("replica", TENANT_NS, replica_selector(settings), settings.inference_port),
         _pod("stranger", "elsewhere", {"app": "stranger"}, 8080),
         _pod("dns", "kube-system", {"k8s-app": "kube-dns"}, 53),
     ]
@@ -137,6 +139,7 @@ def test_the_portal_is_reached_by_hub_proxy_chart_pods_and_tenant_notebooks_only
         pod("dashboards"): tcp(8000),
         pod("agent"): tcp(8000),
         pod("notebook", TENANT_NS): tcp(8000),
+        pod("replica", TENANT_NS): tcp(8000),  # a tenant pod like any other
     }
     # Nor from outside the cluster.
     assert all(c.src.endswith("[Pod]") for c in connections if c.dst == pod("portal"))
@@ -169,4 +172,6 @@ def test_the_portal_reaches_dns_and_the_hub_api_among_pods(
     assert to_pods == {
         pod("dns", "kube-system"): "{protocols:TCP, UDP,dst_ports:53}",
         pod("hub"): tcp(8081),
+        # The gateway: a tenant's inference replica, on its serving port only.
+        pod("replica", TENANT_NS): tcp(8080),
     }

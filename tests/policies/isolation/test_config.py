@@ -20,6 +20,7 @@ CHANGED: dict[str, Any] = {
     "hub_api_port": 8082,
     "portal_api_port": 9000,
     "notebook_port": 8889,
+    "inference_port": 8081,
     "dns_namespace": "dns",
     "dns_pod_labels": {"k8s-app": "coredns"},
     "api_server_cidrs": ["10.100.0.1/32", "192.168.10.5/32"],

@@ -67,6 +67,7 @@ def test_kinds_and_order_of_a_tenant() -> None:
         ("ResourceQuota", "tenant-quota"),
         ("LimitRange", "tenant-defaults"),
         ("NetworkPolicy", "default-deny"),
+        ("NetworkPolicy", "allow-gateway-to-replicas"),
         ("NetworkPolicy", "allow-hub-to-notebooks"),
         ("NetworkPolicy", "allow-dns-egress"),
         ("NetworkPolicy", "allow-hub-api-egress"),

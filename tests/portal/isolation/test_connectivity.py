@@ -2,7 +2,8 @@
 
 The builders' Namespaces and NetworkPolicies for two tenants plus representative pods (two
 notebooks per tenant, a Ray cluster's head and worker per tenant as the KubeRay operator labels
-them, the hub, the proxy, the portal, DNS) go to a folder; ``nca
+them, an inference replica per tenant as the services' backend labels it, the hub, the proxy,
+the portal, DNS) go to a folder; ``nca
 --connectivity`` computes every allowed connection, and the test asserts on that, not on the
 YAML we wrote.
 
@@ -27,6 +28,7 @@ import pytest
 import yaml
 
 from policies.isolation import IsolationSettings, TenantSpec, tenant_manifests
+from portal.inference import kubeobjects as replicas
 from portal.ray import kubeobjects
 from tests.support.k8s import REPO_ROOT
 
@@ -76,6 +78,13 @@ def _ray_pods(namespace: str, tenant: str) -> list[dict[str, Any]]:
     ]
 
 
+def _replica_pod(namespace: str, tenant: str) -> dict[str, Any]:
+    """A service's replica pod, with the labels the backend gives it."""
+    labels = replicas.service_labels("5e7f1ce", tenant, SETTINGS)
+    labels[SETTINGS.label("replica")] = "1"
+    return _pod(f"llm-r1-{tenant}", namespace, labels, SETTINGS.inference_port)
+
+
 def cluster_objects() -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for spec in (OPEN, CLOSED):
@@ -94,6 +103,8 @@ def cluster_objects() -> list[dict[str, Any]]:
         *(_pod(n, NS_B, nb, SETTINGS.notebook_port) for n in ("nb-b1", "nb-b2")),
         *_ray_pods(NS_A, OPEN.name),
         *_ray_pods(NS_B, CLOSED.name),
+        _replica_pod(NS_A, OPEN.name),
+        _replica_pod(NS_B, CLOSED.name),
         _pod("hub", HUB, dict(SETTINGS.hub_pod_labels), SETTINGS.hub_api_port),
         _pod("proxy", HUB, dict(SETTINGS.proxy_pod_labels), 8000),
         _pod("portal", HUB, dict(SETTINGS.portal_pod_labels), SETTINGS.portal_api_port),
@@ -188,6 +199,21 @@ def test_another_tenant_has_no_path_to_or_from_a_ray_cluster(
     head_a, worker_a = sorted(ray_a)
     assert (worker_a, head_a) in pairs and (head_a, worker_a) in pairs
     assert not any((x, y) in pairs for x in ray_b for y in ray_b if x != y)
+
+
+def test_only_the_portal_and_the_tenant_s_own_pods_reach_an_inference_replica(
+    connections: list[Connection],
+) -> None:
+    replica_a, replica_b = pod(NS_A, f"llm-r1-{OPEN.name}"), pod(NS_B, f"llm-r1-{CLOSED.name}")
+    into = {(c.src, c.dst): c.conn for c in connections if c.dst in (replica_a, replica_b)}
+    serving = f"{{protocols:TCP,dst_ports:{SETTINGS.inference_port}}}"
+    # The gateway (in the portal's pods) reaches both, on the serving port only.
+    assert into.pop((pod(HUB, "portal"), replica_a)) == serving
+    assert into.pop((pod(HUB, "portal"), replica_b)) == serving
+    # Besides it, only the open tenant's own pods (its intra-tenant setting): no other
+    # tenant's pod, not the hub or proxy (on no port), nothing outside the cluster.
+    assert {src.split("/")[0] for src, _ in into} <= {NS_A}
+    assert all(dst == replica_a and src.endswith("[Pod]") for src, dst in into)
 
 
 def test_intra_tenant_traffic_follows_the_tenant_setting(connections: list[Connection]) -> None:

@@ -120,7 +120,7 @@ def test_reconcile_creates_every_object_and_a_second_run_changes_nothing(
     assert not again.changed, again
     assert ObjectRef("Namespace", None, NS_A) in again.unchanged
     assert ObjectRef("NetworkPolicy", NS_B, "default-deny") in again.unchanged
-    assert len(again.unchanged) == sum(len(tenant_manifests(t, SETTINGS)) for t in tenants) == 22
+    assert len(again.unchanged) == sum(len(tenant_manifests(t, SETTINGS)) for t in tenants) == 24
     ns = client.CoreV1Api(admin).read_namespace(NS_A)
     assert ns.metadata is not None and ns.metadata.labels is not None
     assert ns.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"

@@ -1,0 +1,289 @@
+"""Inference services on Kubernetes, against the real apiserver and kwok GPU nodes.
+
+The service controller runs over a real allocator (SQLite) with the Kubernetes backend
+(``portal.inference.kube``); the portal's binder binds the replica pods; nothing else
+schedules pods. kwok marks a bound pod Running and Ready, which is what readiness is read from
+(the gateway cannot reach kwok pods, so no request is proxied here). The test drives the loops
+itself (allocator tick, controller step, binder pass), so every step happens in the order it
+reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from fastapi.testclient import TestClient
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from policies.flavors import FlavorKind
+from policies.isolation import IsolationSettings, TenantSpec
+from policies.requests import DeviceRequest
+from policies.services import ModelRef, Replicas, ReplicaState
+from portal.allocator import Allocator
+from portal.api import create_app
+from portal.api.auth import StaticAuthenticator
+from portal.inference import kubeobjects as ko
+from portal.inference.controller import ServiceController
+from portal.inference.kube import kube_backend
+from portal.inference.spec import Engine, Preset, ServiceSpec
+from portal.inventory.kubernetes import to_node
+from portal.isolation import reconcile
+from portal.kube.binder import Binder
+from portal.kube.keys import SCHEDULER_NAME, PodKeys
+from portal.store import services as stored
+from portal.store.records import WorkloadState
+from portal.store.writer import Store
+from tests.portal.api.conftest import auth, member_of, user
+from tests.support import gpu_nodes
+from tests.support.k8s import K8sCluster
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.k8s
+
+T = TypeVar("T")
+SETTINGS = IsolationSettings()
+KEYS = PodKeys.of(SETTINGS)
+RKEYS = ko.ReplicaKeys.of(SETTINGS)
+NODE = "ks-h100-a"
+TEAM_A = TenantSpec(
+    name="ksteama", gpu_limits={"H100-80GB": 8}, cpu_millis=32000, memory_mib=65536, pods=20
+)
+TEAM_B = TenantSpec(
+    name="ksteamb", gpu_limits={"H100-80GB": 8}, cpu_millis=32000, memory_mib=65536, pods=20
+)
+NS_A = SETTINGS.namespace(TEAM_A.name)
+H100 = DeviceRequest(kind=FlavorKind.GPU, count=1, models=frozenset({"H100-80GB"}))
+TOKENS = {
+    "alice": user("alice", {TEAM_A.name}, *member_of(TEAM_A.name)),
+    "bob": user("bob", {TEAM_B.name}, *member_of(TEAM_B.name)),
+}
+DIGEST = "sha256:" + "ab" * 32
+BODY: dict[str, Any] = {
+    "engine": {"preset": "vllm"},
+    "model": {"uri": "hf://org/tiny-llm", "digest": DIGEST},
+    "devices": {"kind": "gpu", "count": 1, "models": ["H100-80GB"]},
+    "replicas": {"min": 2, "max": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def api(k8s_cluster: K8sCluster) -> Iterator[client.ApiClient]:
+    with k8s_cluster.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture(scope="module")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api
+) -> Iterator[list[Any]]:
+    """Two tenants reconciled and one kwok node of 8 H100s, as the allocator sees it. At the
+    end no pod is left in the tenants' namespaces."""
+    reconcile([TEAM_A, TEAM_B], SETTINGS, api)
+    k8s_cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(NODE, rack="rack-ks"))
+    ready = eventually(
+        lambda: n if not (n := core.read_node(NODE)).spec.taints else None,
+        f"the not-ready taint leaving {NODE}",
+    )
+    yield [to_node(api.sanitize_for_serialization(ready))]
+    for tenant in (TEAM_A, TEAM_B):
+        namespace = SETTINGS.namespace(tenant.name)
+        for pod in core.list_namespaced_pod(namespace).items:
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        eventually(
+            lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
+            f"no pods left in {namespace}",
+        )
+
+
+class Rig:
+    """The service's loops over one allocator, stepped by the test."""
+
+    def __init__(self, alloc: Allocator, api: client.ApiClient, workdir: Path) -> None:
+        self.alloc = alloc
+        self.api = api
+        self.workdir = workdir
+        self.services = self.controller()
+        self.binder = Binder(api, alloc, SETTINGS)
+        self.core = client.CoreV1Api(api)
+
+    def controller(self) -> ServiceController:
+        """A controller with a new runner (what a restarted portal builds)."""
+        c = ServiceController(
+            self.alloc, backend=kube_backend(self.api, SETTINGS, self.workdir), stop_grace_s=0
+        )
+        c.start()
+        return c
+
+    def step(self) -> None:
+        self.alloc.tick()
+        self.services.step()
+        self.binder.bind_pending()
+
+    def until(self, probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
+        def stepped() -> T | None:
+            self.step()
+            return probe()
+
+        return eventually(stepped, what, timeout_s)
+
+    def pods(self, service_id: str) -> list[client.V1Pod]:
+        found = self.core.list_namespaced_pod(
+            NS_A, label_selector=f"{RKEYS.service}={service_id}"
+        ).items
+        live = [p for p in found if p.metadata.deletion_timestamp is None]
+        return sorted(live, key=lambda p: p.metadata.name)
+
+    def ready(self, service_id: str, n: int) -> list[int] | None:
+        """The numbers of the service's ready replicas, once there are ``n``."""
+        reps = stored.replicas(self.alloc.store, service_id, live=True)
+        ready = [r.number for r in reps if r.state is ReplicaState.READY]
+        return ready if len(ready) == n else None
+
+
+@pytest.fixture
+def rig(nodes: list[Any], api: client.ApiClient, tmp_path: Path) -> Iterator[Rig]:
+    with Store(f"sqlite:///{tmp_path / 'portal.db'}") as store:
+        alloc = Allocator(store)
+        alloc.start(nodes)
+        for tenant in (TEAM_A, TEAM_B):
+            alloc.set_tenant(tenant.name)
+            alloc.set_quota(tenant.name, "H100-80GB", guaranteed=0, limit=3)
+        rig = Rig(alloc, api, tmp_path)
+        yield rig
+        for view in rig.services.services():
+            rig.services.delete(view.service.id)
+        with contextlib.suppress(AssertionError):
+            rig.until(lambda: True if not rig.core.list_namespaced_pod(NS_A).items else None, "")
+
+
+def deploy(rig: Rig, name: str = "llm") -> str:
+    spec = ServiceSpec(
+        tenant=TEAM_A.name,
+        owner="alice",
+        name=name,
+        engine=Engine(preset=Preset.VLLM),
+        model=ModelRef("hf://org/tiny-llm", DIGEST),
+        devices=H100,
+        replicas=Replicas(min=2, max=4),
+    )
+    return rig.services.deploy(spec).service.id
+
+
+def test_replicas_are_pods_bound_where_the_allocator_placed_them_within_quota(rig: Rig) -> None:
+    sid = deploy(rig)
+    assert rig.until(lambda: rig.ready(sid, 2), "2 replicas ready") == [1, 2]
+    pods = rig.pods(sid)
+    assert [p.metadata.name for p in pods] == [ko.pod_name(sid, 1), ko.pod_name(sid, 2)]
+    for r, pod in zip(stored.replicas(rig.alloc.store, sid, live=True), pods, strict=True):
+        placed = rig.alloc.status(r.workload_id)
+        (allocation,) = placed.allocations
+        assert pod.metadata.annotations[KEYS.allocation] == allocation.id
+        assert pod.spec.node_name == allocation.node == NODE
+        assert pod.metadata.annotations[KEYS.gpus] == ",".join(map(str, allocation.gpus))
+        assert pod.spec.scheduler_name == SCHEDULER_NAME
+        assert pod.status.phase == "Running"
+        # Restricted Pod Security (the namespace enforces it: the pod was admitted).
+        ctx = pod.spec.containers[0].security_context
+        assert pod.spec.security_context.run_as_non_root is True
+        assert (ctx.allow_privilege_escalation, ctx.read_only_root_filesystem) == (False, True)
+        assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    # Each replica has a stable name under the service's headless Service.
+    headless = rig.core.read_namespaced_service(ko.service_name(sid), NS_A)
+    assert headless.spec.cluster_ip == "None"
+    assert rig.services.ready_urls(sid) == tuple(
+        f"http://r{n}.{ko.service_name(sid)}.{NS_A}.svc:{SETTINGS.inference_port}" for n in (1, 2)
+    )
+
+    # 3 fit the quota (3 GPUs); a 4th waits with the allocator's reason and gets no pod.
+    rig.services.scale(sid, replicas=Replicas(min=4, max=4))
+    rig.until(lambda: rig.ready(sid, 3), "3 replicas ready")
+    for _ in range(3):
+        rig.step()
+    live = stored.replicas(rig.alloc.store, sid, live=True)
+    queued = [r for r in live if r.state is ReplicaState.QUEUED]
+    assert [r.number for r in queued] == [4]
+    assert rig.alloc.status(queued[0].workload_id).reason == "quota"
+    assert len(rig.pods(sid)) == 3
+
+    # A portal restart: a new runner finds the pods again; nothing ends or is re-created.
+    uids = {p.metadata.uid for p in rig.pods(sid)}
+    rig.services = rig.controller()
+    rig.step()
+    assert rig.ready(sid, 3) == [1, 2, 3]
+    assert {p.metadata.uid for p in rig.pods(sid)} == uids
+
+    # A pod deleted from outside: its replica ends and releases its GPU, which the queued 4th
+    # takes; the replacement waits for quota. Never more than 3 pods.
+    rig.core.delete_namespaced_pod(ko.pod_name(sid, 1), NS_A, grace_period_seconds=0)
+    rig.until(lambda: rig.ready(sid, 3), "3 replicas ready again")
+    now = {r.number: r for r in stored.replicas(rig.alloc.store, sid, live=True)}
+    assert sorted(n for n, r in now.items() if r.state is ReplicaState.READY) == [2, 3, 4]
+    assert [r.state for n, r in now.items() if n > 4] == [ReplicaState.QUEUED]
+    assert len(rig.pods(sid)) == 3
+    assert len([w for w in rig.alloc.workloads(TEAM_A.name) if w.allocations]) == 3
+
+    # Deleted: every pod and the Service go, and the quota is free again.
+    rig.services.delete(sid)
+    rig.until(lambda: True if not rig.pods(sid) else None, "the service's pods gone")
+    rig.until(lambda: True if rig.alloc.workloads(TEAM_A.name) == [] else None, "quota released")
+    with pytest.raises(ApiException) as gone:
+        rig.core.read_namespaced_service(ko.service_name(sid), NS_A)
+    assert gone.value.status == 404
+
+
+def test_another_tenant_gets_403_and_bad_input_changes_nothing(rig: Rig) -> None:
+    app = create_app(rig.alloc, StaticAuthenticator(TOKENS), service_controller=rig.services)
+    body = {"tenant": TEAM_A.name, "name": "chat", **BODY, "replicas": {"min": 1, "max": 2}}
+    with TestClient(app) as http:
+        # No warm pool on Kubernetes yet: a 422 naming the field, and no pod made.
+        warm = {**body, "replicas": {"min": 1, "max": 2, "warm": 1}}
+        bad = http.post("/api/v1/services", json=warm, headers=auth("alice"))
+        assert (bad.status_code, bad.json()["field"]) == (422, "replicas.warm"), bad.text
+        rig.step()
+        assert rig.core.list_namespaced_pod(NS_A).items == []
+        assert rig.services.services() == []
+
+        r = http.post("/api/v1/services", json=body, headers=auth("alice"))
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        rig.until(lambda: rig.ready(sid, 1), "the replica ready")
+        pod = ko.pod_name(sid, 1)
+        for method, path, payload in [
+            ("GET", f"/api/v1/services/{sid}", None),
+            ("GET", f"/api/v1/services/{sid}/logs?replica=1", None),
+            ("PATCH", f"/api/v1/services/{sid}", {"replicas": {"min": 2, "max": 2}}),
+            ("DELETE", f"/api/v1/services/{sid}", None),
+            ("POST", f"/gateway/{TEAM_A.name}/chat/v1/chat/completions", {"model": "chat"}),
+        ]:
+            r = http.request(method, path, json=payload, headers=auth("bob"))
+            assert r.status_code == 403, (method, path, r.text)
+        # Bad input from the owner: a 422, and the service as it was.
+        r = http.patch(
+            f"/api/v1/services/{sid}",
+            json={"replicas": {"min": 1, "max": 2, "warm": 1}},
+            headers=auth("alice"),
+        )
+        assert (r.status_code, r.json()["field"]) == (422, "replicas.warm"), r.text
+        rig.step()
+        assert [p.metadata.name for p in rig.pods(sid)] == [pod]
+        assert rig.services.get(sid).desired == 1
+        # The owner reads the pod's log through the API (kwok serves none: empty).
+        logs = http.get(f"/api/v1/services/{sid}/logs?replica=1", headers=auth("alice"))
+        assert logs.status_code == 200, logs.text
+
+        r = http.delete(f"/api/v1/services/{sid}", headers=auth("alice"))
+        assert r.status_code == 200, r.text
+        rig.until(lambda: True if not rig.pods(sid) else None, "the replica's pod gone")
+        held = [w for w in rig.alloc.workloads(TEAM_A.name) if w.state is WorkloadState.RUNNING]
+        assert held == []
