@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU, Flavor, FlavorKind
 from policies.isolation import IsolationSettings, Manifest
+from policies.isolation.podsecurity import RUNTIME_DEFAULT_SECCOMP, restricted_container_context
 from policies.quota import validate_tenant_name
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
 
@@ -250,10 +251,7 @@ def _is_gpu_resource(name: str, settings: PodSettings) -> bool:
 
 def _restricted_container(container: dict[str, Any]) -> None:
     """Pod Security ``restricted`` for one container (edits the copy in place)."""
-    context = dict(container.get("securityContext") or {})
-    context["allowPrivilegeEscalation"] = False
-    context["privileged"] = False
-    context["capabilities"] = {"drop": ["ALL"]}
+    context = {**(container.get("securityContext") or {}), **restricted_container_context()}
     if context.get("runAsUser") == 0:
         del context["runAsUser"]
     if context.get("runAsNonRoot") is False:
@@ -313,7 +311,7 @@ def _isolate(
     context.setdefault("runAsGroup", settings.run_as_group)
     context.setdefault("fsGroup", settings.fs_group)
     context["runAsNonRoot"] = True
-    context["seccompProfile"] = {"type": "RuntimeDefault"}
+    context["seccompProfile"] = dict(RUNTIME_DEFAULT_SECCOMP)
     spec["securityContext"] = context
     spec["serviceAccountName"] = iso.jobs_service_account
     spec.pop("serviceAccount", None)  # the deprecated alias would contradict the name above

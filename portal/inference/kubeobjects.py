@@ -33,6 +33,7 @@ from typing import Any
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from policies.isolation.network import replica_selector
+from policies.isolation.podsecurity import restricted_container_context, restricted_pod_context
 from portal.jobs.kube.manifests import gpu_resources
 from portal.jobs.kube.pods import exit_code
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
@@ -154,12 +155,7 @@ def replica_pod(o: ReplicaObjects, settings: IsolationSettings) -> Manifest:
             "periodSeconds": 5,
         },
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_container_context(read_only_root=True),
         "volumeMounts": [
             {"name": "scratch", "mountPath": SCRATCH},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -183,13 +179,7 @@ def replica_pod(o: ReplicaObjects, settings: IsolationSettings) -> Manifest:
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": math.ceil(o.stop_grace_s),
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": o.run_as_user,
-                "runAsGroup": o.run_as_group,
-                "fsGroup": o.run_as_group,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": restricted_pod_context(o.run_as_user, o.run_as_group),
             "containers": [container],
             "volumes": [
                 {"name": "scratch", "emptyDir": {}},

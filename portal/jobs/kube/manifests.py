@@ -29,6 +29,7 @@ from policies.errors import InvalidRequest
 from policies.flavors import MILLI_PER_GPU, Flavor, FlavorKind
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
+from policies.isolation.podsecurity import restricted_container_context, restricted_pod_context
 from portal.kube.keys import SCHEDULER_NAME
 
 Manifest = dict[str, Any]
@@ -201,11 +202,7 @@ def job_manifest(o: AttemptObjects, settings: IsolationSettings) -> Manifest:
         "env": _env(o, keys),
         "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "resources": {"requests": dict(o.resources), "limits": dict(o.resources)},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_container_context(),
     }
     if o.command:
         container["command"] = list(o.command)
@@ -236,13 +233,7 @@ def job_manifest(o: AttemptObjects, settings: IsolationSettings) -> Manifest:
         "serviceAccountName": settings.jobs_service_account,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": math.ceil(o.stop_grace_s),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": o.run_as_user,
-            "runAsGroup": o.run_as_group,
-            "fsGroup": o.run_as_group,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_pod_context(o.run_as_user, o.run_as_group),
         "containers": [container],
     }
     if volumes:
