@@ -60,7 +60,8 @@ class Queued:
 
 class GroupCommit:
     """The allocator's single writer path: ``_decide`` runs a decider through group commit.
-    Subclassed by ``engine.Allocator``, which owns the state and the deciders."""
+    Subclassed by ``engine.Allocator`` (through ``tenancy.TenantsAndQuotas``), which owns the
+    state and the deciders."""
 
     def __init__(self, store: Store, state: State, clock: Clock) -> None:
         self._store = store

@@ -30,7 +30,7 @@ from portal.api.schemas import (
     UsageOut,
     WorkloadOut,
 )
-from portal.client import core
+from portal.client import core, reports
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import AsyncJobs
@@ -279,7 +279,7 @@ class AsyncPortal:
         group_by: Sequence[str] = (),
         tenant: str | None = None,
     ) -> CostSummaryOut:
-        return await self._run(core.cost(start, end, step, group_by, tenant))
+        return await self._run(reports.cost(start, end, step, group_by, tenant))
 
     async def chargeback(
         self,
@@ -289,10 +289,10 @@ class AsyncPortal:
         step: str | None = None,
         tenant: str | None = None,
     ) -> str:
-        return await self._run(core.chargeback(start, end, step, tenant))
+        return await self._run(reports.chargeback(start, end, step, tenant))
 
     async def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
-        return await self._run(core.budgets(self._page_size, tenant))
+        return await self._run(reports.budgets(self._page_size, tenant))
 
     async def service_hours(
         self,
@@ -301,16 +301,16 @@ class AsyncPortal:
         end: datetime | None = None,
         tenant: str | None = None,
     ) -> ServiceCostOut:
-        return await self._run(core.service_hours(start, end, tenant))
+        return await self._run(reports.service_hours(start, end, tenant))
 
     async def prestart(self) -> PrestartOut:
         """The pre-started environments' plan per option and placeholders (platform admins)."""
-        return await self._run(core.prestart())
+        return await self._run(reports.prestart())
 
     async def capacity_forecast(
         self, *, weeks: int | None = None, history_days: int | None = None
     ) -> CapacityForecastOut:
-        return await self._run(core.capacity_forecast(weeks, history_days))
+        return await self._run(reports.capacity_forecast(weeks, history_days))
 
     async def series(
         self,
@@ -325,15 +325,15 @@ class AsyncPortal:
         owner: str | None = None,
     ) -> SeriesPage:
         return await self._run(
-            core.series(device, workload_id, resolution, start, end, limit, tenant, owner)
+            reports.series(device, workload_id, resolution, start, end, limit, tenant, owner)
         )
 
     async def device_usage(
         self, *, start: float | None = None, end: float | None = None
     ) -> DeviceMinutesOut:
-        return await self._run(core.device_usage(start, end))
+        return await self._run(reports.device_usage(start, end))
 
     async def alerts(
         self, tenant: str | None = None, *, states: Sequence[str] = (), rule: str | None = None
     ) -> list[AlertOut]:
-        return await self._run(core.alerts(self._page_size, tenant, states, rule))
+        return await self._run(reports.alerts(self._page_size, tenant, states, rule))

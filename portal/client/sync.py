@@ -25,7 +25,7 @@ from portal.api.schemas import (
     UsageOut,
     WorkloadOut,
 )
-from portal.client import core
+from portal.client import core, reports
 from portal.client.config import resolve_token, resolve_url
 from portal.client.core import Call, Op, Versioned, WithETag
 from portal.client.jobs import Jobs
@@ -334,7 +334,7 @@ class Portal:
     ) -> CostSummaryOut:
         """GPU-hours, cost, efficiency and idle cost in a window (default: this month until
         now), grouped by any of tenant, owner, flavor, period (``step``: whole, day, month)."""
-        return self._run(core.cost(start, end, step, group_by, tenant))
+        return self._run(reports.cost(start, end, step, group_by, tenant))
 
     def chargeback(
         self,
@@ -345,11 +345,11 @@ class Portal:
         tenant: str | None = None,
     ) -> str:
         """The chargeback CSV: one row per period, tenant, owner and flavor."""
-        return self._run(core.chargeback(start, end, step, tenant))
+        return self._run(reports.chargeback(start, end, step, tenant))
 
     def budgets(self, tenant: str | None = None) -> list[BudgetOut]:
         """Budgets with spend, burn rate and forecast for this month."""
-        return self._run(core.budgets(self._page_size, tenant))
+        return self._run(reports.budgets(self._page_size, tenant))
 
     def service_hours(
         self,
@@ -359,18 +359,18 @@ class Portal:
         tenant: str | None = None,
     ) -> ServiceCostOut:
         """Inference services' GPU-hours in the window, warm pool and serving apart."""
-        return self._run(core.service_hours(start, end, tenant))
+        return self._run(reports.service_hours(start, end, tenant))
 
     def prestart(self) -> PrestartOut:
         """The pre-started environments' plan per option and placeholders (platform admins)."""
-        return self._run(core.prestart())
+        return self._run(reports.prestart())
 
     def capacity_forecast(
         self, *, weeks: int | None = None, history_days: int | None = None
     ) -> CapacityForecastOut:
         """Forecast demand per flavor for the next weeks against capacity and guarantees
         (leadership and platform admins)."""
-        return self._run(core.capacity_forecast(weeks, history_days))
+        return self._run(reports.capacity_forecast(weeks, history_days))
 
     def series(
         self,
@@ -388,7 +388,7 @@ class Portal:
         workload, or (neither) every live workload the token may see, at most 200, narrowed
         to ``tenant`` and ``owner``; times in epoch seconds; ``resolution``: raw, 1m or 1h."""
         return self._run(
-            core.series(device, workload_id, resolution, start, end, limit, tenant, owner)
+            reports.series(device, workload_id, resolution, start, end, limit, tenant, owner)
         )
 
     def device_usage(
@@ -396,11 +396,11 @@ class Portal:
     ) -> DeviceMinutesOut:
         """Every device's latest rolled-up minute in ``[start, end)`` (default: the last five
         minutes) that the token may see: utilization and memory per GPU or MIG instance."""
-        return self._run(core.device_usage(start, end))
+        return self._run(reports.device_usage(start, end))
 
     def alerts(
         self, tenant: str | None = None, *, states: Sequence[str] = (), rule: str | None = None
     ) -> list[AlertOut]:
         """Alerts newest first (default states pending, firing, resolved): all for operators,
         a tenant's for its admins and services, their own workloads' for members."""
-        return self._run(core.alerts(self._page_size, tenant, states, rule))
+        return self._run(reports.alerts(self._page_size, tenant, states, rule))

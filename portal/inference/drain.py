@@ -26,7 +26,7 @@ from policies.services import ReplicaState
 from portal.store.records import ReplicaRecord, ServiceRecord
 
 if TYPE_CHECKING:
-    from portal.inference.controller import ServiceController
+    from portal.inference.replicas import ReplicaLifecycle
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 """The longest a draining replica keeps serving the requests it has: then it is stopped."""
@@ -60,7 +60,7 @@ class Drains:
             self._until.pop((r.service_id, r.number), None)
 
 
-def begin(c: ServiceController, svc: ServiceRecord, r: ReplicaRecord, reason: str) -> bool:
+def begin(c: ReplicaLifecycle, svc: ServiceRecord, r: ReplicaRecord, reason: str) -> bool:
     """``r`` (ready, with a port) leaves the rotation now, not at the loop's next round, if
     the gateway has requests in flight to it; whether it drains (else stop it at once)."""
     assert c.backend is not None and r.port is not None
@@ -75,14 +75,14 @@ def begin(c: ServiceController, svc: ServiceRecord, r: ReplicaRecord, reason: st
     return True
 
 
-def check(c: ServiceController, svc: ServiceRecord, r: ReplicaRecord) -> None:
+def check(c: ReplicaLifecycle, svc: ServiceRecord, r: ReplicaRecord) -> None:
     """Stop the draining ``r`` if nothing is in flight to it any more, or its time is up."""
     url = None if c.backend is None or r.port is None else c.backend.url(r.port, svc.id, r.number)
     if c._drains.due(r, c.traffic.in_flight_at(url), c.now):
         c._signal(svc, r, r.reason, c._stop_grace_s)
 
 
-def revive(c: ServiceController, svc: ServiceRecord, live: Sequence[ReplicaRecord]) -> bool:
+def revive(c: ReplicaLifecycle, svc: ServiceRecord, live: Sequence[ReplicaRecord]) -> bool:
     """Put draining replicas back in rotation (lowest number first) until the service has
     ``desired`` serving ones, before any new one is requested; whether any was."""
     serving = [r for r in live if not r.pooled]

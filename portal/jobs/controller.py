@@ -23,6 +23,7 @@ The life of an attempt, advanced by ``step`` (the service's ``jobs`` loop):
 Every change is committed through the store (``ChangeSet.jobs``/``attempts``) before memory
 changes; the controller is the only writer of jobs, under its own lock. It calls the
 allocator, never the other way round (the one observer it subscribes only records notes).
+How an attempt ends (stop, drain, restart or end) is in ``portal.jobs.ending``.
 """
 
 from __future__ import annotations
@@ -37,19 +38,14 @@ from pathlib import Path
 
 from policies.errors import InvalidRequest, NotFound, PortalError, Unavailable
 from policies.jobs import (
-    BACKOFF_LIMIT,
     CANCELLED,
-    COMPLETED,
     NODE_LOST,
     JobReason,
     JobState,
     TopologyMode,
     Verdict,
     after_failure,
-    after_preemption,
-    exit_code_of,
     exit_reason,
-    preempted_by,
 )
 from policies.requests import DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
@@ -59,34 +55,17 @@ from portal.jobs import launch
 from portal.jobs.backend import Backend, LogChunk, LogReader, read_file_log
 from portal.jobs.checkpoints import newest_complete_checkpoint
 from portal.jobs.elastic import ElasticJobs
+from portal.jobs.ending import STOP_MARGIN_S, AttemptEnding, Drain
 from portal.jobs.runner import RunnerError
 from portal.jobs.spec import Backend as BackendKind
 from portal.jobs.spec import ClusterFacts, JobSpec, api_field, fits_cluster
 from portal.store import jobs as stored
-from portal.store.records import AttemptRecord, ChangeSet, EventRecord, JobRecord, WorkloadState
+from portal.store.records import AttemptRecord, JobRecord, WorkloadState
 
 log = logging.getLogger(__name__)
 
-NODE_LOST_REASON = "node-lost"  # the allocator's reason for a workload whose node went away
 LOST_AT_RESTART = "members gone while the portal restarted"
 DEFAULT_STOP_GRACE_S = 10.0
-
-
-STOP_MARGIN_S = 15.0
-"""After the grace, how long members killed with SIGKILL get to be reported ended before the
-devices are released anyway (a runner that lost them must not hold GPUs forever)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Drain:
-    """An ended attempt whose members were told to stop: its workload keeps the devices until
-    every member has ended or ``until`` passes, so nothing else starts on GPUs a member still
-    uses while it checkpoints."""
-
-    job_id: str
-    attempt: int
-    members: int
-    until: datetime
 
 
 def _preempting(st: WorkloadStatus) -> bool:
@@ -114,7 +93,7 @@ def attempt_key(job_id: str, attempt: int, *, relaxed: bool = False) -> str:
     return f"{ATTEMPT_KEY_PREFIX}{job_id}/{attempt}{'/any' if relaxed else ''}"
 
 
-class JobController:
+class JobController(AttemptEnding):
     """Jobs over one allocator. Thread-safe. Without a ``backend`` it takes, lists and
     cancels jobs but runs nothing (``step`` is then a no-op): the API on its own, checking
     jobs for what a backend of ``kind`` needs."""
@@ -138,21 +117,14 @@ class JobController:
         self._refuse = refuse
         self._clock = clock
         self._lock = threading.RLock()
-        # (job id, attempt) -> rank -> exit code, of attempts that run.
-        self._exits: dict[tuple[str, int], dict[int, int]] = {}
-        # Attempts a member of which the runner reported on a lost node.
-        self._lost: set[tuple[str, int]] = set()
-        # Workload id -> its ended attempt, still stopping (see ``_Drain``).
-        self._draining: dict[str, _Drain] = {}
-        # Preempted workload -> the tenant reclaiming (from the allocator's events).
-        self._claimants: dict[str, str] = {}
+        # What each of these holds: see ``AttemptEnding``.
+        self._exits = {}
+        self._lost = set()
+        self._draining = {}
+        self._claimants = {}
         self._started = False
         self._last_created: datetime | None = None
         self.elastic = ElasticJobs(self, alloc)
-
-    @property
-    def now(self) -> datetime:
-        return (self._clock or self._alloc.clock)()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -202,7 +174,7 @@ class JobController:
             if (attempt.job_id, attempt.number) in adopted and job is not None:
                 members = int(job.spec["members"])  # type: ignore[call-overload]
                 until = self.now + timedelta(seconds=self._stop_grace_s + STOP_MARGIN_S)
-                self._draining[w.id] = _Drain(attempt.job_id, attempt.number, members, until)
+                self._draining[w.id] = Drain(attempt.job_id, attempt.number, members, until)
             else:
                 self._alloc.release(w.id, reason="job attempt ended")
 
@@ -334,28 +306,6 @@ class JobController:
                     log.warning("job %s: %s", job.id, exc.message)
             # Members stopped in this round may have ended already: free their devices now.
             self._collect(stored.active_jobs(self._alloc.store))
-
-    def _collect(self, active: Collection[JobRecord]) -> None:
-        """Record the exits of running and stopping attempts, then release the devices of
-        stopping attempts whose members all ended (or whose time is up)."""
-        assert self.backend is not None
-        watched = {(j.id, j.attempt) for j in active if j.state is JobState.RUNNING}
-        watched |= {(d.job_id, d.attempt) for d in self._draining.values()}
-        watched |= self.elastic.watched()
-        for e in self.backend.runner.poll():
-            if (e.job_id, e.attempt) in watched:  # others are old news
-                code = exit_code_of(e.exit_code, e.signal)
-                self._exits.setdefault((e.job_id, e.attempt), {})[e.rank] = code
-                if e.node_lost:
-                    self._lost.add((e.job_id, e.attempt))
-        now = self.now
-        for wid, d in list(self._draining.items()):
-            ended = self._exits.get((d.job_id, d.attempt), {})
-            if len(ended) >= d.members or now >= d.until:
-                del self._draining[wid]
-                self._exits.pop((d.job_id, d.attempt), None)
-                self._lost.discard((d.job_id, d.attempt))
-                self._alloc.release(wid, reason="job attempt ended")
 
     def _advance(self, job: JobRecord) -> None:
         spec = self._spec(job)
@@ -524,128 +474,7 @@ class JobController:
             f"{job.name}: attempt {job.attempt} running on {', '.join(started.nodes)}",
         )
 
-    def _preempted(self, job: JobRecord, st: WorkloadStatus) -> None:
-        claimant = self._claimant(st)
-        grace = self._stop_grace_s
-        if st.preempt_deadline is not None:
-            grace = max(0.0, (st.preempt_deadline - self.now).total_seconds())
-        self._end(job, after_preemption(), preempted_by(claimant), None, grace_s=grace)
-
-    def _workload_ended(self, job: JobRecord, st: WorkloadStatus) -> None:
-        """The attempt's workload ended outside the controller: its node was lost, or it
-        was released or failed by someone else."""
-        spec = self._spec(job)
-        if st.reason == NODE_LOST_REASON:
-            reason = NODE_LOST
-        else:
-            reason = f"workload {st.state.value}: {st.reason or st.message}"
-        self._end(job, after_failure(spec.restart, job.restarts, None), reason, None, grace_s=0)
-
-    def _end(
-        self,
-        job: JobRecord,
-        verdict: Verdict | None,
-        reason: str,
-        code: int | None,
-        *,
-        grace_s: float | None = None,
-        note: str = "",
-    ) -> None:
-        """End the current attempt: stop its members, release its workload, then restart
-        or end the job as ``verdict`` says (None: cancelled)."""
-        self._stop_members(job, self._stop_grace_s if grace_s is None else grace_s)
-        now = self.now
-        attempt = self._attempt(job) if job.attempt else None
-        if verdict is None:
-            state, job_reason, message = JobState.CANCELLED, JobReason.CANCELLED, "cancelled"
-        elif verdict.restart:
-            state, job_reason = JobState.BACKOFF, None
-            message = f"attempt {job.attempt} ended ({reason}); next in {verdict.delay_s:g} s"
-        else:
-            state, job_reason = JobState.FAILED, verdict.reason
-            message = f"attempt {job.attempt} ended ({reason}); not restarted"
-            if verdict.reason is JobReason.BACKOFF_LIMIT:
-                message = f"{reason}: all {job.restarts} restarts used"
-                reason = BACKOFF_LIMIT
-        counted = bool(verdict and verdict.counted)
-        new = self._versioned(
-            job,
-            state=state,
-            reason=job_reason.value if job_reason else job.reason,
-            message=f"{message}{f' ({note})' if note else ''}",
-            restarts=job.restarts + (1 if counted and state is JobState.BACKOFF else 0),
-            preemptions=job.preemptions + (1 if verdict and not verdict.counted else 0),
-            next_start_at=(
-                now + timedelta(seconds=verdict.delay_s)
-                if verdict is not None and verdict.restart
-                else None
-            ),
-            ended_at=None if state is JobState.BACKOFF else now,
-        )
-        ended = []
-        if attempt is not None and not attempt.exit_reason:
-            ended = [
-                replace(attempt, ended_at=now, exit_reason=reason, exit_code=code, counted=counted)
-            ]
-        self._commit([new], ended, f"job.{state.value}", new, f"{job.name}: {new.message}")
-
-    def _finish(self, job: JobRecord, state: JobState, reason: JobReason, message: str) -> None:
-        """End the job for good (succeeded, or failed without a restart to decide)."""
-        self._stop_members(job, self._stop_grace_s)
-        now = self.now
-        new = self._versioned(
-            job,
-            state=state,
-            reason=reason.value,
-            message=message,
-            ended_at=now,
-            next_start_at=None,
-        )
-        ended = []
-        if job.attempt:
-            attempt = self._attempt(job)
-            if not attempt.exit_reason:
-                done = COMPLETED if state is JobState.SUCCEEDED else reason.value
-                code = 0 if state is JobState.SUCCEEDED else None
-                ended = [replace(attempt, ended_at=now, exit_reason=done, exit_code=code)]
-        self._commit([new], ended, f"job.{state.value}", new, f"{job.name}: {message}")
-
     # ---------------------------------------------------------------- helpers
-
-    def _stop_members(self, job: JobRecord, grace_s: float) -> None:
-        """Stop the attempt's members, if it ran (SIGTERM now, SIGKILL after ``grace_s``,
-        without waiting), and give its devices back once they have ended (``_Drain``); an
-        attempt that never launched gives them back at once."""
-        self.elastic.release_slices(job, "job attempt ended")
-        wid = job.workload_id
-        if job.state is JobState.RUNNING and self.backend is not None and wid is not None:
-            ended = len(self._exits.get((job.id, job.attempt), {}))
-            members = self.elastic.world(job)
-            if ended < members:
-                try:
-                    self.backend.runner.stop(job.id, job.attempt, grace_s, wait=False)
-                except RunnerError as exc:  # e.g. no member left on this host
-                    log.warning("job %s attempt %d: %s", job.id, job.attempt, exc)
-                else:
-                    until = self.now + timedelta(seconds=grace_s + STOP_MARGIN_S)
-                    self._draining[wid] = _Drain(job.id, job.attempt, members, until)
-                    return
-        self._exits.pop((job.id, job.attempt), None)
-        self._lost.discard((job.id, job.attempt))
-        if wid is not None and job.state in (JobState.QUEUED, JobState.RUNNING):
-            self._alloc.release(wid, reason=f"job {job.state.value} ended")
-
-    def _claimant(self, st: WorkloadStatus) -> str:
-        """The tenant whose reclaim preempted ``st``."""
-        claimant = self._claimants.pop(st.id, None)
-        if claimant is not None:
-            try:
-                return self._alloc.status(claimant).tenant
-            except NotFound:
-                pass
-        # The allocator's message starts with the reclaiming tenant ("team-b reclaims ...").
-        first = st.message.split(" ", 1)[0]
-        return first if st.message.startswith(f"{first} reclaims") else "another tenant"
 
     def _resume_point(self, spec: JobSpec) -> tuple[Path, int] | None:
         if spec.checkpoint_dir is None or self.backend is None:
@@ -672,27 +501,3 @@ class JobController:
             return self._alloc.status(job.workload_id)
         except NotFound:
             return None
-
-    def _attempt(self, job: JobRecord) -> AttemptRecord:
-        for a in reversed(stored.attempts(self._alloc.store, job.id)):
-            if a.number == job.attempt:
-                return a
-        raise NotFound("attempt", f"{job.id}/{job.attempt}")
-
-    @staticmethod
-    def _spec(job: JobRecord) -> JobSpec:
-        return JobSpec.from_dict(job.tenant, job.owner, job.name, job.spec)
-
-    def _versioned(self, job: JobRecord, **changes: object) -> JobRecord:
-        return replace(job, updated_at=self.now, version=job.version + 1, **changes)  # type: ignore[arg-type]
-
-    def _commit(
-        self,
-        jobs: list[JobRecord],
-        attempts: list[AttemptRecord],
-        kind: str,
-        job: JobRecord,
-        message: str,
-    ) -> None:
-        event = EventRecord(self.now, kind, job.tenant, job.workload_id, message, {"job": job.id})
-        self._alloc.store.commit(ChangeSet(jobs=jobs, attempts=attempts, events=[event]))

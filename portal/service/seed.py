@@ -40,7 +40,8 @@ from sqlalchemy import delete, select
 from policies.errors import InvalidRequest, PortalError
 from policies.flavors import Flavor
 from portal.allocator import Allocator
-from portal.store.writer import META, Store
+from portal.store.reader import META
+from portal.store.writer import Store
 
 log = logging.getLogger(__name__)
 

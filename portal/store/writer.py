@@ -12,8 +12,6 @@ GPU or MIG slice out twice.
 from __future__ import annotations
 
 import itertools
-import logging
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,9 +25,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     delete,
-    or_,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -41,6 +37,7 @@ from portal.store import elastic as elastic_rows
 from portal.store import jobs as job_rows
 from portal.store import ray as ray_rows
 from portal.store import services as service_rows
+from portal.store.checkpoint import Checkpointer
 from portal.store.convert import Claim
 from portal.store.db import (
     WRITE_OPTION,
@@ -54,28 +51,20 @@ from portal.store.db import (
 )
 from portal.store.guard import AdvisoryLockGuard, Guard, NoGuard, make_guard
 from portal.store.migrate import upgrade
-from portal.store.models import metadata
-from portal.store.records import (
-    AllocationRecord,
-    ChangeSet,
-    EventRecord,
-    StoredState,
-    WorkloadRecord,
-    WorkloadState,
+from portal.store.reader import (
+    ACTIVE_STATES,
+    ALLOCATIONS,
+    CLAIMS,
+    EVENTS,
+    META,
+    QUOTAS,
+    TENANTS,
+    USAGE,
+    WORKLOADS,
+    StoreReader,
 )
-
-TENANTS: Table = metadata.tables["tenants"]
-QUOTAS: Table = metadata.tables["quotas"]
-WORKLOADS: Table = metadata.tables["workloads"]
-ALLOCATIONS: Table = metadata.tables["allocations"]
-CLAIMS: Table = metadata.tables["device_claims"]
-USAGE: Table = metadata.tables["usage_history"]
-EVENTS: Table = metadata.tables["events"]
-META: Table = metadata.tables["meta"]
-
-ACTIVE_STATES = tuple(s for s in WorkloadState if not s.terminal)
-
-log = logging.getLogger(__name__)
+from portal.store.records import AllocationRecord, ChangeSet
+from portal.store.violations import explain_violation
 
 
 def _written_columns(table: Table) -> list[str]:
@@ -122,45 +111,7 @@ def _merged_claims(claims: list[dict[str, list[Claim]]]) -> dict[str, list[Claim
     return {alloc_id: cs for per in claims for alloc_id, cs in per.items()}
 
 
-class Checkpointer:
-    """Runs SQLite WAL checkpoints in a daemon thread (automatic ones are off, see ``db``).
-
-    PASSIVE checkpoints never block writers; the WAL is bounded by running one every
-    ``interval_s`` seconds.
-    """
-
-    def __init__(self, engine: Engine, interval_s: float = 0.5) -> None:
-        self._engine = engine
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sqlite-checkpointer", daemon=True)
-
-    @classmethod
-    def start_for(cls, engine: Engine) -> Checkpointer | None:
-        if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
-            return None
-        cp = cls(engine)
-        cp._thread.start()
-        return cp
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.checkpoint()
-        self.checkpoint()
-
-    def checkpoint(self) -> None:
-        try:
-            with self._engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-        except Exception:  # a failed checkpoint is retried next time; never fatal
-            log.warning("SQLite checkpoint failed", exc_info=True)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-class Store:
+class Store(StoreReader):
     """Durable state of the portal in SQLite or PostgreSQL.
 
     ``Store(url)`` connects and migrates the database to the newest schema. Every method is
@@ -340,15 +291,6 @@ class Store:
         ):
             yield conn
 
-    @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
-            if self.engine.dialect.name == "postgresql":
-                # One snapshot for every statement of the read.
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                yield conn
-
     # -- writing ---------------------------------------------------------------------------
 
     def commit(self, changes: ChangeSet) -> None:
@@ -386,8 +328,8 @@ class Store:
             self._generation = next(self._generations)
         except IntegrityError as err:
             if len(work) == 1:
-                raise self._explain(work[0], claims[0], err) from err
-            raise self._explain(_merged(work), _merged_claims(claims), err) from err
+                raise explain_violation(self._read, work[0], claims[0], err) from err
+            raise explain_violation(self._read, _merged(work), _merged_claims(claims), err) from err
         except DBAPIError as err:
             if not database_unreachable(err):
                 raise
@@ -569,181 +511,3 @@ class Store:
                     )
             result[a.id] = cs
         return result
-
-    def _explain(
-        self, changes: ChangeSet, new_claims: Mapping[str, list[Claim]], err: IntegrityError
-    ) -> PortalError:
-        """Turn a constraint violation (the transaction is rolled back) into a clear error."""
-        released = {alloc_id for alloc_id, _ in changes.released}
-        wanted = {c: alloc_id for alloc_id, cs in new_claims.items() for c in cs}
-        with self._read() as conn:
-            if wanted:
-                held = conn.execute(
-                    select(
-                        CLAIMS.c.node,
-                        CLAIMS.c.gpu,
-                        CLAIMS.c.slot,
-                        CLAIMS.c.allocation_id,
-                        ALLOCATIONS.c.workload_id,
-                    )
-                    .join(ALLOCATIONS, ALLOCATIONS.c.id == CLAIMS.c.allocation_id)
-                    .where(
-                        tuple_(CLAIMS.c.node, CLAIMS.c.gpu, CLAIMS.c.slot).in_(list(wanted)),
-                        CLAIMS.c.allocation_id.not_in(list(released)),
-                    )
-                    .limit(1)
-                ).first()
-                if held is not None:
-                    node, gpu, slot, holder, workload = held
-                    return Conflict(
-                        f"GPU {gpu} on {node} is already held by allocation {holder!r} "
-                        f"(workload {workload!r}); allocation {wanted[(node, gpu, slot)]!r} "
-                        "cannot claim it"
-                    )
-            ids = [a.id for a in changes.allocations]
-            if ids:
-                taken = conn.execute(
-                    select(ALLOCATIONS.c.id).where(ALLOCATIONS.c.id.in_(ids)).limit(1)
-                ).scalar_one_or_none()
-                if taken is not None:
-                    return Conflict(
-                        f"allocation {taken!r} already exists; allocation ids are unique"
-                    )
-                known = set(
-                    conn.execute(
-                        select(WORKLOADS.c.id).where(
-                            WORKLOADS.c.id.in_({a.workload_id for a in changes.allocations})
-                        )
-                    ).scalars()
-                ) | {w.id for w in changes.workloads}
-                for a in changes.allocations:
-                    if a.workload_id not in known:
-                        return NotFound("workload", a.workload_id)
-            for w in changes.workloads:
-                if w.idempotency_key is None:
-                    continue
-                other = conn.execute(
-                    select(WORKLOADS.c.id).where(
-                        WORKLOADS.c.tenant == w.tenant,
-                        WORKLOADS.c.owner == w.owner,
-                        WORKLOADS.c.idempotency_key == w.idempotency_key,
-                        WORKLOADS.c.id != w.id,
-                    )
-                ).scalar_one_or_none()
-                if other is not None:
-                    return Conflict(
-                        f"idempotency key {w.idempotency_key!r} of {w.owner!r} in tenant "
-                        f"{w.tenant!r} is already used by workload {other!r}; workload "
-                        f"{w.id!r} needs another key"
-                    )
-        return Conflict(f"the database rejected the change: {err.orig}")
-
-    # -- reading ---------------------------------------------------------------------------
-
-    def load(self) -> StoredState:
-        """Everything the allocator needs on start, read from one snapshot."""
-        with self._read() as conn:
-            tenants = [
-                convert.tenant_record(r)
-                for r in conn.execute(select(TENANTS).order_by(TENANTS.c.name)).mappings()
-            ]
-            quotas = [
-                convert.quota_record(r)
-                for r in conn.execute(
-                    select(QUOTAS).order_by(QUOTAS.c.tenant, QUOTAS.c.flavor)
-                ).mappings()
-            ]
-            workloads = [
-                convert.workload_record(r)
-                for r in conn.execute(
-                    select(WORKLOADS)
-                    .where(WORKLOADS.c.state.in_(ACTIVE_STATES))
-                    .order_by(WORKLOADS.c.created_at, WORKLOADS.c.id)
-                ).mappings()
-            ]
-            allocations = [
-                convert.allocation_record(r)
-                for r in conn.execute(
-                    select(ALLOCATIONS)
-                    .where(ALLOCATIONS.c.released_at.is_(None))
-                    .order_by(ALLOCATIONS.c.created_at, ALLOCATIONS.c.id)
-                ).mappings()
-            ]
-            usage = {r.tenant: (r.value, r.updated_at) for r in conn.execute(select(USAGE))}
-        return StoredState(
-            tenants=tenants,
-            quotas=quotas,
-            workloads=workloads,
-            allocations=allocations,
-            usage_history=usage,
-        )
-
-    def workload(self, workload_id: str) -> WorkloadRecord | None:
-        """The workload with this id, in any state, or None."""
-        with self._read() as conn:
-            row = (
-                conn.execute(select(WORKLOADS).where(WORKLOADS.c.id == workload_id))
-                .mappings()
-                .one_or_none()
-            )
-        return None if row is None else convert.workload_record(row)
-
-    def workload_by_idempotency_key(
-        self, tenant: str, owner: str, key: str
-    ) -> WorkloadRecord | None:
-        """The workload ``owner`` created in ``tenant`` with this idempotency key, or None."""
-        with self._read() as conn:
-            row = (
-                conn.execute(
-                    select(WORKLOADS).where(
-                        WORKLOADS.c.tenant == tenant,
-                        WORKLOADS.c.owner == owner,
-                        WORKLOADS.c.idempotency_key == key,
-                    )
-                )
-                .mappings()
-                .one_or_none()
-            )
-        return None if row is None else convert.workload_record(row)
-
-    def events(
-        self, since: datetime | None = None, limit: int = 1000, *, tenant: str | None = None
-    ) -> list[EventRecord]:
-        """Events at or after ``since`` (all when None), oldest first, at most ``limit``."""
-        query = select(EVENTS).order_by(EVENTS.c.id).limit(limit)
-        if since is not None:
-            query = query.where(EVENTS.c.at >= since)
-        if tenant is not None:
-            query = query.where(EVENTS.c.tenant == tenant)
-        with self._read() as conn:
-            return [convert.event_record(r) for r in conn.execute(query).mappings()]
-
-    def allocations_between(self, start: datetime, end: datetime) -> list[AllocationRecord]:
-        """Allocations active at some time in ``[start, end)``, released ones included."""
-        query = (
-            select(ALLOCATIONS)
-            .where(
-                ALLOCATIONS.c.created_at < end,
-                or_(ALLOCATIONS.c.released_at.is_(None), ALLOCATIONS.c.released_at > start),
-            )
-            .order_by(ALLOCATIONS.c.created_at, ALLOCATIONS.c.id)
-        )
-        with self._read() as conn:
-            return [convert.allocation_record(r) for r in conn.execute(query).mappings()]
-
-    def workloads_ended_since(self, since: datetime, limit: int) -> list[WorkloadRecord]:
-        """Workloads that started and ended at or after ``since``, newest end first, at most
-        ``limit`` (the run-length history ETAs start from)."""
-        query = (
-            select(WORKLOADS)
-            .where(WORKLOADS.c.ended_at >= since, WORKLOADS.c.started_at.is_not(None))
-            .order_by(WORKLOADS.c.ended_at.desc(), WORKLOADS.c.id)
-            .limit(limit)
-        )
-        with self._read() as conn:
-            return [convert.workload_record(r) for r in conn.execute(query).mappings()]
-
-    def meta(self) -> dict[str, str]:
-        """Facts about the database: ``schema_version``, ``app_version`` of the last opener."""
-        with self._read() as conn:
-            return {r.key: r.value for r in conn.execute(select(META))}

@@ -19,7 +19,8 @@ the members' pods with the grace period (the kubelet's SIGTERM, then SIGKILL) an
 Job (background propagation; its Service and Workload follow it as dependents); a kubectl
 Job is suspended instead, so its object and status stay the user's. ``adopt`` finds the
 attempts again from the Jobs' labels after a portal restart. Logs are the pods' logs, read
-through the API (``read_log``).
+through the API (``read_log``). The reads of Jobs, pods, nodes and logs are in
+``portal.jobs.kube.cluster_reads``.
 
 The runner keeps no state that Kubernetes does not also hold: a new runner on the same cluster
 (a restarted portal) knows every attempt again after ``adopt``.
@@ -32,9 +33,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from kubernetes import client
@@ -42,9 +41,9 @@ from kubernetes.client.exceptions import ApiException
 
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
-from portal.jobs.backend import LogChunk
 from portal.jobs.kube import manifests as m
 from portal.jobs.kube import pods as kpods
+from portal.jobs.kube.cluster_reads import ClusterReads, WatchedAttempt
 from portal.jobs.kube.copies import ClusterCopies
 from portal.jobs.kube.volumes import ensure_checkpoint_claim
 from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
@@ -58,26 +57,7 @@ NODE_LOST_AFTER_S = 60.0
 MERGE_PATCH = "application/merge-patch+json"
 
 
-@dataclass(slots=True)
-class _Attempt:
-    """An attempt the runner watches: its Job, and the ranks it has reported."""
-
-    job_id: str
-    attempt: int
-    namespace: str
-    name: str
-    members: int
-    uid: str = ""
-    external: bool = False
-    stopping: bool = False
-    reported: set[int] = field(default_factory=set)
-    # A kubectl Job runs every attempt: its pods belong to the attempt whose time they were
-    # created in (seconds since the epoch; pods of a resumed Job are created after the resume).
-    not_before: float = 0.0
-    not_after: float | None = None
-
-
-class KubeRunner:
+class KubeRunner(ClusterReads):
     """Runs attempts as indexed Jobs (see the module doc). Thread-safe.
 
     Needs, cluster-wide: jobs get/list/create/patch/delete, services create, pods
@@ -107,7 +87,7 @@ class KubeRunner:
         self._user = (run_as_user, run_as_group)
         self._clock = clock
         self._lock = threading.Lock()
-        self._attempts: dict[tuple[str, int], _Attempt] = {}
+        self._attempts: dict[tuple[str, int], WatchedAttempt] = {}
         self._workloads_served: bool | None = None
         self._informers: ClusterCopies | None = None
         self._watch_lock = threading.Lock()
@@ -205,7 +185,7 @@ class KubeRunner:
             checkpoint_dir=env.get("GPUPORTAL_CHECKPOINT_DIR", ""),
         )
 
-    def _create(self, first: MemberLaunch, members: Sequence[MemberLaunch]) -> _Attempt:
+    def _create(self, first: MemberLaunch, members: Sequence[MemberLaunch]) -> WatchedAttempt:
         objects = self._objects(first, members)
         job = m.job_manifest(objects, self._settings)
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -239,11 +219,11 @@ class KubeRunner:
                 f"cannot create the Service of {where}: {kpods.api_message(e)}"
             ) from e
         log.info("jobs: created %s", where)
-        return _Attempt(
+        return WatchedAttempt(
             first.job_id, first.attempt, namespace, name, len(members), created["metadata"]["uid"]
         )
 
-    def _attach(self, first: MemberLaunch, members: int) -> _Attempt:
+    def _attach(self, first: MemberLaunch, members: int) -> WatchedAttempt:
         assert first.kube_job is not None and first.allocation is not None
         namespace, _, name = first.kube_job.partition("/")
         job = self._read_job(namespace, name)
@@ -273,7 +253,7 @@ class KubeRunner:
             raise RunnerError(
                 f"cannot take over the Job {first.kube_job}: {kpods.api_message(e)}"
             ) from e
-        return _Attempt(
+        return WatchedAttempt(
             first.job_id,
             first.attempt,
             namespace,
@@ -375,7 +355,7 @@ class KubeRunner:
                 time.sleep(0.2)
             raise RunnerError(f"the pods of job {job_id!r} attempt {attempt} did not end")
 
-    def _suspend(self, t: _Attempt) -> None:
+    def _suspend(self, t: WatchedAttempt) -> None:
         try:
             drain(
                 self._batch.patch_namespaced_job(
@@ -461,7 +441,7 @@ class KubeRunner:
 
     def _member_end(
         self,
-        t: _Attempt,
+        t: WatchedAttempt,
         rank: int,
         pods: Sequence[Mapping[str, Any]],
         over: bool,
@@ -509,132 +489,10 @@ class KubeRunner:
                 external = labels.get(self._keys.managed_by) != MANAGER
                 self._attempts.setdefault(
                     key,
-                    _Attempt(*key, meta["namespace"], meta["name"], members, meta["uid"], external),
+                    WatchedAttempt(
+                        *key, meta["namespace"], meta["name"], members, meta["uid"], external
+                    ),
                 )
                 if not kpods.finished(job) and not meta.get("deletionTimestamp"):
                     running.append(key)
             return sorted(running)
-
-    # -- logs ------------------------------------------------------------------------------
-
-    def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
-        """Members' logs are not files on this host: see ``read_log``. The path names the
-        member for people and never exists."""
-        return Path("kubernetes") / job_id / f"attempt-{attempt}" / f"rank-{rank}"
-
-    def read_log(self, job_id: str, attempt: int, rank: int, offset: int, limit: int) -> LogChunk:
-        """The member pod's log through the API (the kubelet serves it)."""
-        selector = f"{self._keys.job}={job_id},{self._keys.attempt}={attempt}"
-        try:
-            jobs = (
-                kpods.json_of(
-                    self._batch.list_job_for_all_namespaces(
-                        label_selector=selector, _preload_content=False
-                    )
-                ).get("items")
-                or []
-            )
-            if not jobs:
-                return LogChunk(b"", 0, f"attempt {attempt} has no Job any more: its log is gone")
-            meta = jobs[0]["metadata"]
-            pods = (
-                kpods.json_of(
-                    self._core.list_namespaced_pod(
-                        meta["namespace"],
-                        label_selector=f"{m.JOB_NAME_LABEL}={meta['name']},{m.COMPLETION_INDEX}={rank}",
-                        _preload_content=False,
-                    )
-                ).get("items")
-                or []
-            )
-            if not pods:
-                return LogChunk(b"", 0, f"rank {rank} has no pod (yet): no log to read")
-            pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-            name = pod["metadata"]["name"]
-            text = cast(Any, self._core.read_namespaced_pod_log)(
-                name,
-                meta["namespace"],
-                container=m.CONTAINER if kpods.has_member(pod) else None,
-                # One byte more than asked: a log that goes on is not taken as read in full.
-                limit_bytes=offset + limit + 1,
-                _preload_content=False,
-            ).data
-        except ApiException as e:
-            where = f"pod of rank {rank}"
-            return LogChunk(
-                b"", 0, f"the log of the {where} cannot be read: {kpods.api_message(e)}"
-            )
-        data = bytes(text)
-        return LogChunk(data[offset : offset + limit], len(data))  # len: known so far
-
-    # -- reading the cluster ---------------------------------------------------------------
-
-    def _read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return kpods.json_of(
-                self._batch.read_namespaced_job(name, namespace, _preload_content=False)
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise RunnerError(f"cannot read Job {namespace}/{name}: {kpods.api_message(e)}") from e
-
-    def _portal_jobs(self) -> list[dict[str, Any]]:
-        items = kpods.json_of(
-            self._batch.list_job_for_all_namespaces(
-                label_selector=self._keys.job, _preload_content=False
-            )
-        ).get("items")
-        return list(items or [])
-
-    def _ranks(
-        self, t: _Attempt, pods: Iterable[Mapping[str, Any]]
-    ) -> dict[int, list[Mapping[str, Any]]]:
-        by_rank: dict[int, list[Mapping[str, Any]]] = {}
-        for pod in self._pods_of(t, pods):
-            index = kpods.index(pod)
-            if index is not None:
-                by_rank.setdefault(index, []).append(pod)
-        return by_rank
-
-    def _list_pods(self, t: _Attempt) -> list[dict[str, Any]]:
-        selector = f"{m.JOB_NAME_LABEL}={t.name}"
-        items = kpods.json_of(
-            self._core.list_namespaced_pod(
-                t.namespace, label_selector=selector, _preload_content=False
-            )
-        ).get("items")
-        return list(items or [])
-
-    @staticmethod
-    def _pods_of(t: _Attempt, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        out = []
-        for p in pods:
-            meta = p.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            if meta.get("namespace") != t.namespace or labels.get(m.JOB_NAME_LABEL) != t.name:
-                continue
-            if t.uid and labels.get(m.JOB_UID_LABEL, t.uid) != t.uid:
-                continue
-            if t.external:
-                created = kpods.epoch(meta.get("creationTimestamp"), 0.0)
-                if created < t.not_before - 1 or (
-                    t.not_after is not None and created > t.not_after + 1
-                ):
-                    continue  # another attempt's pod (a second of clock skew allowed)
-            out.append(p)
-        return out
-
-    def _nodes(self, items: Iterable[Mapping[str, Any]]) -> dict[str, kpods.NodeState]:
-        now = self._clock()
-        return {n["metadata"]["name"]: kpods.node_state(n, now) for n in items}
-
-    def _node(self, name: str, now: float) -> kpods.NodeState | None:
-        """A node the informer does not know (added a moment ago, or deleted), read."""
-        try:
-            node = kpods.json_of(self._core.read_node(name, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise RunnerError(f"cannot read node {name}: {kpods.api_message(e)}") from e
-        return kpods.node_state(node, now)

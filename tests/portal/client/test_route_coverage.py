@@ -1,8 +1,9 @@
 """Every operation of the API's OpenAPI document has a client operation (or a stated reason
 not to), so a route added to the API without one fails here.
 
-Each operation of ``portal.client.core`` is started without I/O: the first ``Call`` it yields is
-matched against the generated document's path templates.
+Each client operation (``portal.client.core``, ``reports`` and the per-noun modules) is
+started without I/O: the first ``Call`` it yields is matched against the generated document's
+path templates.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.api.schemas import DevicesIn, ElasticIn
-from portal.client import core, jobs, ray, ray_jobs, services
+from portal.client import core, jobs, ray, ray_jobs, reports, services
 from portal.store.writer import Store
 
 NOT_IN_CLIENT = {
@@ -62,15 +63,15 @@ def client_operations() -> list[core.Op[object]]:
         core.node("n"),
         core.capacity(),
         core.offers("t"),
-        core.cost(None, None, None, (), None),
-        core.chargeback(None, None, None, None),
-        core.budgets(1, None),
-        core.service_hours(None, None, None),
-        core.capacity_forecast(None, None),
-        core.prestart(),
-        core.series("d", None, None, None, None, None),
-        core.device_usage(None, None),
-        core.alerts(1, None, (), None),
+        reports.cost(None, None, None, (), None),
+        reports.chargeback(None, None, None, None),
+        reports.budgets(1, None),
+        reports.service_hours(None, None, None),
+        reports.capacity_forecast(None, None),
+        reports.prestart(),
+        reports.series("d", None, None, None, None, None),
+        reports.device_usage(None, None),
+        reports.alerts(1, None, (), None),
         jobs.submit({}),
         jobs.get("j"),
         jobs.listed(1, None, None),

@@ -6,8 +6,9 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from policies.errors import Conflict, InvalidRequest
+from portal.store.reader import CLAIMS
 from portal.store.records import ChangeSet, WorkloadState
-from portal.store.writer import CLAIMS, Store
+from portal.store.writer import Store
 from tests.portal.store.builders import allocation, at, mig, share, workload
 
 
