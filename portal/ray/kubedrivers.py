@@ -30,6 +30,7 @@ from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from portal.jobs.backend import LogChunk
 from portal.jobs.kube import pods as kpods
+from portal.jobs.kube.manifests import JobKeys
 from portal.jobs.runner import MemberExit, RunnerError
 from portal.kube.calls import drain
 from portal.ray import kubeobjects as ko
@@ -56,7 +57,7 @@ class KubeDrivers:
         self._batch = client.BatchV1Api(api_client)
         self._settings = settings
         self._image = image
-        self._job_key = settings.label("ray-job")
+        self._job_key = JobKeys.of(settings).ray_job
         self._attempt_key = settings.label("ray-job-attempt")
 
     def check(self, spec: RayJobSpec) -> None:

@@ -20,6 +20,7 @@ from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from policies.requests import DeviceRequest
+from portal.jobs.kube.manifests import JobKeys
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
 from portal.kube.views import FINISHED_PHASES, PodView
 
@@ -220,7 +221,8 @@ class DriverObjects:
 def driver_labels(o: DriverObjects, settings: IsolationSettings) -> dict[str, str]:
     return {
         **labels(o.cluster_id, o.tenant, settings),
-        settings.label("ray-job"): o.job_id,
+        # The key kubectl admission leaves alone: the driver's Job is no job to admit.
+        JobKeys.of(settings).ray_job: o.job_id,
         settings.label("ray-job-attempt"): str(o.attempt),
     }
 
