@@ -41,7 +41,7 @@ from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.kuberay import KubeRayOperator
-from tests.support.kwok_stages import EXIT_CODE
+from tests.support.kwok_stages import EXIT_CODE, RUN_FOR
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -424,8 +424,28 @@ def test_a_job_on_a_running_cluster_is_a_driver_pod_beside_the_head_and_succeeds
         logs = http.get(f"/api/v1/ray/jobs/{job_id}/logs", headers=auth("alice"))
         assert logs.status_code == 200, logs.text
         assert logs.json()["text"] == "" and logs.json()["unavailable"]
-        # The cluster is the tenant's: it keeps running.
+        # The cluster is the tenant's: it keeps running, and takes the next job.
         assert rig.ray.view(cid).cluster.state.value == "running"
+
+        # Cancel: a driver that runs on (kwok keeps it running) is deleted with its Job.
+        r = http.post(f"/api/v1/ray/{cid}/jobs", json=body, headers=auth("alice"))
+        second = r.json()["id"]
+        [pod] = eventually(lambda: p if (p := driver_pods(rig, second)) else None, "its pod")
+        rig.core.patch_namespaced_pod(
+            pod.metadata.name, NS_A, {"metadata": {"annotations": {RUN_FOR: "1h"}}}
+        )
+        rig.until(
+            lambda: True if [p for p in driver_pods(rig, second) if p.spec.node_name] else None,
+            "the second driver bound",
+        )
+        r = http.delete(f"/api/v1/ray/jobs/{second}", headers=auth("alice"))
+        assert (r.status_code, r.json()["state"]) == (200, "cancelled"), r.text
+        assert r.json()["attempts"][0]["reason"] == "cancelled"
+        eventually(
+            lambda: True if not driver_pods(rig, second) else None, "the cancelled driver gone"
+        )
+        jobs = rig.batch.list_namespaced_job(NS_A).items
+        assert [j.metadata.labels[SETTINGS.label("ray-job")] for j in jobs] == [job_id]
 
 
 def test_a_one_off_job_whose_driver_fails_is_failed_and_takes_its_cluster_down(
