@@ -88,6 +88,8 @@ class KubeDrivers:
         try:
             drain(self._batch.create_namespaced_job(namespace, body, _preload_content=False))
         except ApiException as e:
+            if e.status == 409 and self._made_before(namespace, body["metadata"]["name"], run):
+                return  # a portal that stopped before recording the attempt made it
             raise RunnerError(
                 f"the driver's Job {namespace}/{body['metadata']['name']} was refused: "
                 f"{kpods.api_message(e)}"
@@ -158,6 +160,15 @@ class KubeDrivers:
         return list(
             kpods.json_of(call(label_selector=selector, _preload_content=False)).get("items") or []
         )
+
+    def _made_before(self, namespace: str, name: str, run: DriverRun) -> bool:
+        try:
+            found = kpods.json_of(
+                self._batch.read_namespaced_job(name, namespace, _preload_content=False)
+            )
+        except ApiException:
+            return False
+        return self._is_driver(found, run)
 
     def _is_driver(self, job: Mapping[str, Any], run: DriverRun) -> bool:
         found = (job.get("metadata") or {}).get("labels") or {}

@@ -31,7 +31,9 @@ from portal.kube.binder import Binder, HoldReason
 from portal.kube.keys import PodKeys
 from portal.ray import kubeobjects as ko
 from portal.ray.controller import RayController
+from portal.ray.drivers import DriverRun
 from portal.ray.jobs import RayJobs
+from portal.ray.jobspec import RayJobSpec
 from portal.ray.kube import KubeRay
 from portal.ray.kubedrivers import KubeDrivers
 from portal.ray.spec import RaySpec
@@ -395,6 +397,10 @@ def test_a_job_on_a_running_cluster_is_a_driver_pod_beside_the_head_and_succeeds
         ]:
             assert http.request(method, path, headers=auth("bob")).status_code == 403, path
 
+        # A portal that stopped before recording the attempt starts it again: the same Job.
+        assert rig.jobs.drivers is not None
+        again = DriverRun(job_id, 1, cid, TEAM_A.name)
+        rig.jobs.drivers.start(again, str(address), RayJobSpec("python train.py"))
         # The driver: one Job in the tenant's namespace, the token a Secret reference.
         [driver] = rig.batch.list_namespaced_job(NS_A).items
         labels = driver.metadata.labels
