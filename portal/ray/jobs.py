@@ -32,10 +32,10 @@ from datetime import datetime, timedelta
 from policies.errors import Conflict, NotFound, PortalError, Unavailable
 from policies.jobs import CANCELLED, COMPLETED, JobState, exit_code_of, exit_reason
 from policies.ray import RayState
-from portal.jobs.backend import LogChunk, read_file_log
+from portal.jobs.backend import LogChunk
 from portal.jobs.runner import RunnerError
 from portal.ray.controller import STOP_GRACE_S, RayController
-from portal.ray.drivers import LocalDrivers
+from portal.ray.drivers import DriverRun, Drivers
 from portal.ray.jobspec import RayJobSpec
 from portal.ray.spec import RaySpec
 from portal.store import ray as stored
@@ -65,7 +65,7 @@ class RayJobs:
         self,
         rays: RayController,
         *,
-        drivers: LocalDrivers | None = None,
+        drivers: Drivers | None = None,
         refuse: str | None = None,
     ) -> None:
         self.rays = rays
@@ -96,6 +96,8 @@ class RayJobs:
             cluster = self.rays.get(cluster_id)
             if self._refuse is not None:
                 raise Unavailable(self._refuse)
+            if self.drivers is not None:
+                self.drivers.check(spec)
             if cluster.state.terminal:
                 raise Conflict(
                     f"Ray cluster {cluster_id} is stopped: submit to a cluster that is not, "
@@ -116,6 +118,8 @@ class RayJobs:
         anything is created."""
         if self._refuse is not None:
             raise Unavailable(self._refuse)
+        if self.drivers is not None:
+            self.drivers.check(spec)
         with self.rays.lock:
             created = self.rays.create(cluster).cluster
             try:
@@ -162,17 +166,18 @@ class RayJobs:
     def read_log(self, job_id: str, attempt: int, offset: int, limit: int) -> LogChunk:
         if self.drivers is None:
             return LogChunk(b"", 0, "no backend runs Ray jobs here")
-        return read_file_log(self.drivers.log_path(job_id, attempt), offset, limit)
+        return self.drivers.read_log(job_id, attempt, offset, limit)
 
     # ---------------------------------------------------------------- the loop's side
 
     def step(self) -> None:
         """One round: collect driver exits, then advance every job that has not ended."""
         with self.rays.lock:
-            if self.drivers is not None:
-                for e in self.drivers.poll():
-                    self._exits[(e.job_id, e.attempt)] = exit_code_of(e.exit_code, e.signal)
             active = stored.jobs(self._store, active=True)
+            if self.drivers is not None:
+                running = [_run(j) for j in active if j.attempts and not j.attempts[-1].ended_at]
+                for e in self.drivers.poll(running):
+                    self._exits[(e.job_id, e.attempt)] = exit_code_of(e.exit_code, e.signal)
             for job in active:
                 try:
                     self._advance(job)
@@ -217,7 +222,8 @@ class RayJobs:
         number = job.attempt + 1
         attempt = RayJobAttempt(number=number, started_at=self.now, head=head)
         try:
-            self.drivers.start(job.id, number, address, RayJobSpec.from_dict(job.spec))
+            run = DriverRun(job.id, number, job.cluster_id, job.tenant)
+            self.drivers.start(run, address, RayJobSpec.from_dict(job.spec))
         except (RunnerError, PortalError) as exc:
             failed = replace(attempt, ended_at=self.now, reason=exc.message)
             job = replace(job, attempt=number, attempts=(*job.attempts, failed))
@@ -238,9 +244,11 @@ class RayJobs:
         attempts = job.attempts
         current = attempts[-1] if attempts else None
         if current is not None and current.ended_at is None:
-            if self.drivers is not None:
+            # A driver that exited (``code``) keeps what it left (its pod's log on Kubernetes).
+            if self.drivers is not None and code is None:
                 try:
-                    self.drivers.stop(job.id, current.number, STOP_GRACE_S)
+                    run = DriverRun(job.id, current.number, job.cluster_id, job.tenant)
+                    self.drivers.stop(run, STOP_GRACE_S)
                 except RunnerError as exc:  # it ended already
                     log.info("Ray job %s: %s", job.id, exc.message)
             attempts = _last(
@@ -290,6 +298,10 @@ class RayJobs:
             else []
         )
         self._store.commit(ChangeSet(ray_jobs=[job], events=events))
+
+
+def _run(job: RayJobRecord) -> DriverRun:
+    return DriverRun(job.id, job.attempts[-1].number, job.cluster_id, job.tenant)
 
 
 def _last(job: RayJobRecord, attempt: RayJobAttempt) -> tuple[RayJobAttempt, ...]:

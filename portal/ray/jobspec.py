@@ -21,9 +21,12 @@ from portal.jobs.spec import ENV_NAME, MAX_ENV, RESERVED_ENV
 MAX_ENTRYPOINT = 16_384
 MAX_METADATA = 64
 
-RAY_RESERVED_ENV = frozenset({"RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR"}) | RESERVED_ENV
-"""Variables the portal sets for the driver itself: the head's address and the runtime
-environment Ray hands to the job's tasks."""
+RAY_RESERVED_ENV = (
+    frozenset({"RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"})
+    | RESERVED_ENV
+)
+"""Variables the portal sets for the driver itself: the head's address, the runtime
+environment Ray hands to the job's tasks, and (on Kubernetes) the cluster's token."""
 
 
 @dataclass(frozen=True, slots=True)

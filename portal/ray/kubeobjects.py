@@ -20,6 +20,7 @@ from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from policies.requests import DeviceRequest
+from portal.jobs.kube.manifests import JobKeys
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
 from portal.kube.views import FINISHED_PHASES, PodView
 
@@ -181,6 +182,110 @@ def token_secret_manifest(
         },
         "type": "Opaque",
         "stringData": {TOKEN_KEY: token},
+    }
+
+
+# ---- a Ray job's driver ------------------------------------------------------------------------
+
+DRIVER_CONTAINER = "driver"
+DRIVER_CPUS = 1
+DRIVER_TTL_S = 86_400
+"""How long a finished driver's Job (and its pod's log) stays before Kubernetes deletes it."""
+PORTAL_ENV = frozenset({"RAY_USAGE_STATS_ENABLED", "PYTHONUNBUFFERED"})
+"""Variables the portal sets on the driver that a job's ``env_vars`` may name but not change,
+as on the local backend (``jobspec.RAY_RESERVED_ENV`` refuses the others)."""
+
+
+def driver_job_name(job_id: str, attempt: int) -> str:
+    return f"rayjob-{job_id[:12]}-{attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class DriverObjects:
+    """What a driver's Job is built from: attempt ``attempt`` of Ray job ``job_id`` running
+    ``entrypoint`` against cluster ``cluster_id`` (whose head is at ``address``)."""
+
+    job_id: str
+    attempt: int
+    cluster_id: str
+    tenant: str
+    image: str
+    address: str
+    entrypoint: str
+    env_vars: tuple[tuple[str, str], ...]
+    job_config: str
+    run_as_user: int = 1000
+    run_as_group: int = 100
+
+
+def driver_labels(o: DriverObjects, settings: IsolationSettings) -> dict[str, str]:
+    return {
+        **labels(o.cluster_id, o.tenant, settings),
+        # The key kubectl admission leaves alone: the driver's Job is no job to admit.
+        JobKeys.of(settings).ray_job: o.job_id,
+        settings.label("ray-job-attempt"): str(o.attempt),
+    }
+
+
+def driver_job_manifest(o: DriverObjects, settings: IsolationSettings) -> Manifest:
+    """A ``batch/v1`` Job of one pod that runs the entrypoint once (``backoffLimit`` 0: a
+    retry is the portal's next attempt, recorded as such). The pod holds no device; it names
+    ``schedulerName: gpuportal`` and the portal binds it beside the cluster's head."""
+    resources = {"cpu": str(DRIVER_CPUS), "memory": f"{DRIVER_CPUS * MEMORY_PER_CPU_MIB}Mi"}
+    secret = {"name": token_secret_name(o.cluster_id), "key": TOKEN_KEY}
+    env = [
+        *({"name": k, "value": v} for k, v in o.env_vars if k not in PORTAL_ENV),
+        {"name": "RAY_ADDRESS", "value": o.address},
+        {"name": "RAY_JOB_CONFIG_JSON_ENV_VAR", "value": o.job_config},
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": secret}},
+        {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    meta = {"labels": driver_labels(o, settings)}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": driver_job_name(o.job_id, o.attempt),
+            "namespace": settings.namespace(o.tenant),
+            **meta,
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "completions": 1,
+            "parallelism": 1,
+            "ttlSecondsAfterFinished": DRIVER_TTL_S,
+            "template": {
+                "metadata": meta,
+                "spec": {
+                    "schedulerName": SCHEDULER_NAME,
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": o.run_as_user,
+                        "runAsGroup": o.run_as_group,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": DRIVER_CONTAINER,
+                            "image": o.image,
+                            "command": ["/bin/sh", "-c", o.entrypoint],
+                            "env": env,
+                            "resources": {"requests": resources, "limits": dict(resources)},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "privileged": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
     }
 
 

@@ -11,6 +11,7 @@ from portal.ray.controller import RayController
 from portal.ray.drivers import LocalDrivers
 from portal.ray.jobs import RayJobs
 from portal.ray.kube import KubeRay
+from portal.ray.kubedrivers import KubeDrivers
 from portal.ray.local import LocalRay
 from portal.ray.spec import installed_ray_version
 from portal.service.loops import Loops
@@ -21,10 +22,6 @@ RAY_INTERVAL_S = 1.0
 dead worker is replaced, or a shrink's slice is released."""
 
 NO_RAY = "the ray package is not installed beside the portal: pip install ray"
-NO_KUBERNETES_JOBS = (
-    "Ray jobs run on the local backend only in this version: on Kubernetes, run the driver "
-    "from a notebook with ray.init(address=...) against the cluster's address"
-)
 
 
 def build_for_service(allocator: Allocator, settings: Settings) -> RayController:
@@ -42,10 +39,14 @@ def build_for_service(allocator: Allocator, settings: Settings) -> RayController
     return controller
 
 
-def build_jobs_for_service(controller: RayController, settings: Settings) -> RayJobs:
-    """The service's Ray jobs: their drivers run wherever the clusters' nodes do."""
+def build_jobs_for_service(
+    controller: RayController, settings: Settings, isolation: IsolationSettings
+) -> RayJobs:
+    """The service's Ray jobs: their drivers run wherever the clusters' nodes do (on
+    Kubernetes, a Job in the tenant's namespace with the clusters' image)."""
     if settings.inventory == "kubernetes":
-        return RayJobs(controller, refuse=NO_KUBERNETES_JOBS)
+        drivers = KubeDrivers(cluster_client(), isolation, image=settings.ray_image)
+        return RayJobs(controller, drivers=drivers)
     if controller.backend is None:
         return RayJobs(controller)
     return RayJobs(controller, drivers=LocalDrivers(settings.state_dir / "ray-jobs"))
@@ -59,13 +60,14 @@ def register_for_service(
     isolation: IsolationSettings,
 ) -> KubeRay | None:
     """Add the ``ray`` loop: the local backend's round, or on Kubernetes the controller's
-    step followed by ``KubeRay.sync``."""
+    step followed by ``KubeRay.sync`` and the jobs' step (whose drivers need the head)."""
     if settings.inventory == "kubernetes":
         kube = KubeRay(cluster_client(), controller, isolation, image=settings.ray_image)
 
         def kube_round() -> None:
             controller.step()
             kube.sync()
+            jobs.step()
 
         loops.add("ray", RAY_INTERVAL_S, kube_round)
         return kube

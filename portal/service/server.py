@@ -251,7 +251,7 @@ def _run(
     job_controller = job_service.build_for_service(allocator, settings, isolation)
     service_controller = inference_service.build_for_service(allocator, settings, isolation)
     ray_controller = ray_service.build_for_service(allocator, settings)
-    ray_jobs = ray_service.build_jobs_for_service(ray_controller, settings)
+    ray_jobs = ray_service.build_jobs_for_service(ray_controller, settings, isolation)
     app = create_app(
         allocator,
         where.authenticator,

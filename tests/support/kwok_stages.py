@@ -46,7 +46,8 @@ def derive(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     fail["spec"]["selector"]["matchExpressions"].append(
         {"key": _annotation(EXIT_CODE), "operator": "Exists"}
     )
-    code = f'{{{{ index .metadata.annotations "{EXIT_CODE}" }}}}'
+    # Inside the template's loop over containers ``.`` is the container: ``$root`` the pod.
+    code = f'{{{{ index $root.metadata.annotations "{EXIT_CODE}" }}}}'
     fail["spec"]["next"]["statusTemplate"] = (
         fail["spec"]["next"]["statusTemplate"]
         .replace("exitCode: 0", f"exitCode: {code}")

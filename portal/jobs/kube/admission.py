@@ -129,10 +129,15 @@ def _gpus(container: Mapping[str, Any]) -> int | None:
 
 
 def wants_portal(job: Mapping[str, Any], keys: JobKeys) -> bool:
-    """A Job whose pods the portal places and that it has not admitted yet."""
+    """A Job whose pods the portal places and that it has not admitted yet (nor made itself
+    for a Ray job's driver)."""
     labels = (job.get("metadata") or {}).get("labels") or {}
     template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return template.get("schedulerName") == SCHEDULER_NAME and keys.job not in labels
+    return (
+        template.get("schedulerName") == SCHEDULER_NAME
+        and keys.job not in labels
+        and keys.ray_job not in labels
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,9 @@ class JobKeys:
     attempt: str
     workload: str
     managed_by: str
+    ray_job: str
+    """On the Job of a Ray job's driver (``portal.ray.kubeobjects``): the portal's own, never
+    a kubectl Job to admit."""
     rank: Mapping[str, str] = field(default_factory=dict)
     """Rendezvous variable -> the annotation the binder writes it in (``PER_RANK``)."""
 
@@ -75,6 +78,7 @@ class JobKeys:
             attempt=settings.label("attempt"),
             workload=settings.label("workload"),
             managed_by=settings.label("managed-by"),
+            ray_job=settings.label("ray-job"),
             rank={v: settings.label(v.lower().replace("_", "-")) for v in PER_RANK},
         )
 

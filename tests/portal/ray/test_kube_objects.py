@@ -6,6 +6,8 @@ from __future__ import annotations
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings
 from policies.requests import DeviceRequest
+from portal.jobs.kube.admission import wants_portal
+from portal.jobs.kube.manifests import JobKeys
 from portal.kube.keys import PodKeys
 from portal.kube.views import PodView
 from portal.ray import kubeobjects as ko
@@ -100,3 +102,51 @@ def test_two_pods_never_share_an_allocation() -> None:
     plan = ko.plan_workers([pod("p0", ("w1", "a1")), pod("p1", ("w1", "a1"))], slices, KEYS)
     # p1's claim is a duplicate, and no allocation is free for it: it is left unbound.
     assert plan.marks == () and plan.delete == ()
+
+
+def driver(**kw: object) -> ko.DriverObjects:
+    base: dict[str, object] = {
+        "job_id": "fedcba9876543210",
+        "attempt": 2,
+        "cluster_id": "abcdef0123456789",
+        "tenant": "team-a",
+        "image": "ray:1",
+        "address": "ray-abcdef012345-head-svc.gp-team-a.svc:6379",
+        "entrypoint": "python train.py --epochs 3",
+        "env_vars": (("EPOCHS", "3"), ("PYTHONUNBUFFERED", "0")),
+        "job_config": '{"runtime_env": {"env_vars": {"EPOCHS": "3"}}}',
+    }
+    return ko.DriverObjects(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_driver_is_one_restricted_deviceless_pod_that_reads_the_token_from_the_secret() -> None:
+    m = ko.driver_job_manifest(driver(), SETTINGS)
+    assert (m["apiVersion"], m["kind"]) == ("batch/v1", "Job")
+    meta = m["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("rayjob-fedcba987654-2", "gp-team-a")
+    assert meta["labels"][SETTINGS.label("ray-job")] == "fedcba9876543210"
+    assert meta["labels"][SETTINGS.label("ray-job-attempt")] == "2"
+    assert meta["labels"][SETTINGS.label("ray-cluster")] == "abcdef0123456789"
+    # One run: a retry is the portal's next attempt, never the Job controller's.
+    assert (m["spec"]["backoffLimit"], m["spec"]["completions"]) == (0, 1)
+    pod = m["spec"]["template"]["spec"]
+    assert pod["schedulerName"] == "gpuportal" and pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    [container] = pod["containers"]
+    assert container["command"] == ["/bin/sh", "-c", "python train.py --epochs 3"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["RAY_ADDRESS"]["value"] == "ray-abcdef012345-head-svc.gp-team-a.svc:6379"
+    assert env["EPOCHS"]["value"] == "3"
+    assert env["RAY_AUTH_TOKEN"] == {
+        "name": "RAY_AUTH_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "ray-abcdef012345-auth", "key": ko.TOKEN_KEY}},
+    }
+    # A variable the portal sets is set once, to the portal's value.
+    assert [e["value"] for e in container["env"] if e["name"] == "PYTHONUNBUFFERED"] == ["1"]
+    # The portal's own Job: kubectl admission does not take it for a training job.
+    assert not wants_portal(m, JobKeys.of(SETTINGS))
+    unlabelled = {**m, "metadata": {**meta, "labels": {}}}
+    assert wants_portal(unlabelled, JobKeys.of(SETTINGS))

@@ -31,7 +31,11 @@ from portal.kube.binder import Binder, HoldReason
 from portal.kube.keys import PodKeys
 from portal.ray import kubeobjects as ko
 from portal.ray.controller import RayController
+from portal.ray.drivers import DriverRun
+from portal.ray.jobs import RayJobs
+from portal.ray.jobspec import RayJobSpec
 from portal.ray.kube import KubeRay
+from portal.ray.kubedrivers import KubeDrivers
 from portal.ray.spec import RaySpec
 from portal.store.records import WorkloadState
 from portal.store.writer import Store
@@ -39,6 +43,7 @@ from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.kuberay import KubeRayOperator
+from tests.support.kwok_stages import EXIT_CODE, RUN_FOR
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -48,6 +53,7 @@ SETTINGS = IsolationSettings()
 KEYS = PodKeys.of(SETTINGS)
 RAY = "2.60.0"
 NODE = "kr-h100-a"
+IMAGE = "registry.invalid/ray:2.60.0"  # kwok runs no containers
 TEAM_A = TenantSpec(
     name="krteama", gpu_limits={"H100-80GB": 8}, cpu_millis=32000, memory_mib=65536, pods=20
 )
@@ -91,8 +97,13 @@ def nodes(
     )
     yield [to_node(api.sanitize_for_serialization(ready))]
     custom = client.CustomObjectsApi(api)
+    batch = client.BatchV1Api(api)
     for tenant in (TEAM_A, TEAM_B):
         namespace = SETTINGS.namespace(tenant.name)
+        for job in batch.list_namespaced_job(namespace).items:  # Ray job drivers
+            batch.delete_namespaced_job(
+                job.metadata.name, namespace, propagation_policy="Background"
+            )
         found: Any = custom.list_namespaced_custom_object(
             ko.GROUP, ko.VERSION, namespace, ko.PLURAL
         )
@@ -115,7 +126,9 @@ class Rig:
     def __init__(self, alloc: Allocator, api: client.ApiClient) -> None:
         self.alloc = alloc
         self.ray = RayController(alloc, installed=RAY)
-        self.kube = KubeRay(api, self.ray, SETTINGS, image="registry.invalid/ray:2.60.0")
+        self.kube = KubeRay(api, self.ray, SETTINGS, image=IMAGE)
+        self.jobs = RayJobs(self.ray, drivers=KubeDrivers(api, SETTINGS, image=IMAGE))
+        self.batch = client.BatchV1Api(api)
         self.binder = Binder(api, alloc, SETTINGS)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -124,6 +137,7 @@ class Rig:
         self.alloc.tick()
         self.ray.step()
         self.kube.sync()
+        self.jobs.step()
         self.binder.bind_pending()
 
     def until(self, probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
@@ -324,5 +338,157 @@ def test_another_tenant_cannot_list_scale_submit_to_or_delete_a_kube_cluster(
         # Its owner deletes it: the RayCluster and its pods go, every slice released.
         r = http.delete(f"/api/v1/ray/{cid}", headers=auth("alice"))
         assert (r.status_code, r.json()["state"]) == (200, "stopped")
+        rig.until(lambda: True if not rig.pods(cid) else None, "the cluster's pods gone")
+        assert rig.alloc.workloads(TEAM_A.name) == []
+
+
+# ---- Ray jobs: a driver Job in the tenant's namespace ---------------------------------------
+
+
+def driver_pods(rig: Rig, job_id: str) -> list[client.V1Pod]:
+    selector = f"{SETTINGS.label('ray-job')}={job_id}"
+    return list(rig.core.list_namespaced_pod(NS_A, label_selector=selector).items)
+
+
+def job_state(http: TestClient, job_id: str, state: str) -> dict[str, Any] | None:
+    found = http.get(f"/api/v1/ray/jobs/{job_id}", headers=auth("alice")).json()
+    return found if found["state"] == state else None
+
+
+def test_a_job_on_a_running_cluster_is_a_driver_pod_beside_the_head_and_succeeds(
+    rig: Rig,
+) -> None:
+    app = create_app(
+        rig.alloc, StaticAuthenticator(TOKENS), ray_controller=rig.ray, ray_job_controller=rig.jobs
+    )
+    cid = rig.ray.create(spec(1, 2)).cluster.id
+    rig.until(
+        lambda: True if rig.ray.view(cid).cluster.state.value == "running" else None,
+        "the cluster running",
+    )
+    address = rig.ray.view(cid).cluster.address
+    body = {"entrypoint": "python train.py", "runtime_env": {"env_vars": {"EPOCHS": "3"}}}
+    with TestClient(app) as http:
+        # Bad input: a 422 naming the field, and no driver made. A directory of the portal's
+        # host means nothing in the driver's pod.
+        for runtime_env, field in [
+            ({"working_dir": "/"}, "runtime_env.working_dir"),
+            ({"env_vars": {"RAY_AUTH_TOKEN": "mine"}}, "runtime_env.env_vars.RAY_AUTH_TOKEN"),
+        ]:
+            r = http.post(
+                f"/api/v1/ray/{cid}/jobs",
+                json={**body, "runtime_env": runtime_env},
+                headers=auth("alice"),
+            )
+            assert (r.status_code, r.json().get("field")) == (422, field), r.text
+        assert rig.batch.list_namespaced_job(NS_A).items == []
+        assert rig.jobs.jobs() == []
+
+        r = http.post(f"/api/v1/ray/{cid}/jobs", json=body, headers=auth("alice"))
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        assert r.json()["state"] == "running"  # the cluster runs: attempt 1 started at once
+
+        # Another tenant sees and touches nothing of it.
+        for method, path in [
+            ("GET", f"/api/v1/ray/jobs/{job_id}"),
+            ("GET", f"/api/v1/ray/jobs/{job_id}/logs"),
+            ("DELETE", f"/api/v1/ray/jobs/{job_id}"),
+        ]:
+            assert http.request(method, path, headers=auth("bob")).status_code == 403, path
+
+        # A portal that stopped before recording the attempt starts it again: the same Job.
+        assert rig.jobs.drivers is not None
+        again = DriverRun(job_id, 1, cid, TEAM_A.name)
+        rig.jobs.drivers.start(again, str(address), RayJobSpec("python train.py"))
+        # The driver: one Job in the tenant's namespace, the token a Secret reference.
+        [driver] = rig.batch.list_namespaced_job(NS_A).items
+        labels = driver.metadata.labels
+        assert labels[SETTINGS.label("ray-job")] == job_id
+        assert labels[SETTINGS.label("ray-cluster")] == cid
+        assert labels[SETTINGS.label("tenant")] == TEAM_A.name
+        pod = driver.spec.template.spec
+        [container] = pod.containers
+        env = {e.name: e for e in container.env}
+        assert env["RAY_ADDRESS"].value == address == ko.head_address(cid, NS_A)
+        assert env["EPOCHS"].value == "3"
+        assert '"EPOCHS": "3"' in env["RAY_JOB_CONFIG_JSON_ENV_VAR"].value
+        assert env["RAY_AUTH_TOKEN"].value is None
+        assert env["RAY_AUTH_TOKEN"].value_from.secret_key_ref.name == ko.token_secret_name(cid)
+        assert container.command == ["/bin/sh", "-c", "python train.py"]
+        assert pod.security_context.run_as_non_root is True
+        assert container.security_context.capabilities.drop == ["ALL"]
+        assert not any("nvidia" in k for k in container.resources.limits)
+
+        # kwok runs the pod once the portal binds it beside the head, and completes it.
+        done = rig.until(lambda: job_state(http, job_id, "succeeded"), "the job succeeded")
+        [attempt] = done["attempts"]
+        assert (attempt["number"], attempt["exit_code"], attempt["reason"]) == (1, 0, "completed")
+        [head] = rig.pods(cid, "head")
+        assert {p.spec.node_name for p in driver_pods(rig, job_id)} == {head.spec.node_name}
+        # kwok serves no log: an empty answer that says why, not an error.
+        logs = http.get(f"/api/v1/ray/jobs/{job_id}/logs", headers=auth("alice"))
+        assert logs.status_code == 200, logs.text
+        assert logs.json()["text"] == "" and logs.json()["unavailable"]
+        # The cluster is the tenant's: it keeps running, and takes the next job.
+        assert rig.ray.view(cid).cluster.state.value == "running"
+
+        # Cancel: a driver that runs on (kwok keeps it running) is deleted with its Job.
+        r = http.post(f"/api/v1/ray/{cid}/jobs", json=body, headers=auth("alice"))
+        second = r.json()["id"]
+        [pod] = eventually(lambda: p if (p := driver_pods(rig, second)) else None, "its pod")
+        rig.core.patch_namespaced_pod(
+            pod.metadata.name, NS_A, {"metadata": {"annotations": {RUN_FOR: "1h"}}}
+        )
+        rig.until(
+            lambda: True if [p for p in driver_pods(rig, second) if p.spec.node_name] else None,
+            "the second driver bound",
+        )
+        r = http.delete(f"/api/v1/ray/jobs/{second}", headers=auth("alice"))
+        assert (r.status_code, r.json()["state"]) == (200, "cancelled"), r.text
+        assert r.json()["attempts"][0]["reason"] == "cancelled"
+        eventually(
+            lambda: True if not driver_pods(rig, second) else None, "the cancelled driver gone"
+        )
+        jobs = rig.batch.list_namespaced_job(NS_A).items
+        assert [j.metadata.labels[SETTINGS.label("ray-job")] for j in jobs] == [job_id]
+
+
+def test_a_one_off_job_whose_driver_fails_is_failed_and_takes_its_cluster_down(
+    rig: Rig,
+) -> None:
+    app = create_app(
+        rig.alloc, StaticAuthenticator(TOKENS), ray_controller=rig.ray, ray_job_controller=rig.jobs
+    )
+    cluster = {
+        "tenant": TEAM_A.name,
+        "name": "once",
+        "workers": {"devices": {"kind": "gpu", "count": 1}, "min": 1, "max": 1},
+        "ray_version": RAY,
+    }
+    with TestClient(app) as http:
+        r = http.post(
+            "/api/v1/ray/jobs",
+            json={"entrypoint": "python eval.py", "cluster": cluster},
+            headers=auth("alice"),
+        )
+        assert r.status_code == 201, r.text
+        job_id, cid = r.json()["id"], r.json()["cluster_id"]
+        # Admitted like any cluster; the driver starts once it runs.
+        rig.until(lambda: job_state(http, job_id, "running"), "attempt 1 started")
+        [pod] = eventually(
+            lambda: p if (p := driver_pods(rig, job_id)) else None, "the driver's pod"
+        )
+        # Stand in for a driver that exits 3 (before the portal binds it: kwok reads it then).
+        assert pod.spec.node_name is None
+        rig.core.patch_namespaced_pod(
+            pod.metadata.name, NS_A, {"metadata": {"annotations": {EXIT_CODE: "3"}}}
+        )
+        failed = rig.until(lambda: job_state(http, job_id, "failed"), "the job failed")
+        [attempt] = failed["attempts"]
+        assert (attempt["exit_code"], attempt["reason"]) == (3, "exit code 3")
+        assert failed["ended_at"] is not None
+        # The one-off cluster went with it: its RayCluster deleted, every slice released.
+        assert rig.ray.view(cid).cluster.state.value == "stopped"
         rig.until(lambda: True if not rig.pods(cid) else None, "the cluster's pods gone")
         assert rig.alloc.workloads(TEAM_A.name) == []
