@@ -19,6 +19,7 @@ from typing import Any
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
+from policies.isolation.podsecurity import restricted_container_context, restricted_pod_context
 from policies.requests import DeviceRequest
 from portal.jobs.kube.manifests import JobKeys
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
@@ -109,12 +110,9 @@ def _pod_template(
         "spec": {
             "schedulerName": SCHEDULER_NAME,
             "automountServiceAccountToken": False,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": o.run_as_user,
-                "runAsGroup": o.run_as_group,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": restricted_pod_context(
+                o.run_as_user, o.run_as_group, fs_group=False
+            ),
             "containers": [
                 {
                     "name": container,
@@ -125,11 +123,7 @@ def _pod_template(
                         {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
                     ],
                     "resources": {"requests": dict(resources), "limits": dict(resources)},
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "privileged": False,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
+                    "securityContext": restricted_container_context(),
                 }
             ],
         },
@@ -263,12 +257,9 @@ def driver_job_manifest(o: DriverObjects, settings: IsolationSettings) -> Manife
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": o.run_as_user,
-                        "runAsGroup": o.run_as_group,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": restricted_pod_context(
+                        o.run_as_user, o.run_as_group, fs_group=False
+                    ),
                     "containers": [
                         {
                             "name": DRIVER_CONTAINER,
@@ -276,11 +267,7 @@ def driver_job_manifest(o: DriverObjects, settings: IsolationSettings) -> Manife
                             "command": ["/bin/sh", "-c", o.entrypoint],
                             "env": env,
                             "resources": {"requests": resources, "limits": dict(resources)},
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "privileged": False,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
+                            "securityContext": restricted_container_context(),
                         }
                     ],
                 },
