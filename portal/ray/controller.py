@@ -24,6 +24,8 @@ position and reason, fairness, cost and alerts apply to Ray clusters unchanged:
 
 Every change is committed through the store (``ChangeSet.ray_clusters``/``ray_slices``)
 before memory changes; the controller is the only writer of Ray clusters, under its lock.
+The local backend's node processes (which start of each runs, which have joined) are kept by
+``portal.ray.nodes``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -48,10 +50,10 @@ from policies.ray import (
 from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.jobs.launch import visible_devices
-from portal.jobs.runner import RunnerError
 from portal.jobs.spec import ClusterFacts
 from portal.ray.idle import IDLE_CHECK_S, Due, HeadRead, IdleReads
-from portal.ray.local import LocalRay, cluster_of, head_key, worker_key
+from portal.ray.local import LocalRay, head_key, worker_key
+from portal.ray.nodes import RayNodes
 from portal.ray.spec import (
     RaySpec,
     _worker_field,
@@ -72,8 +74,6 @@ from portal.store.records import (
 from portal.store.writer import Store
 
 log = logging.getLogger(__name__)
-
-STOP_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +112,10 @@ class RayController:
         self.installed = installed if installed is not None else installed_ray_version()
         self._clock = clock
         self._lock = threading.RLock()
-        # Node name -> the start of it that runs now (launched, or adopted after a restart).
-        self._running: dict[str, int] = {}
-        self._ready: set[tuple[str, int]] = set()
+        self._nodes = RayNodes(backend) if backend is not None else None
         self._started = False
         self._last_created: datetime | None = None
         self._idle = IdleReads(backend.read_heads, idle_check_s) if backend else None
-        # Clusters whose Ray temp dir goes once none of their nodes runs.
-        self._to_clean: set[str] = set()
         # Workers joined, as an outside backend (``portal.ray.kube``) last observed them.
         self._observed: dict[str, int] = {}
 
@@ -142,16 +138,11 @@ class RayController:
         """Re-adopt the nodes that still run after a portal restart; stop those of clusters
         that were deleted meanwhile."""
         with self._lock:
-            if self._started or self.backend is None:
+            if self._started or self._nodes is None:
                 self._started = True
                 return
             self._started = True
-            active = {c.id for c in stored.clusters(self._alloc.store, active=True)}
-            for key, start in self.backend.adopt():
-                if cluster_of(key) in active:
-                    self._running[key] = max(start, self._running.get(key, 0))
-                else:
-                    self._stop_node(key, start)
+            self._nodes.adopt({c.id for c in stored.clusters(self._alloc.store, active=True)})
 
     # ---------------------------------------------------------------- the API's side
 
@@ -242,9 +233,8 @@ class RayController:
         with self._lock:
             cluster = self.get(cluster_id)
             if not cluster.state.terminal:
-                for key, start in list(self._running.items()):
-                    if cluster_of(key) == cluster_id:
-                        self._stop_node(key, start)
+                if self._nodes is not None:
+                    self._nodes.stop_cluster(cluster_id)
                 released = [
                     self._release_slice(s, "Ray cluster deleted")
                     for s in stored.slices(self._alloc.store, cluster_id)
@@ -254,7 +244,8 @@ class RayController:
                     cluster, state=RayState.STOPPED, message="deleted", ended_at=self.now
                 )
                 self._commit([new], released, "ray.stopped", new, "deleted")
-                self._to_clean.add(cluster_id)
+                if self._nodes is not None:
+                    self._nodes.clean_later(cluster_id)
             return self.view(cluster_id)
 
     def resume(self, cluster_id: str) -> RayView:
@@ -291,8 +282,8 @@ class RayController:
                 raise
             if self._idle is not None:
                 self._idle.forget(cluster_id)
-            self._to_clean.discard(cluster_id)  # its head starts again in that directory
-            if self.backend is not None:
+            if self._nodes is not None:
+                self._nodes.keep_session(cluster_id)
                 self._reconcile(new)
             return self.view(cluster_id)
 
@@ -318,12 +309,8 @@ class RayController:
         with self._lock:
             if not self._started:
                 self.start()
-            if self.backend is not None:
-                for e in self.backend.poll():
-                    if self._running.get(e.key) == e.start:
-                        del self._running[e.key]
-                        self._ready.discard((e.key, e.start))
-                        log.info("Ray node %s start %d ended (%s)", e.key, e.start, e.code)
+            if self._nodes is not None:
+                self._nodes.collect_exits()
             active = stored.clusters(self._alloc.store, active=True)
             for cluster in active:
                 if cluster.state.released:
@@ -334,10 +321,10 @@ class RayController:
                         self._reconcile(self.get(cluster.id))
                 except PortalError as exc:
                     log.warning("Ray cluster %s: %s", cluster.id, exc.message)
-            if self.backend is not None:
+            if self._nodes is not None:
                 # Read again: this round's reconcile may have moved some clusters on.
                 self._idle_round(stored.clusters(self._alloc.store, active=True))
-                self._clean_sessions()
+                self._nodes.clean_sessions()
 
     # ---------------------------------------------------------------- idleness
 
@@ -416,9 +403,8 @@ class RayController:
 
     def _release_idle(self, cluster: RayClusterRecord, idle_s: float) -> None:
         suspend = self._spec(cluster).idle_suspend
-        for key, start in list(self._running.items()):
-            if cluster_of(key) == cluster.id and (suspend or key != head_key(cluster.id)):
-                self._stop_node(key, start)
+        if self._nodes is not None:
+            self._nodes.stop_cluster(cluster.id, keep_head=not suspend)
         released = [
             self._release_slice(s, "idle")
             for s in stored.slices(self._alloc.store, cluster.id)
@@ -433,18 +419,8 @@ class RayController:
             f"{self._spec(cluster).workers} workers",
         )
         self._commit([new], released, f"ray.{new.state.value}", new, new.message)
-        if suspend:
-            self._to_clean.add(cluster.id)
-
-    def _clean_sessions(self) -> None:
-        """Remove the Ray temp dir of each stopped or suspended cluster once its nodes ended
-        (a node stops within ``STOP_GRACE_S``)."""
-        if not self._to_clean or self.backend is None:
-            return
-        running = {cluster_of(key) for key, _ in self.backend.adopt()}
-        for cid in sorted(self._to_clean - running):
-            self.backend.remove_session(cid)
-            self._to_clean.discard(cid)
+        if suspend and self._nodes is not None:
+            self._nodes.clean_later(cluster.id)
 
     # ---------------------------------------------------------------- slices
 
@@ -461,7 +437,7 @@ class RayController:
             st = self._workload(s.workload_id)
             if st is None or st.state.terminal or st.state is WorkloadState.PREEMPTING:
                 why = "workload gone" if st is None else (st.reason or st.state.value)
-                self._stop_slice_nodes(cluster.id, s)
+                self._stop_slice_nodes(cluster.id, s.number)
                 changed.append(self._release_slice(s, why))
                 continue
             if st.state is WorkloadState.RUNNING and s.state is SliceState.QUEUED:
@@ -471,7 +447,7 @@ class RayController:
         plan = plan_scale([SliceFacts(s.number, s.workers) for s in live], spec.workers)
         for s in live:
             if s.number in plan.release:
-                self._stop_slice_nodes(cluster.id, s)
+                self._stop_slice_nodes(cluster.id, s.number)
                 changed.append(self._release_slice(s, "scaled down"))
         if plan.request:
             numbers = [s.number for s in stored.slices(self._alloc.store, cluster.id)]
@@ -518,7 +494,8 @@ class RayController:
     def _reconcile(self, cluster: RayClusterRecord) -> None:
         """Start what should run and is not: the head once slice 1 is placed, then every
         placed worker; and say where the cluster stands."""
-        assert self.backend is not None
+        nodes = self._nodes
+        assert nodes is not None
         spec = self._spec(cluster)
         slices = [
             s
@@ -534,9 +511,9 @@ class RayController:
             self._set_state(cluster, RayState.QUEUED, st.message if st else "queued")
             return
         head = head_key(cluster.id)
-        if head not in self._running:
-            cluster = self._start_head(cluster, spec)
-        head_ready = self._is_ready(head)
+        if not nodes.runs(head):
+            cluster = self._start_head(nodes, cluster, spec)
+        head_ready = nodes.is_ready(head)
         wanted = 0
         for s in running:
             st = self._workload(s.workload_id)
@@ -545,12 +522,12 @@ class RayController:
             for a in st.allocations:
                 key = worker_key(cluster.id, s.number, a.member)
                 wanted += 1
-                if key not in self._running and head_ready and cluster.address:
-                    if self._starting(cluster.id):
+                if not nodes.runs(key) and head_ready and cluster.address:
+                    if nodes.starting(cluster.id):
                         continue
                     address = cluster.address
-                    self._start_worker(key, address, visible_devices(a), spec.worker_cpus)
-        joined = self._joined(cluster.id)
+                    nodes.start_worker(key, address, visible_devices(a), spec.worker_cpus)
+        joined = nodes.joined(cluster.id)
         queued = [s for s in slices if s.state is SliceState.QUEUED]
         if head_ready and joined >= wanted:
             note = f"{joined} workers joined"
@@ -565,70 +542,20 @@ class RayController:
                 f"head {'up' if head_ready else 'starting'}, {joined} of {wanted} workers joined",
             )
 
-    def _start_head(self, cluster: RayClusterRecord, spec: RaySpec) -> RayClusterRecord:
-        assert self.backend is not None
-        # Workers of the previous head cannot join the new one: start them again with it.
-        for key, start in list(self._running.items()):
-            if cluster_of(key) == cluster.id:
-                self._stop_node(key, start)
-        key = head_key(cluster.id)
-        start = self.backend.next_start(key)
-        address = self.backend.start_head(cluster.id, start, spec.head_cpus)
+    def _start_head(
+        self, nodes: RayNodes, cluster: RayClusterRecord, spec: RaySpec
+    ) -> RayClusterRecord:
+        address, start = nodes.launch_head(cluster.id, spec.head_cpus)
         new = self._versioned(
             cluster, address=address, head=cluster.head + 1, message="head starting"
         )
         self._commit([new], [], "ray.head", new, f"{cluster.name}: head started at {address}")
-        self._running[key] = start
+        nodes.record(head_key(cluster.id), start)
         return new
 
-    def _start_worker(self, key: str, address: str, devices: Sequence[str], cpus: int) -> None:
-        assert self.backend is not None
-        start = self.backend.next_start(key)
-        try:
-            self.backend.start_worker(key, start, address, devices, cpus)
-        except RunnerError as exc:  # tried again next round
-            log.warning("Ray node %s: %s", key, exc.message)
-            return
-        self._running[key] = start
-
-    def _is_ready(self, key: str) -> bool:
-        start = self._running.get(key)
-        if start is None or self.backend is None:
-            return False
-        if (key, start) not in self._ready and self.backend.ready(key, start):
-            self._ready.add((key, start))
-        return (key, start) in self._ready
-
-    def _starting(self, cluster_id: str) -> bool:
-        """Whether a node of the cluster was started and has not joined yet. Nodes start one
-        at a time: ``ray start`` gives a node 30 s to register, which simultaneous starts
-        on a small host overrun."""
-        return any(
-            cluster_of(key) == cluster_id and not self._is_ready(key) for key in list(self._running)
-        )
-
-    def _joined(self, cluster_id: str) -> int:
-        return sum(
-            1
-            for key in list(self._running)
-            if cluster_of(key) == cluster_id and ".s" in key and self._is_ready(key)
-        )
-
-    def _stop_slice_nodes(self, cluster_id: str, s: RaySliceRecord) -> None:
-        prefix = f"{cluster_id}.s{s.number}."
-        for key, start in list(self._running.items()):
-            if key.startswith(prefix):
-                self._stop_node(key, start)
-
-    def _stop_node(self, key: str, start: int) -> None:
-        self._running.pop(key, None)
-        self._ready.discard((key, start))
-        if self.backend is None:
-            return
-        try:
-            self.backend.stop(key, start, STOP_GRACE_S)
-        except RunnerError as exc:  # it ended already
-            log.info("Ray node %s: %s", key, exc.message)
+    def _stop_slice_nodes(self, cluster_id: str, number: int) -> None:
+        if self._nodes is not None:
+            self._nodes.stop_slice(cluster_id, number)
 
     # ---------------------------------------------------------------- helpers
 
@@ -641,10 +568,10 @@ class RayController:
         )
         if cluster.state.terminal:
             joined = 0
-        elif self.backend is None:
+        elif self._nodes is None:
             joined = self._observed.get(cluster.id, 0)
         else:
-            joined = self._joined(cluster.id)
+            joined = self._nodes.joined(cluster.id)
         return RayView(cluster, views, joined)
 
     def _set_state(self, cluster: RayClusterRecord, state: RayState, message: str) -> None:

@@ -34,9 +34,10 @@ from policies.jobs import CANCELLED, COMPLETED, JobState, exit_code_of, exit_rea
 from policies.ray import RayState
 from portal.jobs.backend import LogChunk
 from portal.jobs.runner import RunnerError
-from portal.ray.controller import STOP_GRACE_S, RayController
+from portal.ray.controller import RayController
 from portal.ray.drivers import DriverRun, Drivers
 from portal.ray.jobspec import RayJobSpec
+from portal.ray.nodes import STOP_GRACE_S
 from portal.ray.spec import RaySpec
 from portal.store import ray as stored
 from portal.store.records import ChangeSet, EventRecord, RayJobAttempt, RayJobRecord
