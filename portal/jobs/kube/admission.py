@@ -189,13 +189,19 @@ class Admission:
                 for job in candidates:
                     where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
                     try:
-                        admitted.append((where, self._admit(job, namespaces)))
+                        job_id = self._admit(job, namespaces)
                     except PortalError as exc:
                         refused.append((where, exc.message))
                         self._refuse(job, exc.message)
+                        continue
+                    if job_id is not None:
+                        admitted.append((where, job_id))
             return AdmissionReport(tuple(admitted), tuple(refused), self._cancel_deleted(jobs))
 
-    def _admit(self, job: Mapping[str, Any], namespaces: Mapping[str, Any]) -> str:
+    def _admit(self, job: Mapping[str, Any], namespaces: Mapping[str, Any]) -> str | None:
+        """Enqueue the Job's portal job and label the Job as admitted; returns the job id, or
+        None when it was admitted already (a copy of the Jobs that has not seen the label yet
+        offers it again: it is labelled again, not admitted twice)."""
         meta = job["metadata"]
         namespace = namespaces.get(meta["namespace"])
         tenant = None if namespace is None else tenant_of(namespace, self._settings)
@@ -206,16 +212,18 @@ class Admission:
                 "a tenant's namespace (the portal's isolation makes one per tenant)",
             )
         job_id = job_id_of(meta["uid"])
+        new = False
         try:
             self._jobs.get(job_id)
         except PortalError:
             self._jobs.enqueue(spec_of(job, tenant), job_id=job_id)
+            new = True
             log.info("jobs: admitted Job %s/%s as %s", meta["namespace"], meta["name"], job_id)
         body: Any = {"metadata": {"labels": {self._keys.job: job_id, self._keys.tenant: tenant}}}
         self._batch.patch_namespaced_job(
             meta["name"], meta["namespace"], body, _content_type=MERGE_PATCH
         )
-        return job_id
+        return job_id if new else None
 
     def _cancel_deleted(self, jobs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
         """Cancel the portal jobs of kubectl Jobs that are gone (by uid: a Job re-created

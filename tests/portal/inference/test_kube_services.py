@@ -87,7 +87,8 @@ def nodes(
     k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api
 ) -> Iterator[list[Any]]:
     """Two tenants reconciled and one kwok node of 8 H100s, as the allocator sees it. At the
-    end no pod is left in the tenants' namespaces."""
+    end the tenants' namespaces are deleted, pods first, so later modules reconciling their
+    own tenants on the same cluster find nothing of these."""
     reconcile([TEAM_A, TEAM_B], SETTINGS, api)
     k8s_cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(NODE, rack="rack-ks"))
     ready = eventually(
@@ -104,6 +105,14 @@ def nodes(
             lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
             f"no pods left in {namespace}",
         )
+    reconcile([], SETTINGS, api, force=True)
+    mine = {SETTINGS.namespace(t.name) for t in (TEAM_A, TEAM_B)}
+
+    def gone() -> bool | None:
+        names = {n.metadata.name for n in core.list_namespace().items if n.metadata}
+        return True if not names & mine else None
+
+    eventually(gone, "the tenant namespaces deleted", timeout_s=90)
 
 
 class Rig:
