@@ -33,7 +33,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 from kubernetes import client
@@ -45,7 +45,7 @@ from portal.inference import kubeobjects as ko
 from portal.inference.backend import HEALTH_PATH_ENV, ServiceBackend
 from portal.inference.spec import Backend as BackendKind
 from portal.jobs.backend import LogChunk
-from portal.jobs.kube.pods import api_message, json_of
+from portal.jobs.kube.pods import api_message, json_of, pod_log
 from portal.jobs.runner import MemberExit, MemberLaunch, RunnerError
 from portal.kube.calls import drain
 
@@ -229,18 +229,10 @@ class KubeReplicas:
             if not items:
                 return LogChunk(b"", 0, f"replica {attempt} has no pod: no log to read")
             meta = items[0]["metadata"]
-            text = cast(Any, self._core.read_namespaced_pod_log)(
-                meta["name"],
-                meta["namespace"],
-                container=ko.CONTAINER,
-                limit_bytes=offset + limit + 1,
-                _preload_content=False,
-            ).data
+            return pod_log(self._core, meta["name"], meta["namespace"], ko.CONTAINER, offset, limit)
         except ApiException as e:
             why = api_message(e)
             return LogChunk(b"", 0, f"the log of replica {attempt} cannot be read: {why}")
-        data = bytes(text)
-        return LogChunk(data[offset : offset + limit], len(data))
 
     # -- helpers -------------------------------------------------------------------------------
 

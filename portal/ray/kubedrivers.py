@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -142,17 +142,10 @@ class KubeDrivers:
             if not pods:
                 return LogChunk(b"", 0, f"attempt {attempt} has no driver pod (yet or any more)")
             pod = max(pods, key=lambda p: _meta(p, "creationTimestamp"))
-            text = cast(Any, self._core.read_namespaced_pod_log)(
-                _meta(pod, "name"),
-                _meta(pod, "namespace"),
-                container=ko.DRIVER_CONTAINER,
-                limit_bytes=offset + limit + 1,
-                _preload_content=False,
-            ).data
+            name, namespace = _meta(pod, "name"), _meta(pod, "namespace")
+            return kpods.pod_log(self._core, name, namespace, ko.DRIVER_CONTAINER, offset, limit)
         except ApiException as e:
             return LogChunk(b"", 0, f"the driver's log cannot be read: {kpods.api_message(e)}")
-        data = bytes(text or b"")
-        return LogChunk(data[offset : offset + limit], len(data))
 
     # ---------------------------------------------------------------- helpers
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -82,21 +82,13 @@ class ClusterReads:
                 return LogChunk(b"", 0, f"rank {rank} has no pod (yet): no log to read")
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
             name = pod["metadata"]["name"]
-            text = cast(Any, self._core.read_namespaced_pod_log)(
-                name,
-                meta["namespace"],
-                container=m.CONTAINER if kpods.has_member(pod) else None,
-                # One byte more than asked: a log that goes on is not taken as read in full.
-                limit_bytes=offset + limit + 1,
-                _preload_content=False,
-            ).data
+            container = m.CONTAINER if kpods.has_member(pod) else None
+            return kpods.pod_log(self._core, name, meta["namespace"], container, offset, limit)
         except ApiException as e:
             where = f"pod of rank {rank}"
             return LogChunk(
                 b"", 0, f"the log of the {where} cannot be read: {kpods.api_message(e)}"
             )
-        data = bytes(text)
-        return LogChunk(data[offset : offset + limit], len(data))  # len: known so far
 
     def _read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -7,10 +7,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from portal.jobs.backend import LogChunk
 from portal.jobs.kube import manifests as m
 
 FINISHED = ("Complete", "Failed")
@@ -92,3 +94,25 @@ def node_state(node: Mapping[str, Any], now: float) -> NodeState:
     if ready is None:
         return NodeState(False, now)
     return NodeState(ready.get("status") == "True", epoch(ready.get("lastTransitionTime"), now))
+
+
+def pod_log(
+    core: client.CoreV1Api,
+    name: str,
+    namespace: str,
+    container: str | None,
+    offset: int,
+    limit: int,
+) -> LogChunk:
+    """``limit`` bytes of a pod container's log from ``offset``, through the API (the kubelet
+    serves it). One byte more than asked is read, so a log that goes on is not taken as read
+    in full; the chunk's size is the log's length known so far. Raises ``ApiException``."""
+    text = cast(Any, core.read_namespaced_pod_log)(
+        name,
+        namespace,
+        container=container,
+        limit_bytes=offset + limit + 1,
+        _preload_content=False,
+    ).data
+    data = bytes(text or b"")
+    return LogChunk(data[offset : offset + limit], len(data))
