@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from policies.errors import Forbidden
 from policies.prestart import DEFAULT_HORIZON_S, PrestartOption, PrestartTarget, plan_prestart
 from policies.requests import MAX_PRIORITY, DeviceRequest, WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator
@@ -152,6 +153,8 @@ class PrestartPool:
                 estimate=False,
                 free_only=True,
             )
-        except NoFreeRoom:
+        except (NoFreeRoom, Forbidden):
+            # Forbidden: the platform tenant's stored limit (an admin may set it below the
+            # budget) can never hold this option; the pool holds what the limit allows.
             return False
         return True

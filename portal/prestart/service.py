@@ -4,8 +4,9 @@
 holds capacity for nobody, so a platform opts in with what it is willing to hold). Then:
 
 - at start the platform's tenant (``GPUPORTAL_PRESTART_TENANT``) is created if missing and
-  given a limit of the budget on every flavor, no guarantee: the allocator enforces the budget
-  again, and a placeholder only ever uses capacity nobody is guaranteed;
+  given a limit of the budget on every flavor it has no quota on, no guarantee: the allocator
+  enforces the budget again, and a placeholder only ever uses capacity nobody is guaranteed
+  (a quota already stored, an admin's edit, is kept across restarts);
 - the ``prestart`` loop reconciles the pool every ``GPUPORTAL_PRESTART_INTERVAL_S`` seconds,
   and at once when the allocator commits a request that queues (``on_decision``, a store
   listener): a queued user is never left waiting for the next round behind a placeholder;
@@ -93,14 +94,30 @@ class PrestartService:
         )
 
     def setup(self) -> None:
-        """The platform tenant and its limits: the budget on every flavor, no guarantee."""
+        """The platform tenant and its limits: the budget on every flavor, no guarantee,
+        for the flavors it has no quota on yet. A quota already stored is an admin's (or an
+        earlier start's) and is kept: a restart never undoes an admin's edit. The budget
+        still bounds the pool whatever the stored limit says (the smaller of the two wins)."""
         tenant = self.settings.tenant
         if tenant not in {t.name for t in self._alloc.tenants()}:
             self._alloc.set_tenant(tenant)
+        stored = {q.flavor: q for q in self._alloc.quotas(tenant)}
         for flavor in sorted(self._alloc.capacity):
             unit = gpu_equivalent(Flavor.parse(flavor), 1)
             limit = math.floor(self.settings.budget_gpus / unit + 1e-9)
-            self._alloc.set_quota(tenant, flavor, guaranteed=0, limit=limit)
+            kept = stored.get(flavor)
+            if kept is None:
+                self._alloc.set_quota(tenant, flavor, guaranteed=0, limit=limit)
+            elif (kept.guaranteed, kept.limit) != (0, limit):
+                log.info(
+                    "pre-start tenant %s keeps its stored quota on %s (guaranteed %d, limit %d);"
+                    " the budget alone would give limit %d",
+                    tenant,
+                    flavor,
+                    kept.guaranteed,
+                    kept.limit,
+                    limit,
+                )
 
     def refresh(self) -> None:
         """The options of the inventory now, and their forecast spawns per hour."""

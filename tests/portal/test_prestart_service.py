@@ -55,6 +55,25 @@ def service(
     return s
 
 
+def test_a_restart_keeps_an_admins_edit_of_the_platform_quota(
+    alloc: Allocator, clock: ManualClock
+) -> None:
+    """The first start sets the budget as the limit; an admin lowers it; the next start (a
+    new service over the same allocator state) keeps the admin's value, and the pool holds
+    no more than it allows."""
+    service(alloc, clock, budget=4.0)
+    (q,) = alloc.quotas("platform")
+    assert (q.guaranteed, q.limit) == (0, 4)
+    alloc.set_quota("platform", H100, guaranteed=0, limit=1)
+    again = service(alloc, clock, budget=4.0)
+    (q,) = alloc.quotas("platform")
+    assert (q.guaranteed, q.limit) == (0, 1)
+    again.refresh()
+    again.rates = {ONE: 6.0, TWO: 3.0}  # with the limit of 4: {ONE: 2, TWO: 1}
+    again.round()
+    assert {k: len(v) for k, v in again.pool.held().items()} == {ONE: 1}
+
+
 def test_settings_off_by_default_and_bad_values_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_settings().prestart_budget_gpus == 0
     for value, valid in (("-1", "greater than or equal to 0"), ("nan", "finite")):
