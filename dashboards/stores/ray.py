@@ -1,7 +1,8 @@
 """Ray clusters for My work (the viewer's own), Tenant (the tenant's) and Cost (every
 cluster the viewer may read): one line per cluster with its slices, each slice an allocator
 workload (its state, workers, devices held, and why it waits), and its GPU-hours and money
-since it was created (``GET /api/v1/ray/{id}/cost``)."""
+since it was created (``GET /api/v1/ray/costs``: one read per refresh, whatever the number
+of clusters)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ class RayStore(Store):
         notes: list[str] = []
         costs: dict[str, RayCostOut] | None = {}
         try:
-            costs = {c.id: self.source.ray_cost(c.id) for c in shown}
+            ids = {c.id for c in shown}
+            read = self.source.ray_costs(self.tenant or None, ended_since=cutoff)
+            costs = {c.cluster_id: c for c in read if c.cluster_id in ids}
         except PortalError as exc:
             notes.append(not_shown("Ray clusters' GPU-hours and cost", exc))
             costs = None

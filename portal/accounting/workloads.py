@@ -11,7 +11,7 @@ attempt checkpoints in (its allocation is released only once its members ended).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 
@@ -31,6 +31,19 @@ class WorkloadCosts:
     currency: str
     by_workload: Mapping[str, CostTotal]
     unpriced_models: tuple[str, ...]  # held by these workloads without a price: counted at 0
+    unpriced_by_workload: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def subset(self, workload_ids: Collection[str]) -> WorkloadCosts:
+        """The same prices for some of the workloads only (one read priced for several
+        owners: each owner's totals and unpriced models are its own)."""
+        ids = set(workload_ids)
+        unpriced = {m for w in ids for m in self.unpriced_by_workload.get(w, ())}
+        return WorkloadCosts(
+            currency=self.currency,
+            by_workload={w: t for w, t in self.by_workload.items() if w in ids},
+            unpriced_models=tuple(sorted(unpriced)),
+            unpriced_by_workload={w: m for w, m in self.unpriced_by_workload.items() if w in ids},
+        )
 
     def of(self, workload_id: str) -> CostTotal:
         return self.by_workload.get(workload_id, ZERO)
@@ -67,9 +80,14 @@ def workload_costs(
             continue  # held for less than a whole second: nothing charged
         lines = cost_lines(ivs, book, [Period(lo, hi)])
         out[wid] = totals(lines, ()).get((), ZERO)
-    models = {iv.flavor.model for iv in intervals}
+    priced = set(acc.prices.book.schedules)
+    unpriced = {
+        wid: tuple(sorted({iv.flavor.model for iv in ivs} - priced))
+        for wid, ivs in by_workload.items()
+    }
     return WorkloadCosts(
         currency=acc.prices.currency,
         by_workload=out,
-        unpriced_models=tuple(sorted(models - set(acc.prices.book.schedules))),
+        unpriced_models=tuple(sorted({m for ms in unpriced.values() for m in ms})),
+        unpriced_by_workload={w: ms for w, ms in unpriced.items() if ms},
     )

@@ -145,14 +145,16 @@ def _window(
 ) -> tuple[datetime, datetime]:
     """The window asked for; naive times are UTC; defaults: this month (UTC) until now."""
     month_start = datetime.fromtimestamp(month_of(now).start, UTC)
-    lo = _utc("start", start) if start is not None else month_start
-    hi = _utc("end", end) if end is not None else now
+    lo = utc_param("start", start) if start is not None else month_start
+    hi = utc_param("end", end) if end is not None else now
     if hi <= lo:
         raise InvalidRequest("end", hi.isoformat(), f"after start {lo.isoformat()}")
     return lo, hi
 
 
-def _utc(name: str, at: datetime) -> datetime:
+def utc_param(name: str, at: datetime) -> datetime:
+    """A query's time in UTC (naive is UTC) within the dates the store holds; else a 422
+    naming the parameter."""
     try:
         utc = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01T00:00+00:01 is before year 1 in UTC

@@ -7,6 +7,7 @@ it), reading needs ``workloads:read`` on it; another tenant's token gets 403.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -17,11 +18,11 @@ from policies.errors import InvalidRequest
 from policies.ray import RayState, SliceState
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, TopologyRequirement
 from portal.accounting.service import Accounting
-from portal.accounting.workloads import workload_costs
+from portal.accounting.workloads import WorkloadCosts, workload_costs
 from portal.allocator import Allocator
 from portal.api import convert
 from portal.api.auth import Caller, Scope
-from portal.api.cost import MONEY, accounting_of, money_text
+from portal.api.cost import MONEY, accounting_of, money_text, utc_param
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
 from portal.api.inputs import KEY, Label, Text, bounded
@@ -30,6 +31,7 @@ from portal.api.workloads import charge
 from portal.ray.controller import RayController, RayView, SliceView
 from portal.ray.spec import MAX_CPUS, MAX_IDLE_S, RaySpec, worker_devices
 from portal.store import ray as stored
+from portal.store.records import RayClusterRecord, RaySliceRecord
 
 router = APIRouter(prefix="/ray", tags=["ray"], responses=ERROR_RESPONSES)
 
@@ -259,6 +261,48 @@ def list_clusters(
     return page.page_of(views, ray_out)
 
 
+@router.get(
+    "/costs",
+    response_model=Page[RayCostOut],
+    responses={404: {"model": ErrorBody, "description": "no such tenant"}},
+    summary="Every visible cluster's GPU-hours and money since creation, in one read",
+)
+def list_costs(
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_READ)],
+    alloc: Annotated[Allocator, Depends(allocator)],
+    rays: Annotated[RayController, Depends(controller)],
+    acc: Annotated[Accounting, Depends(accounting_of)],
+    page: Annotated[Paging, Depends(paging)],
+    tenant: Annotated[Label | None, Query(description="Only this tenant.")] = None,
+    ended_since: Annotated[
+        datetime | None,
+        Query(description="Stopped clusters only if they ended at or after this time (UTC)."),
+    ] = None,
+) -> Page[RayCostOut]:
+    """What `/ray/{id}/cost` answers for each cluster the caller may read (the list's
+    order), priced in one accounting read: a dashboard line per cluster costs one request,
+    not one per cluster."""
+    shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
+    since = None if ended_since is None else utc_param("ended_since", ended_since)
+    clusters = [
+        c
+        for c in stored.clusters(rays.store, tenants=shown)
+        if c.state is not RayState.STOPPED
+        or since is None
+        or (c.ended_at is not None and c.ended_at >= since)
+    ]
+    chunk = page.page(clusters)
+    slices = stored.slices_of(rays.store, [c.id for c in chunk.items])
+    costs = workload_costs(acc, [s.workload_id for v in slices.values() for s in v])
+    return Page[RayCostOut](
+        items=[cost_out(c, slices.get(c.id, []), costs) for c in chunk.items],
+        total=chunk.total,
+        limit=chunk.limit,
+        offset=chunk.offset,
+        next_offset=chunk.next_offset,
+    )
+
+
 @router.get("/{cluster_id}", response_model=RayOut, responses=_404, summary="Read one")
 def get_cluster(
     cluster_id: ClusterId,
@@ -268,6 +312,32 @@ def get_cluster(
     view = rays.view(cluster_id)
     caller.require(Scope.WORKLOADS_READ, view.cluster.tenant)
     return ray_out(view)
+
+
+def cost_out(
+    cluster: RayClusterRecord, slices: Sequence[RaySliceRecord], costs: WorkloadCosts
+) -> RayCostOut:
+    costs = costs.subset([s.workload_id for s in slices])
+    total = costs.total()
+    return RayCostOut(
+        cluster_id=cluster.id,
+        tenant=cluster.tenant,
+        currency=costs.currency,
+        unpriced_models=list(costs.unpriced_models),
+        gpu_hours=float(total.allocated_gpu_hours),
+        cost=money_text(total.cost),
+        slices=[
+            SliceCostOut(
+                number=s.number,
+                workers=s.workers,
+                state=s.state,
+                workload_id=s.workload_id,
+                gpu_hours=float(costs.of(s.workload_id).allocated_gpu_hours),
+                cost=money_text(costs.of(s.workload_id).cost),
+            )
+            for s in slices
+        ],
+    )
 
 
 @router.get(
@@ -287,27 +357,7 @@ def cluster_cost(
     cluster = rays.get(cluster_id)
     caller.require(Scope.WORKLOADS_READ, cluster.tenant)
     slices = stored.slices(rays.store, cluster_id)
-    costs = workload_costs(acc, [s.workload_id for s in slices])
-    total = costs.total()
-    return RayCostOut(
-        cluster_id=cluster_id,
-        tenant=cluster.tenant,
-        currency=costs.currency,
-        unpriced_models=list(costs.unpriced_models),
-        gpu_hours=float(total.allocated_gpu_hours),
-        cost=money_text(total.cost),
-        slices=[
-            SliceCostOut(
-                number=s.number,
-                workers=s.workers,
-                state=s.state,
-                workload_id=s.workload_id,
-                gpu_hours=float(costs.of(s.workload_id).allocated_gpu_hours),
-                cost=money_text(costs.of(s.workload_id).cost),
-            )
-            for s in slices
-        ],
-    )
+    return cost_out(cluster, slices, workload_costs(acc, [s.workload_id for s in slices]))
 
 
 @router.patch(

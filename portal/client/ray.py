@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from policies.errors import InvalidRequest
@@ -60,6 +61,13 @@ def cost(cluster_id: str) -> Op[RayCostOut]:
 
     call = Call("GET", f"{API}/ray/{_seg(cluster_id)}/cost", idempotent=True)
     return (yield from core.one(call, RayCostOut))
+
+
+def costs(page_size: int, tenant: str | None, ended_since: datetime | None) -> Op[list[RayCostOut]]:
+    from portal.api.ray import RayCostOut
+
+    params = _filters(tenant=tenant, ended_since=ended_since)
+    return (yield from core.every_page(f"{API}/ray/costs", RayCostOut, page_size, params))
 
 
 def scale(cluster_id: str, workers: int) -> Op[RayOut]:
@@ -226,6 +234,13 @@ class Ray:
     def cost(self, cluster_id: str) -> RayCostOut:
         """The cluster's GPU-hours and money since it was created, slice by slice."""
         return self._portal._run(cost(cluster_id))
+
+    def costs(
+        self, tenant: str | None = None, *, ended_since: datetime | None = None
+    ) -> builtins.list[RayCostOut]:
+        """What ``cost`` answers, for every cluster the token may read in one paged read
+        (stopped ones only if they ended at or after ``ended_since``, when given)."""
+        return self._portal._run(costs(self._portal._page_size, tenant, ended_since))
 
     def scale(self, cluster_id: str, workers: int) -> RayOut:
         """Set the worker count: an increase is one new charged slice (it may wait with its

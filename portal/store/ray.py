@@ -117,6 +117,24 @@ def slices(store: Store, cluster_id: str) -> list[RaySliceRecord]:
         return [slice_record(r) for r in conn.execute(query).mappings()]
 
 
+def slices_of(store: Store, cluster_ids: Collection[str]) -> dict[str, list[RaySliceRecord]]:
+    """The slices of several clusters in one read: cluster id -> its slices, oldest first
+    (a cluster without any is absent)."""
+    out: dict[str, list[RaySliceRecord]] = {}
+    if not cluster_ids:
+        return out
+    query = (
+        select(SLICES)
+        .where(SLICES.c.cluster_id.in_(sorted(cluster_ids)))
+        .order_by(SLICES.c.cluster_id, SLICES.c.number)
+    )
+    with store.engine.connect() as conn:
+        for r in conn.execute(query).mappings():
+            record = slice_record(r)
+            out.setdefault(record.cluster_id, []).append(record)
+    return out
+
+
 def slice_of_workload(store: Store, workload_id: str) -> RaySliceRecord | None:
     query = select(SLICES).where(SLICES.c.workload_id == workload_id)
     with store.engine.connect() as conn:

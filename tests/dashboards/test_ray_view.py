@@ -62,9 +62,17 @@ def test_each_viewer_sees_its_clusters_one_line_each_with_slices_and_gpu_hours(
     assert rows(anna)[mine.id] == row
 
     # Cost (every tenant for leadership): both, each priced; bob sees only his in My work.
+    before = len(portal.seen("tok-lead"))
     lead = store(portal, "tok-lead", stopped=True)
     assert {r.id for r in lead.clusters} == {mine.id, theirs.id}
     assert rows(lead)[theirs.id][7] == "1.00"
+    # One cost read per refresh, whatever the number of clusters; it answers per cluster
+    # what the cluster's own cost route does.
+    cost_reads = [e.path for e in portal.seen("tok-lead")[before:] if "cost" in e.path]
+    assert cost_reads == ["/api/v1/ray/costs"]
+    with Client(portal.url, "tok-lead") as c:
+        for cluster in (mine, theirs):
+            assert lead.cost_of(cluster.id) == c.ray.cost(cluster.id)
     assert [r.id for r in store(portal, "tok-bob", owner="bob").clusters] == [theirs.id]
 
     # A stopped cluster leaves My work and Tenant but stays in this month's Cost.

@@ -162,14 +162,17 @@ def test_another_tenant_cannot_list_read_scale_or_delete(
     cid = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice")).json()["id"]
     for method, path, body in [
         ("GET", "/api/v1/ray?tenant=team-a", None),
+        ("GET", "/api/v1/ray/costs?tenant=team-a", None),
         ("GET", f"/api/v1/ray/{cid}", None),
+        ("GET", f"/api/v1/ray/{cid}/cost", None),
         ("PATCH", f"/api/v1/ray/{cid}", {"workers": 3}),
         ("DELETE", f"/api/v1/ray/{cid}", None),
     ]:
         r = client.request(method, path, json=body, headers=auth("bob"))
         assert (r.status_code, r.json()["code"]) == (403, "forbidden"), (method, path, r.text)
-    # Bob's own list does not show it, and nothing changed.
+    # Bob's own lists do not show it, and nothing changed.
     assert client.get("/api/v1/ray", headers=auth("bob")).json()["items"] == []
+    assert client.get("/api/v1/ray/costs", headers=auth("bob")).json()["items"] == []
     [view] = client.get("/api/v1/ray", headers=auth("alice")).json()["items"]
     assert (view["id"], view["workers"], len(view["slices"])) == (cid, 2, 1)
     assert len(allocator.workloads("team-a")) == 1
@@ -263,3 +266,28 @@ def test_scaling_an_idle_cluster_sets_the_size_resume_asks_for(
         (1, "running"),
     ]
     assert sum(len(w.allocations) for w in allocator.workloads("team-b")) == 3
+
+
+def test_the_costs_list_answers_each_clusters_cost_in_one_read(
+    client: TestClient, allocator: Allocator
+) -> None:
+    ids = [
+        client.post("/api/v1/ray", json=ray_body(workers=w), headers=auth("alice")).json()["id"]
+        for w in (1, 2)
+    ]
+    client.delete(f"/api/v1/ray/{ids[0]}", headers=auth("alice"))
+    listed = client.get("/api/v1/ray/costs", headers=auth("alice")).json()
+    assert [c["cluster_id"] for c in listed["items"]] == ids
+    for item in listed["items"]:
+        one = client.get(f"/api/v1/ray/{item['cluster_id']}/cost", headers=auth("alice"))
+        assert item == one.json()
+    # A stopped cluster only if it ended at or after ended_since (its end is in the past
+    # of a time far ahead); a bad time is a 422 naming the parameter.
+    later = client.get(
+        "/api/v1/ray/costs", params={"ended_since": "2999-01-01T00:00:00Z"}, headers=auth("alice")
+    )
+    assert [c["cluster_id"] for c in later.json()["items"]] == ids[1:]
+    bad = client.get(
+        "/api/v1/ray/costs", params={"ended_since": "0001-01-01T00:00:00Z"}, headers=auth("alice")
+    )
+    assert bad.status_code == 422 and "ended_since" in bad.text, bad.text
