@@ -119,6 +119,7 @@ class Pod:
     start: float | None = None
     end: float | None = None
     preempted: bool = False
+    preempted_at: float | None = None
     samples: list[Sample] = field(default_factory=list)
 
 
@@ -185,7 +186,10 @@ def replay(
     seed: int,
     workdir: Path,
     reread_s: float = 300.0,
+    keep: list[Pod] | None = None,
 ) -> dict[str, Any]:
+    """One run's report; ``keep``, when given, receives every pod with its ETA reads (for
+    ``benchmarks.eta_diagnosis``)."""
     if mode not in MODES:
         raise InvalidRequest("mode", mode, " or ".join(MODES))
     if order not in ORDERS:
@@ -196,7 +200,7 @@ def replay(
     t_wall = time.perf_counter()
     with queue_order(order):
         try:
-            return _run(nodes, pods, mode, order, seed, clock, base, store, reread_s, t_wall)
+            return _run(nodes, pods, mode, order, seed, clock, base, store, reread_s, t_wall, keep)
         finally:
             store.close()
 
@@ -212,6 +216,7 @@ def _run(
     store: Store,
     reread_s: float,
     t_wall: float,
+    keep: list[Pod] | None = None,
 ) -> dict[str, Any]:
     alloc = Allocator(store, clock=clock)
     alloc.start([n.to_node() for n in nodes])
@@ -244,6 +249,7 @@ def _run(
                 heapq.heappush(ends, (pod.start + pod.duration, rec.id))
             if rec.state is WorkloadState.PREEMPTING and not pod.preempted:
                 pod.preempted = True
+                pod.preempted_at = now()
                 preemptions += 1
             if rec.state.terminal and pod.end is None and pod.start is not None:
                 pod.end = now()
@@ -357,6 +363,8 @@ def _run(
             problems.extend(check_invariants(alloc))
     problems.extend(check_invariants(alloc))
     stuck = sorted(waiting)
+    if keep is not None:
+        keep.extend(by_id.values())
     return _report(
         mode,
         order,
