@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -43,6 +43,9 @@ FETCHED_BY_PODS = ("http", "https")
 """What a fetch pod fetches (a ``file://`` path is not on the nodes; an ``hf://`` model is
 fetched by its engine)."""
 JOB_NAME_LABEL = "job-name"
+WAITED_S = timedelta(seconds=60)
+"""How long after its fetch ended a replica that asked during the fetch is told it waited
+(a cold start) rather than found the weights there."""
 
 
 class KubeWeights:
@@ -80,11 +83,11 @@ class KubeWeights:
         namespace = self._settings.namespace(tenant)
         name = kw.fetch_job_name(node, model.digest)
         key = (namespace, node, model.digest)
+        self._ensure_claim(node, tenant)
         job = self._read_job(namespace, name)
         if job is not None and job.state is kw.FetchState.FAILED:
             self._refuse(namespace, name, node, model)
         if job is None:
-            self._ensure_claim(node, tenant)
             manifest = kw.fetch_job(node, tenant, model, self._config, self._settings)
             try:
                 drain(
@@ -102,7 +105,12 @@ class KubeWeights:
             if job is None or job.state is kw.FetchState.RUNNING:
                 self._waited.add(key)
                 return Fetched(Path(kw.MOUNT), 0, ready=False, waited=True)
-            return Fetched(Path(kw.MOUNT), 0, waited=key in self._waited)
+            # Replicas that waited ask again within a round or two of the fetch's end; one
+            # asking later found the weights there.
+            fresh = now - _time(job.finished_at) <= WAITED_S
+            if not fresh:
+                self._waited.discard(key)
+            return Fetched(Path(kw.MOUNT), 0, waited=fresh and key in self._waited)
 
     def entries(self, in_use: InUse, tenants: Collection[str] | None = None) -> list[CacheEntry]:
         """One row per node, tenant and digest whose fetch Job succeeded; ``size`` is what
