@@ -204,7 +204,7 @@ def fetch_job(
                 ]
             },
             "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
+                "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
                 "spec": {
                     "restartPolicy": "Never",
                     "nodeName": node,
