@@ -86,7 +86,7 @@ class KubeWeights:
         self._ensure_claim(node, tenant)
         job = self._read_job(namespace, name)
         if job is not None and job.state is kw.FetchState.FAILED:
-            self._refuse(namespace, name, node, model)
+            self._refuse(namespace, name, node, model, job.message)
         if job is None:
             manifest = kw.fetch_job(node, tenant, model, self._config, self._settings)
             try:
@@ -159,10 +159,12 @@ class KubeWeights:
             raise Unavailable(f"cannot read Job {namespace}/{name}: {api_message(e)}") from e
         return kw.fetch_job_view(item, self._settings)
 
-    def _refuse(self, namespace: str, name: str, node: str, model: ModelRef) -> None:
+    def _refuse(
+        self, namespace: str, name: str, node: str, model: ModelRef, job_message: str
+    ) -> None:
         """Raise why the Job failed; a source that failed is tried again by the next replica."""
         code, message = self._failure(namespace, name)
-        reason = kw.failure_reason(code, message)
+        reason = kw.failure_reason(code, message if code is not None else job_message)
         if code in (fetch.MISMATCH, fetch.USAGE):
             field = "model.digest" if code == fetch.MISMATCH else "model.uri"
             value = model.digest if code == fetch.MISMATCH else model.uri

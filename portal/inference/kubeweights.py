@@ -48,6 +48,9 @@ FETCH_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 FETCH_RETRIES = 2
 """Tries after the first for a source that failed (exit ``UNAVAILABLE``); a refusal (``USAGE``,
 ``MISMATCH``, ``TOO_LARGE``) ends the Job at once."""
+FETCH_DEADLINE_S = 3600
+"""A fetch that has not ended in an hour (a pod that cannot start: the node's folder missing,
+say) fails, so its replicas stop holding their devices and the next one tries again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,7 @@ def fetch_job(
         },
         "spec": {
             "backoffLimit": FETCH_RETRIES,
+            "activeDeadlineSeconds": FETCH_DEADLINE_S,
             "podFailurePolicy": {
                 "rules": [
                     {
@@ -285,7 +289,11 @@ def fetch_job_view(job: Mapping[str, Any], settings: IsolationSettings) -> Fetch
 
 
 def failure_reason(code: int | None, message: str) -> str:
-    """Why a fetch failed, from its pod's exit code and termination message."""
-    known = fetch.EXIT_REASONS.get(code or -1, f"the fetch pod failed (exit code {code})")
+    """Why a fetch failed, from its pod's exit code and termination message (or, with no
+    code, the Job's own words: its deadline passed, say)."""
+    if code is None:
+        known = "the fetch did not finish"
+    else:
+        known = fetch.EXIT_REASONS.get(code, f"the fetch pod failed (exit code {code})")
     detail = message.strip().splitlines()[-1] if message.strip() else ""
     return f"{known}: {detail}" if detail else known

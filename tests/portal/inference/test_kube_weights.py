@@ -79,3 +79,12 @@ def test_a_replica_mounts_the_entry_read_only_and_nothing_without_a_cached_model
 
 def _fields(o: ko.ReplicaObjects) -> dict[str, Any]:
     return {name: getattr(o, name) for name in o.__slots__}  # type: ignore[attr-defined]
+
+
+def test_a_failed_fetch_says_why_from_its_exit_code_or_the_job() -> None:
+    mismatch = kw.failure_reason(fetch.MISMATCH, "invalid model.digest sha256:...\n")
+    assert mismatch.startswith(fetch.EXIT_REASONS[fetch.MISMATCH])
+    assert mismatch.endswith("invalid model.digest sha256:...")
+    assert kw.failure_reason(137, "") == "the fetch pod failed (exit code 137)"
+    late = kw.failure_reason(None, "Job was active longer than specified deadline")
+    assert late == "the fetch did not finish: Job was active longer than specified deadline"
