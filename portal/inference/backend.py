@@ -65,14 +65,14 @@ def http_post(url: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class ServiceBackend:
     """What the service controller uses of a backend: the runner of engine processes, where
-        they listen, a folder to run them in, the health probe and the sleep and wake calls, and
-        the weight cache (None: replicas serve a ``file://`` model's folder itself, and engines
+    they listen, a folder to run them in, the health probe and the sleep and wake calls, and
+    the weight cache (None: replicas serve a ``file://`` model's folder itself, and engines
     fetch other URIs).
 
-        The local backend gives each engine a free loopback port of this host. A backend whose
-        replicas each have a network of their own (Kubernetes: a pod each) sets ``port``, the one
-        port every engine listens on, ``bind`` (the ``{host}`` engines listen on) and
-        ``address``, the host name of replica ``(service_id, number)``."""
+    The local backend gives each engine a free loopback port of this host. A backend whose
+    replicas each have a network of their own (Kubernetes: a pod each) sets ``port``, the one
+    port every engine listens on, ``bind`` (the ``{host}`` engines listen on) and
+    ``address``, the host name of replica ``(service_id, number)``."""
 
     kind: BackendKind
     runner: Runner
