@@ -271,7 +271,11 @@ def fetch_job_view(job: Mapping[str, Any], settings: IsolationSettings) -> Fetch
     conditions = {
         c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"
     }
-    if "Complete" in conditions:
+    if meta.get("deletionTimestamp"):
+        # Deleted after its source failed: replicas wait for it to go and a new one to run,
+        # rather than each being refused by the old one meanwhile.
+        state, cond = FetchState.RUNNING, {}
+    elif "Complete" in conditions:
         state, cond = FetchState.DONE, conditions["Complete"]
     elif "Failed" in conditions:
         state, cond = FetchState.FAILED, conditions["Failed"]

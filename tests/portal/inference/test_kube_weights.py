@@ -88,3 +88,45 @@ def test_a_failed_fetch_says_why_from_its_exit_code_or_the_job() -> None:
     assert kw.failure_reason(137, "") == "the fetch pod failed (exit code 137)"
     late = kw.failure_reason(None, "Job was active longer than specified deadline")
     assert late == "the fetch did not finish: Job was active longer than specified deadline"
+
+
+def test_a_fetch_job_reads_as_running_done_failed_or_being_replaced() -> None:
+    job: dict[str, Any] = kw.fetch_job("node-1", "team-a", MODEL, CONFIG, SETTINGS)
+
+    def view(status: dict[str, Any], deleting: bool = False) -> kw.FetchJob | None:
+        meta = {
+            **job["metadata"],
+            **({"deletionTimestamp": "2026-12-07T00:00:00Z"} if deleting else {}),
+        }
+        return kw.fetch_job_view({**job, "metadata": meta, "status": status}, SETTINGS)
+
+    failed = {
+        "conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]
+    }
+    done = {
+        "conditions": [{"type": "Complete", "status": "True"}],
+        "completionTime": "2026-12-07T10:00:00Z",
+    }
+    assert view({}) == kw.FetchJob(
+        SETTINGS.namespace("team-a"),
+        "team-a",
+        "node-1",
+        MODEL.digest,
+        kw.FetchState.RUNNING,
+        "",
+        "",
+    )
+    got = view(done)
+    assert got is not None and (got.state, got.finished_at) == (
+        kw.FetchState.DONE,
+        "2026-12-07T10:00:00Z",
+    )
+    got = view(failed)
+    assert got is not None and (got.state, got.message) == (
+        kw.FetchState.FAILED,
+        "BackoffLimitExceeded",
+    )
+    got = view(failed, deleting=True)
+    assert got is not None and got.state is kw.FetchState.RUNNING
+    other = {**job, "metadata": {**job["metadata"], "labels": {}}}
+    assert kw.fetch_job_view(other, SETTINGS) is None
