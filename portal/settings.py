@@ -221,6 +221,21 @@ class Settings(BaseSettings):
             "in full); at most `GPUPORTAL_WEIGHT_CACHE_BYTES`."
         ),
     )
+    weight_cache_node_path: str = Field(
+        default="",
+        description=(
+            "Kubernetes: the absolute folder on each GPU node under which each tenant's weight "
+            "cache lies (`<path>/<namespace>`, a local PersistentVolume; docs/services.md). "
+            "Empty: no weight cache on Kubernetes, engines fetch their models themselves."
+        ),
+    )
+    weight_fetch_image: str = Field(
+        default="",
+        description=(
+            "Kubernetes: the image of the weight cache's fetch pods, one holding the gpuportal "
+            "package (the portal's own image); needed with `GPUPORTAL_WEIGHT_CACHE_NODE_PATH`."
+        ),
+    )
 
     drain_timeout_s: float = Field(
         default=30.0,
@@ -317,6 +332,24 @@ class Settings(BaseSettings):
         if node is not None and size > node:
             raise ValueError(f"at most GPUPORTAL_WEIGHT_CACHE_BYTES ({node})")
         return size
+
+    @field_validator("weight_cache_node_path")
+    @classmethod
+    def _node_path_absolute(cls, path: str) -> str:
+        if path and (not path.startswith("/") or "\x00" in path):
+            raise ValueError(
+                f"an absolute folder on the nodes, like /var/lib/gpuportal/weights, not {path!r}"
+            )
+        return path
+
+    @model_validator(mode="after")
+    def _fetch_image_with_node_path(self) -> Settings:
+        if self.weight_cache_node_path and not self.weight_fetch_image:
+            raise ValueError(
+                "GPUPORTAL_WEIGHT_FETCH_IMAGE: the portal's image, needed with "
+                "GPUPORTAL_WEIGHT_CACHE_NODE_PATH"
+            )
+        return self
 
     @model_validator(mode="after")
     def _resolve_paths(self) -> Settings:

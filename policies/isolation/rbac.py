@@ -98,8 +98,10 @@ def portal_cluster_role(settings: IsolationSettings) -> Manifest:
             _rule(["batch"], ["jobs"], [*READ, "create", "patch", "delete"]),
             _rule([""], ["services"], ["get", "create", "delete"]),
             _rule(["scheduling.k8s.io"], ["workloads"], ["get", "create", "delete"]),
-            # The tenant's checkpoint claim, created when its first job needs it.
+            # The tenant's checkpoint claim, created when its first job needs it, and its
+            # weight cache claims; their local volumes on the nodes (never deleted by it).
             _rule([""], ["persistentvolumeclaims"], ["get", "create"]),
+            _rule([""], ["persistentvolumes"], ["get", "create"]),
             _rule([""], ["pods/log"], ["get"]),
             # Ray clusters (portal.ray.kube): the RayClusters the operator runs, and each
             # cluster's token Secret, which the portal writes once and never reads back.

@@ -17,7 +17,7 @@ import httpx
 
 from portal.inference.spec import Backend as BackendKind
 from portal.inference.spec import ServiceSpec
-from portal.inference.weights import WeightCache
+from portal.inference.weights import Weights
 from portal.jobs.backend import Runner
 from portal.jobs.launch import free_port, visible_devices
 from portal.jobs.runner import LocalRunner, MemberLaunch
@@ -66,7 +66,8 @@ def http_post(url: str) -> bool:
 class ServiceBackend:
     """What the service controller uses of a backend: the runner of engine processes, where
     they listen, a folder to run them in, the health probe and the sleep and wake calls, and
-    the weight cache (None: replicas serve a ``file://`` model's folder itself).
+    the weight cache (None: replicas serve a ``file://`` model's folder itself, and engines
+    fetch other URIs).
 
     The local backend gives each engine a free loopback port of this host. A backend whose
     replicas each have a network of their own (Kubernetes: a pod each) sets ``port``, the one
@@ -79,7 +80,7 @@ class ServiceBackend:
     host: str = LOOPBACK
     probe: Probe = http_probe
     post: Probe = http_post
-    weights: WeightCache | None = None
+    weights: Weights | None = None
     port: int | None = None
     bind: str | None = None
     address: Callable[[str, int], str] | None = None
@@ -90,7 +91,7 @@ class ServiceBackend:
         return f"http://{host}:{port}"
 
 
-def local_backend(state_dir: Path, weights: WeightCache | None = None) -> ServiceBackend:
+def local_backend(state_dir: Path, weights: Weights | None = None) -> ServiceBackend:
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return ServiceBackend(BackendKind.LOCAL, LocalRunner(state_dir), state_dir, weights=weights)
 
@@ -146,5 +147,6 @@ def replica_launch(
         image=engine.image or None,
         tenant=spec.tenant,
         allocation=allocation,
+        weights=spec.model.digest if model_path is not None else None,
     )
     return launch, port

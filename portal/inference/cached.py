@@ -5,6 +5,7 @@ that say why a start was cold."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
 
 from policies.services import ModelRef, ReplicaState
@@ -39,31 +40,45 @@ def in_use(store: Store) -> frozenset[tuple[str, str]]:
     return frozenset(used)
 
 
-def holders(backend: ServiceBackend | None, digest: str) -> frozenset[str]:
-    """The nodes whose cache holds ``digest``: where placement tries a replica first."""
+def holders(backend: ServiceBackend | None, digest: str, tenant: str) -> frozenset[str]:
+    """The nodes whose cache holds ``digest`` for ``tenant`` (any tenant's copy, where
+    tenants share copies): where placement tries a replica first."""
     if backend is None or backend.weights is None:
         return frozenset()
-    return frozenset(e.node for e in backend.weights.entries(()) if e.digest == digest)
+    mine = (tenant,) if backend.weights.per_tenant else None
+    return frozenset(e.node for e in backend.weights.entries((), mine) if e.digest == digest)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWeights:
+    """Where a replica finds its model (None: the URI's own folder, or the engine fetches
+    it), how its start was, and whether they are there yet (a fetch on the node may run)."""
+
+    path: str | None
+    how: str
+    ready: bool = True
 
 
 def replica_weights(
     backend: ServiceBackend, store: Store, svc: ServiceRecord, node: str, now: datetime
-) -> tuple[str | None, str]:
-    """The folder a replica of ``svc`` on ``node`` serves (None without a cache: the URI's
-    own folder), and how its start was: warm, or why cold.
+) -> ReplicaWeights:
+    """The folder a replica of ``svc`` on ``node`` serves, and how its start was: warm, or
+    why cold (see ``ReplicaWeights``).
 
     Raises:
-        PortalError: the weights cannot be had (see ``WeightCache.ensure``).
+        PortalError: the weights cannot be had (see ``Weights.ensure``).
     """
-    if backend.weights is None:
-        return None, ""
     model = model_of(svc)
-    elsewhere = holders(backend, model.digest)
+    if backend.weights is None or not backend.weights.caches(model.uri):
+        return ReplicaWeights(None, "")
     got = backend.weights.ensure(node, svc.tenant, model, in_use(store), now)
+    if not got.ready:
+        return ReplicaWeights(str(got.path), "", ready=False)
     if not got.cold:
-        return str(got.path), f"weights cached on {node}"
-    why = NO_ROOM if elsewhere - {node} else FIRST
-    return str(got.path), f"{why}: fetched {got.fetched_bytes} bytes"
+        return ReplicaWeights(str(got.path), f"weights cached on {node}")
+    why = NO_ROOM if holders(backend, model.digest, svc.tenant) - {node} else FIRST
+    fetched = f"fetched {got.fetched_bytes} bytes" if got.fetched_bytes else f"fetched on {node}"
+    return ReplicaWeights(str(got.path), f"{why}: {fetched}")
 
 
 def listing(

@@ -43,6 +43,8 @@ from policies.isolation import IsolationSettings
 from policies.isolation.network import replica_selector
 from portal.inference import kubeobjects as ko
 from portal.inference.backend import HEALTH_PATH_ENV, ServiceBackend
+from portal.inference.kubecache import KubeWeights
+from portal.inference.kubeweights import CacheConfig
 from portal.inference.spec import Backend as BackendKind
 from portal.jobs.backend import LogChunk
 from portal.jobs.kube.pods import api_message, json_of, pod_log
@@ -124,6 +126,7 @@ class KubeReplicas:
             health_path=m.env.get(HEALTH_PATH_ENV, "/health"),
             run_as_user=self._user[0],
             run_as_group=self._user[1],
+            weights=m.weights,
         )
         namespace = self._settings.namespace(m.tenant)
         self._ensure_service(m.job_id, m.tenant, namespace)
@@ -309,11 +312,16 @@ class KubeReplicas:
 
 
 def kube_backend(
-    api_client: client.ApiClient, settings: IsolationSettings, workdir: Path
+    api_client: client.ApiClient,
+    settings: IsolationSettings,
+    workdir: Path,
+    weights: CacheConfig | None = None,
 ) -> ServiceBackend:
     """Replicas as pods in the tenants' namespaces, reached by their DNS names on the
-    cluster's ``inference_port``, ready when their pod is."""
+    cluster's ``inference_port``, ready when their pod is; with ``weights``, an ``http(s)://``
+    model through the nodes' weight cache (``portal.inference.kubecache``)."""
     runner = KubeReplicas(api_client, settings)
+    cache = KubeWeights(api_client, settings, weights) if weights is not None else None
     return ServiceBackend(
         BackendKind.KUBERNETES,
         runner,
@@ -322,4 +330,5 @@ def kube_backend(
         port=settings.inference_port,
         bind=ko.BIND_ALL,
         address=runner.address,
+        weights=cache,
     )

@@ -9,7 +9,8 @@
   restricted Pod Security profile: non-root, no privilege escalation, every capability
   dropped, the default seccomp profile, no ServiceAccount token, and a read-only root file
   system with two scratch ``emptyDir`` volumes (``/tmp``, where ``HOME`` and the engines'
-  caches point, and ``/dev/shm``, which engines use between their workers). ``restartPolicy:
+  caches point, and ``/dev/shm``, which engines use between their workers), plus, for a model
+  in the weight cache, its entry read-only (``portal.inference.kubeweights``). ``restartPolicy:
   Never``: an engine that exits is replaced through the allocator (so quota and the
   start-failure limit apply), not restarted in place.
 - Each service has one headless **Service** selecting its pods; with the pods' ``hostname``
@@ -34,6 +35,7 @@ from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from policies.isolation.network import replica_selector
 from policies.isolation.podsecurity import restricted_container_context, restricted_pod_context
+from portal.inference import kubeweights as kw
 from portal.jobs.kube.manifests import gpu_resources
 from portal.jobs.kube.pods import exit_code
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
@@ -118,6 +120,9 @@ class ReplicaObjects:
     stop_grace_s: float = 10.0
     run_as_user: int = 1000
     run_as_group: int = 100
+    weights: str | None = None
+    """The digest of the model the weight cache holds on the node (``kubeweights``): the pod
+    mounts that entry read-only at ``kubeweights.MOUNT``."""
 
 
 def replica_pod(o: ReplicaObjects, settings: IsolationSettings) -> Manifest:
@@ -144,6 +149,18 @@ def replica_pod(o: ReplicaObjects, settings: IsolationSettings) -> Manifest:
     }
     env = {**o.env, **SCRATCH_ENV}
     port = settings.inference_port
+    volumes: list[Manifest] = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[Manifest] = [
+        {"name": "scratch", "mountPath": SCRATCH},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    if o.weights is not None:
+        volume, mount = kw.replica_volume(a.node, o.weights)
+        volumes.append(volume)
+        mounts.append(mount)
     container: Manifest = {
         "name": CONTAINER,
         "image": o.image,
@@ -156,10 +173,7 @@ def replica_pod(o: ReplicaObjects, settings: IsolationSettings) -> Manifest:
         },
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "securityContext": restricted_container_context(read_only_root=True),
-        "volumeMounts": [
-            {"name": "scratch", "mountPath": SCRATCH},
-            {"name": "shm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": mounts,
     }
     return {
         "apiVersion": "v1",
@@ -181,10 +195,7 @@ def replica_pod(o: ReplicaObjects, settings: IsolationSettings) -> Manifest:
             "terminationGracePeriodSeconds": math.ceil(o.stop_grace_s),
             "securityContext": restricted_pod_context(o.run_as_user, o.run_as_group),
             "containers": [container],
-            "volumes": [
-                {"name": "scratch", "emptyDir": {}},
-                {"name": "shm", "emptyDir": {"medium": "Memory"}},
-            ],
+            "volumes": volumes,
         },
     }
 

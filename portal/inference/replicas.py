@@ -154,7 +154,7 @@ class ReplicaLifecycle:
                 kind=WorkloadKind.INFERENCE,
                 priority=WARM_PRIORITY if warm else spec.priority,
                 labels={"service": svc.id},
-                prefer_nodes=holders(self.backend, spec.model.digest),
+                prefer_nodes=holders(self.backend, spec.model.digest, svc.tenant),
             )
         )
         rep = ReplicaRecord(svc.id, number, status.id, ReplicaState.QUEUED, self.now, warm=warm)
@@ -175,11 +175,16 @@ class ReplicaLifecycle:
         assert self.backend is not None
         (allocation,) = st.allocations
         try:  # the weights first: a replica starts only on a checked, read-only copy
-            model, how = replica_weights(self.backend, self.store, svc, allocation.node, self.now)
+            got = replica_weights(self.backend, self.store, svc, allocation.node, self.now)
         except PortalError as exc:
             return self._end(svc, r, f"weights refused: {exc.message}", failed=True)
+        if not got.ready:
+            return svc  # fetched on the node meanwhile: the next round asks again
+        how = got.how
         spec = self.spec_of(svc)
-        launch, port = replica_launch(self.backend, svc.id, r.number, spec, allocation, None, model)
+        launch, port = replica_launch(
+            self.backend, svc.id, r.number, spec, allocation, None, got.path
+        )
         try:
             self.backend.runner.launch([launch])
         except RunnerError as exc:

@@ -11,6 +11,7 @@ from portal.inference.autoscaler import EVALUATE_EVERY_S, Autoscaler
 from portal.inference.backend import local_backend
 from portal.inference.controller import ServiceController
 from portal.inference.kube import kube_backend
+from portal.inference.kubeweights import CacheConfig
 from portal.inference.prewarm import PLAN_EVERY_S, ForecastWarm
 from portal.inference.weights import WeightCache
 from portal.kube.service import cluster_client
@@ -27,8 +28,18 @@ def build_for_service(
 ) -> ServiceController:
     """The service's controller, started (running replicas re-adopted)."""
     if settings.inventory == "kubernetes":
+        cache = None
+        if settings.weight_cache_node_path:
+            cache = CacheConfig(
+                settings.weight_cache_node_path,
+                settings.weight_fetch_image,
+                settings.weight_cache_tenant_bytes,
+            )
         backend = kube_backend(
-            cluster_client(), isolation or IsolationSettings(), settings.state_dir / "services"
+            cluster_client(),
+            isolation or IsolationSettings(),
+            settings.state_dir / "services",
+            cache,
         )
     else:
         weights = WeightCache(

@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httpx
@@ -69,10 +70,35 @@ class Fetched:
 
     path: Path
     fetched_bytes: int
+    ready: bool = True
+    """False while the weights are being fetched elsewhere (a fetch pod on Kubernetes): the
+    replica waits, holding its devices, and asks again."""
+    waited: bool = False
+    """The replica waited for a fetch (Kubernetes, where the pod knows the bytes, not us)."""
 
     @property
     def cold(self) -> bool:
-        return self.fetched_bytes > 0
+        return self.fetched_bytes > 0 or self.waited
+
+
+class Weights(Protocol):
+    """What the service controller uses of a weight cache: ``WeightCache`` here,
+    ``portal.inference.kubecache.KubeWeights`` on Kubernetes."""
+
+    per_tenant: bool
+    """Each tenant has copies of its own (a node's entry serves only its tenant)."""
+
+    def caches(self, uri: str) -> bool:
+        """Whether a model at ``uri`` goes through the cache (else the engine gets the URI)."""
+        ...
+
+    def ensure(
+        self, node: str, tenant: str, model: ModelRef, in_use: InUse, now: datetime
+    ) -> Fetched: ...
+
+    def entries(
+        self, in_use: InUse, tenants: Collection[str] | None = None
+    ) -> list[CacheEntry]: ...
 
 
 def check_fetchable(uri: str) -> None:
@@ -86,6 +112,8 @@ def check_fetchable(uri: str) -> None:
 class WeightCache:
     """The cache under ``root``. Thread-safe; its state is its folders, so a restarted portal
     finds what it had."""
+
+    per_tenant = False
 
     def __init__(self, root: Path, *, node_bytes: int, tenant_bytes: int) -> None:
         if node_bytes < 1 or not 1 <= tenant_bytes <= node_bytes:
@@ -102,6 +130,9 @@ class WeightCache:
         root.mkdir(parents=True, exist_ok=True, mode=0o755)
 
     # ---------------------------------------------------------------- a replica's weights
+
+    def caches(self, uri: str) -> bool:
+        return urlsplit(uri).scheme in FETCHABLE
 
     def ensure(
         self, node: str, tenant: str, model: ModelRef, in_use: InUse, now: datetime
@@ -131,29 +162,21 @@ class WeightCache:
                     return Fetched(entry, 0)
                 self._meta_path(node, model.digest).unlink(missing_ok=True)
                 if entry.exists():
-                    _remove(entry)  # left by a crash in an eviction: no record counts it
+                    remove(entry)  # left by a crash in an eviction: no record counts it
             limit = self.tenant_bytes
             tmp = entry.parent / f".fetch-{entry.name}-{uuid.uuid4().hex}"
             tmp.mkdir(parents=True, mode=0o700)
             try:
-                fetched = _fetch(model.uri, tmp, limit)
+                fetched = fetch_checked(model, tmp, limit)
                 size = folder_size(tmp)
-                actual = folder_digest(tmp)
-                if actual != model.digest:
-                    raise InvalidRequest(
-                        "model.digest",
-                        model.digest,
-                        f"the digest of the files at {model.uri}, which is {actual}: "
-                        "refused, nothing was cached or mounted",
-                    )
                 with self._meta_lock:
                     self._make_room(node, tenant, size, in_use, model.digest, size)
-                    _read_only(tmp)
+                    read_only(tmp)
                     tmp.rename(entry)
                     self._touch(node, model.digest, tenant, now, size)
             finally:
                 if tmp.exists():
-                    _remove(tmp)
+                    remove(tmp)
             return Fetched(entry, fetched)
 
     # ---------------------------------------------------------------- listing
@@ -263,10 +286,34 @@ class WeightCache:
         self._meta_path(node, digest).unlink(missing_ok=True)
         entry = self._entry_dir(node, digest)
         if entry.exists():
-            _remove(entry)
+            remove(entry)
 
 
 # -------------------------------------------------------------------- fetching
+
+
+class DigestMismatch(InvalidRequest):
+    """The fetched files are not the model the digest names: refused, never mounted."""
+
+
+def fetch_checked(model: ModelRef, into: Path, limit: int) -> int:
+    """Fetch ``model`` into the empty folder ``into`` and check its digest; the bytes read.
+    Used by this cache and by the Kubernetes fetch pods (``portal.inference.fetch``).
+
+    Raises:
+        DigestMismatch: the files are not the ones ``model.digest`` names.
+        InvalidRequest, Conflict, Unavailable: as ``_fetch``.
+    """
+    fetched = _fetch(model.uri, into, limit)
+    actual = folder_digest(into)
+    if actual != model.digest:
+        raise DigestMismatch(
+            "model.digest",
+            model.digest,
+            f"the digest of the files at {model.uri}, which is {actual}: "
+            "refused, nothing was cached or mounted",
+        )
+    return fetched
 
 
 def _fetch(uri: str, into: Path, limit: int) -> int:
@@ -314,7 +361,7 @@ def _check_limit(uri: str, size: int, limit: int) -> None:
         )
 
 
-def _read_only(folder: Path) -> None:
+def read_only(folder: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in filenames:
             (Path(dirpath) / name).chmod(0o444)
@@ -323,7 +370,7 @@ def _read_only(folder: Path) -> None:
     folder.chmod(0o555)
 
 
-def _remove(folder: Path) -> None:
+def remove(folder: Path) -> None:
     """Delete a (read-only) folder: its folders are made writable first."""
     for dirpath, _dirs, _files in os.walk(folder):
         Path(dirpath).chmod(0o700)

@@ -94,6 +94,9 @@ class MemberLaunch:
     allocation: AllocationRecord | None = None
     """Kubernetes: the member's devices, as the allocator placed them."""
     kube_job: str | None = None
+    weights: str | None = None
+    """Kubernetes: the digest of the cached model a replica mounts read-only (the weight
+    cache's entry on its node, fetched before the launch)."""
     """Kubernetes: ``namespace/name`` of a Job created outside the portal (kubectl) that this
     attempt runs, instead of a Job the runner creates."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,8 +29,11 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.inference import kubeobjects as ko
+from portal.inference import kubeweights as kw
 from portal.inference.controller import ServiceController
 from portal.inference.kube import kube_backend
+from portal.inference.kubecache import KubeWeights
+from portal.inference.kubeweights import CacheConfig
 from portal.inference.spec import Engine, Preset, ServiceSpec
 from portal.inventory.kubernetes import to_node
 from portal.isolation import reconcile
@@ -41,6 +45,7 @@ from portal.store.writer import Store
 from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
+from tests.support.kwok_stages import EXIT_CODE, RUN_FOR
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -126,11 +131,10 @@ class Rig:
         self.binder = Binder(api, alloc, SETTINGS)
         self.core = client.CoreV1Api(api)
 
-    def controller(self) -> ServiceController:
+    def controller(self, weights: CacheConfig | None = None) -> ServiceController:
         """A controller with a new runner (what a restarted portal builds)."""
-        c = ServiceController(
-            self.alloc, backend=kube_backend(self.api, SETTINGS, self.workdir), stop_grace_s=0
-        )
+        backend = kube_backend(self.api, SETTINGS, self.workdir, weights)
+        c = ServiceController(self.alloc, backend=backend, stop_grace_s=0)
         c.start()
         return c
 
@@ -296,3 +300,124 @@ def test_another_tenant_gets_403_and_bad_input_changes_nothing(rig: Rig) -> None
         rig.until(lambda: True if not rig.pods(sid) else None, "the replica's pod gone")
         held = [w for w in rig.alloc.workloads(TEAM_A.name) if w.state is WorkloadState.RUNNING]
         assert held == []
+
+
+CACHE = CacheConfig("/var/lib/gpuportal/weights", "registry.invalid/gpuportal:0", 10**9)
+CACHED_URI = "https://models.invalid/tiny.safetensors"
+
+
+def fetch_jobs(batch: client.BatchV1Api) -> list[client.V1Job]:
+    selector = f"{SETTINGS.label('component')}={kw.FETCH_COMPONENT}"
+    return batch.list_namespaced_job(NS_A, label_selector=selector).items
+
+
+def slow_fetch(batch: client.BatchV1Api, model: ModelRef, annotations: dict[str, str]) -> None:
+    """The portal's own fetch Job, made ahead with kwok's stand-in for what its container
+    does (a download that lasts, or an exit code): the portal finds it and waits on it."""
+    job: Any = kw.fetch_job(NODE, TEAM_A.name, model, CACHE, SETTINGS)
+    job["spec"]["template"]["metadata"]["annotations"].update(annotations)
+    batch.create_namespaced_job(NS_A, job)
+
+
+def test_replicas_wait_for_one_fetch_per_node_and_mount_it_read_only(
+    rig: Rig, k8s_cluster: K8sCluster
+) -> None:
+    batch = client.BatchV1Api(rig.api)
+    model = ModelRef(CACHED_URI, "sha256:" + "cd" * 32)
+    rig.services = rig.controller(CACHE)
+    other = "ks-h100-b"
+    try:
+        slow_fetch(batch, model, {RUN_FOR: "1h"})
+        spec = ServiceSpec(tenant=TEAM_A.name, owner="alice", name="cached",
+                           engine=Engine(preset=Preset.VLLM), model=model, devices=H100,
+                           replicas=Replicas(min=3, max=3))  # fmt: skip
+        sid = rig.services.deploy(spec).service.id
+        for _ in range(3):
+            rig.step()
+        # Placed, holding their GPUs, but no pod while the node's one fetch runs.
+        live = stored.replicas(rig.alloc.store, sid, live=True)
+        assert [r.state for r in live] == [ReplicaState.QUEUED] * 3
+        assert all(rig.alloc.status(r.workload_id).state is WorkloadState.RUNNING for r in live)
+        assert rig.pods(sid) == [] and len(fetch_jobs(batch)) == 1
+        (fetcher,) = rig.core.list_namespaced_pod(
+            NS_A, label_selector=f"job-name={kw.fetch_job_name(NODE, model.digest)}"
+        ).items
+        assert fetcher.spec.node_name == NODE and not fetcher.spec.containers[
+            0
+        ].resources.limits.get("nvidia.com/gpu")
+        # The tenant's claim of its cache on the node, pre-bound to a local volume there.
+        claim = rig.core.read_namespaced_persistent_volume_claim(kw.claim_name(NODE), NS_A)
+        volume = rig.core.read_persistent_volume(claim.spec.volume_name)
+        assert volume.spec.local.path == f"{CACHE.node_path}/{NS_A}"
+        assert volume.spec.node_affinity.required.node_selector_terms[0].match_expressions[
+            0
+        ].values == [NODE]
+
+        # The fetch ends: the replicas start, each mounting the entry read-only.
+        rig.core.patch_namespaced_pod(fetcher.metadata.name, NS_A,
+                                      {"metadata": {"annotations": {RUN_FOR: "0s"}}})  # fmt: skip
+        assert rig.until(lambda: rig.ready(sid, 3), "3 replicas ready") == [1, 2, 3]
+        for pod in rig.pods(sid):
+            (vol,) = [v for v in pod.spec.volumes if v.name == "weights"]
+            assert vol.persistent_volume_claim.claim_name == kw.claim_name(NODE)
+            assert vol.persistent_volume_claim.read_only is True
+            (mount,) = [m for m in pod.spec.containers[0].volume_mounts if m.name == "weights"]
+            assert (mount.mount_path, mount.sub_path, mount.read_only) == (
+                kw.MOUNT,
+                "cd" * 32,
+                True,
+            )
+            assert kw.MOUNT in pod.spec.containers[0].command
+        assert len(fetch_jobs(batch)) == 1
+        cache = rig.services.backend.weights if rig.services.backend else None
+        assert isinstance(cache, KubeWeights)
+        rows = cache.entries(())
+        assert [(e.node, e.tenant, e.digest) for e in rows] == [(NODE, TEAM_A.name, model.digest)]
+        later = rows[0].last_used + timedelta(minutes=2)
+        assert not cache.ensure(NODE, TEAM_A.name, model, (), later).cold
+        starts = [
+            e.message for e in rig.services.events(sid) if e.kind == "service.replica_started"
+        ]
+        assert starts and all("cold: first replica" in m for m in starts), starts
+
+        # A second node: one more fetch there, whatever the replicas; the first's is reused.
+        k8s_cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(other, rack="rack-ks"))
+        for _ in range(3):
+            cache.ensure(other, TEAM_A.name, model, (), rows[0].last_used)
+        assert len(fetch_jobs(batch)) == 2
+        eventually(lambda: True if len(cache.entries((), [TEAM_A.name])) == 2 else None,
+                   "the second node's fetch done")  # fmt: skip
+        assert cache.ensure(other, TEAM_A.name, model, (), rows[0].last_used).ready
+    finally:
+        batch.delete_collection_namespaced_job(NS_A, propagation_policy="Background")
+        with contextlib.suppress(ApiException):
+            rig.core.delete_node(other)
+        for pv in (kw.volume_name(NODE, NS_A), kw.volume_name(other, NS_A)):
+            with contextlib.suppress(ApiException):
+                rig.core.delete_persistent_volume(pv)
+
+
+def test_a_digest_mismatch_refuses_the_replicas_and_mounts_nothing(rig: Rig) -> None:
+    batch = client.BatchV1Api(rig.api)
+    model = ModelRef(CACHED_URI, "sha256:" + "ef" * 32)
+    rig.services = rig.controller(CACHE)
+    try:
+        slow_fetch(batch, model, {EXIT_CODE: "3"})  # what the fetch module exits with
+        spec = ServiceSpec(tenant=TEAM_A.name, owner="alice", name="mismatch",
+                           engine=Engine(preset=Preset.VLLM), model=model, devices=H100,
+                           replicas=Replicas(min=1, max=1))  # fmt: skip
+
+        sid = rig.services.deploy(spec).service.id
+        ended = rig.until(
+            lambda: [r for r in stored.replicas(rig.alloc.store, sid) if r.reason] or None,
+            "the replica refused",
+        )
+        assert (
+            "weights refused" in ended[0].reason and "do not match model.digest" in ended[0].reason
+        )
+        assert rig.pods(sid) == []
+        assert len(fetch_jobs(batch)) == 1  # refused again without fetching again
+    finally:
+        batch.delete_collection_namespaced_job(NS_A, propagation_policy="Background")
+        with contextlib.suppress(ApiException):
+            rig.core.delete_persistent_volume(kw.volume_name(NODE, NS_A))
