@@ -7,26 +7,22 @@ schedules pods. kwok marks a bound pod Running and Ready, which is what readines
 loops itself (allocator tick, controller step, binder pass), so every step happens in the order
 it reads.
 
-STAND-IN ENGINES (the warm pool's test only): kwok runs no container, so ``Engines`` gives the
-backend where each replica pod's engine is (its ``reach``): a real test-engine process on this
-host, started for that pod; the readiness kwok reports at once is joined by the engine's own
-health path, as a kubelet's readiness probe would be. Everything above that boundary (the
-controller, the warm pool's sleep and wake calls, the gateway) is the real code.
+STAND-IN ENGINES (the warm pool's test only): kwok runs no container, so
+``tests.support.pod_engines`` gives the backend where each replica pod's engine is (its
+``reach``): a real test-engine process on this host per pod, with the engine's health joined
+to the pod's readiness. Everything above that boundary (the controller, the warm pool's sleep
+and wake calls, the gateway) is the real code.
 """
 
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from kubernetes import client
@@ -40,7 +36,6 @@ from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
 from portal.inference import kubeobjects as ko
-from portal.inference.backend import http_probe
 from portal.inference.controller import ServiceController
 from portal.inference.kube import kube_backend
 from portal.inference.spec import Engine, Preset, ServiceSpec
@@ -56,7 +51,7 @@ from portal.store.writer import Store
 from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
-from tests.support.ports import free_port
+from tests.support.pod_engines import PodEngines
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -318,44 +313,12 @@ LOAD_S = 2.0
 """The engines' load time: a cold start answers no sooner; a woken warm pod well within."""
 
 
-class Engines:
-    """STAND-IN for the replica pods' engines (see the module doc): one test-engine process
-    per replica, started the first time the backend asks where that pod's engine is."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self._dir = model_dir
-        self._lock = threading.Lock()
-        self.urls: dict[tuple[str, int], str] = {}
-        self._procs: list[subprocess.Popen[bytes]] = []
-
-    def reach(self, namespace: str, service_id: str, number: int) -> str:
-        with self._lock:
-            if (service_id, number) not in self.urls:
-                port = free_port()
-                command = [sys.executable, "-m", "portal.inference.testengine",
-                           "--model-dir", str(self._dir), "--served-model-name", "chat",
-                           "--port", str(port), "--load-seconds", str(LOAD_S)]  # fmt: skip
-                quiet = subprocess.DEVNULL
-                self._procs.append(subprocess.Popen(command, stdout=quiet, stderr=quiet))
-                self.urls[(service_id, number)] = f"http://127.0.0.1:{port}"
-            return self.urls[(service_id, number)]
-
-    def sleeping(self, service_id: str, number: int) -> bool:
-        url = self.urls[(service_id, number)] + "/is_sleeping"
-        return bool(httpx.get(url, timeout=5).json()["is_sleeping"])
-
-    def close(self) -> None:
-        for proc in self._procs:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
-def engines(tmp_path: Path) -> Iterator[Engines]:
+def engines(tmp_path: Path) -> Iterator[PodEngines]:
     model = tmp_path / "tiny-llm"
     model.mkdir()
     (model / "config.json").write_text('{"layers": 2}')
-    found = Engines(model)
+    found = PodEngines(model, "chat", LOAD_S)
     yield found
     found.close()
 
@@ -370,11 +333,9 @@ def replicas_in(rig: Rig, sid: str, **states: int) -> dict[int, Any] | None:
 
 
 def test_a_warm_pod_sleeps_wakes_for_a_request_from_zero_and_goes_first_in_a_reclaim(
-    rig: Rig, engines: Engines
+    rig: Rig, engines: PodEngines
 ) -> None:
-    backend = kube_backend(rig.api, SETTINGS, rig.workdir, reach=engines.reach)
-    pod_ready = backend.probe  # kwok's readiness, joined by the engine's health (module doc)
-    backend = replace(backend, probe=lambda url: pod_ready(url) and http_probe(url))
+    backend = engines.backend(kube_backend(rig.api, SETTINGS, rig.workdir, reach=engines.reach))
     rig.services = ServiceController(rig.alloc, backend=backend, stop_grace_s=0)
     rig.services.start()
     # team-a borrows from team-b's guarantee, which team-b may reclaim.
