@@ -90,7 +90,10 @@ def run(load_s: float, rounds: int, work: Path) -> dict[str, Any]:
     (model_dir / "config.json").write_text('{"layers": 2}')
     engines = PodEngines(model_dir, "llm", load_s)
     results: list[dict[str, Any]] = []
-    with running_cluster(work / "k8s") as cluster, cluster.api_client() as api:
+    # On a loaded host kwok's node heartbeats come late; the node lifecycle controller then
+    # marks every pod NotReady, which kwok never undoes (a cold start would wait forever).
+    flags = {"kube-controller-manager": ["--node-monitor-grace-period=10m"]}
+    with running_cluster(work / "k8s", flags) as cluster, cluster.api_client() as api:
         reconcile([TENANT], SETTINGS, api)
         cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(NODE, rack="rack-bench"))
         core = client.CoreV1Api(api)
