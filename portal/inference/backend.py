@@ -72,7 +72,8 @@ class ServiceBackend:
     The local backend gives each engine a free loopback port of this host. A backend whose
     replicas each have a network of their own (Kubernetes: a pod each) sets ``port``, the one
     port every engine listens on, ``bind`` (the ``{host}`` engines listen on) and
-    ``address``, the host name of replica ``(service_id, number)``."""
+    ``endpoint``, the base URL of replica ``(service_id, number)``'s engine: where the
+    gateway sends its requests and the warm pool its sleep and wake calls."""
 
     kind: BackendKind
     runner: Runner
@@ -83,12 +84,13 @@ class ServiceBackend:
     weights: Weights | None = None
     port: int | None = None
     bind: str | None = None
-    address: Callable[[str, int], str] | None = None
+    endpoint: Callable[[str, int], str] | None = None
 
     def url(self, port: int, service_id: str = "", number: int = 0) -> str:
         """The base URL of replica ``number`` of ``service_id``, listening on ``port``."""
-        host = self.address(service_id, number) if self.address is not None else self.host
-        return f"http://{host}:{port}"
+        if self.endpoint is not None:
+            return self.endpoint(service_id, number)
+        return f"http://{self.host}:{port}"
 
 
 def local_backend(state_dir: Path, weights: Weights | None = None) -> ServiceBackend:

@@ -14,7 +14,9 @@ allocator chose.
   through the allocator, so a replacement is admitted against the tenant's quota like any
   other. It also notes which pods are Ready: the backend's probe answers from that, so
   readiness is the pod's (its readiness probe on the preset's health path), not a call from
-  the portal;
+  the portal. The warm pool's sleep and wake calls (``portal.inference.warm``) and the
+  gateway's requests go to the pod's engine at its ``endpoint`` (``Reach``: its DNS name
+  on the cluster's inference port);
 - ``stop`` deletes the pod with the grace period (the kubelet's SIGTERM, then SIGKILL); the
   stop is reported once the pod is gone, and when the service's last replica is gone its
   Service and finished pods go too;
@@ -30,7 +32,7 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,24 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int]
 """(service id, replica number)."""
 
+Reach = Callable[[str, str, int], str]
+"""The base URL of replica ``(service id, number)``'s engine in a namespace: where the
+gateway and the warm pool's calls reach it."""
+
+
+def cluster_reach(settings: IsolationSettings) -> Reach:
+    """A replica's engine at its pod's DNS name, on the cluster's inference port."""
+
+    def reach(namespace: str, service_id: str, number: int) -> str:
+        return f"http://{ko.address(service_id, number, namespace)}:{settings.inference_port}"
+
+    return reach
+
+
+def _base(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
 
 @dataclass(slots=True)
 class _Replica:
@@ -79,29 +99,31 @@ class KubeReplicas:
         *,
         run_as_user: int = 1000,
         run_as_group: int = 100,
+        reach: Reach | None = None,
     ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._settings = settings
+        self._reach = reach or cluster_reach(settings)
         self._keys = ko.ReplicaKeys.of(settings)
         self._user = (run_as_user, run_as_group)
         self._lock = threading.Lock()
         self._known: dict[Key, _Replica] = {}
         self._services: set[tuple[str, str]] = set()  # (namespace, name) created or seen
-        self._ready: frozenset[str] = frozenset()  # addresses of Ready pods, from the last poll
+        self._ready: frozenset[str] = frozenset()  # endpoints of Ready pods, from the last poll
 
     # -- the backend ---------------------------------------------------------------------------
 
-    def address(self, service_id: str, number: int) -> str:
-        """The DNS name of a replica the runner knows (its namespace is its tenant's)."""
+    def endpoint(self, service_id: str, number: int) -> str:
+        """The base URL of a replica the runner knows (its namespace is its tenant's)."""
         with self._lock:
             known = self._known.get((service_id, number))
         namespace = known.namespace if known is not None else ""
-        return ko.address(service_id, number, namespace)
+        return self._reach(namespace, service_id, number)
 
     def probe(self, url: str) -> bool:
         """Whether the replica at ``url`` was Ready at the last poll (the path is the pod's
         readiness probe's, which the kubelet calls)."""
-        return urlsplit(url).hostname in self._ready
+        return _base(url) in self._ready
 
     # -- Runner --------------------------------------------------------------------------------
 
@@ -191,7 +213,7 @@ class KubeReplicas:
                 if known.stopping:
                     stopped.add((known.namespace, key[0]))
             self._ready = frozenset(
-                ko.address(p.service_id, p.number, p.namespace)
+                self._reach(p.namespace, p.service_id, p.number)
                 for key, p in pods.items()
                 if p.ready and not p.deleting and key in self._known
             )
@@ -209,7 +231,7 @@ class KubeReplicas:
                 if not p.finished:
                     self._known[key] = _Replica(p.namespace, p.name, p.uid, stopping=p.deleting)
             self._ready = frozenset(
-                ko.address(p.service_id, p.number, p.namespace)
+                self._reach(p.namespace, p.service_id, p.number)
                 for p in pods.values()
                 if p.ready and not p.deleting and not p.finished
             )
@@ -316,11 +338,14 @@ def kube_backend(
     settings: IsolationSettings,
     workdir: Path,
     weights: CacheConfig | None = None,
+    *,
+    reach: Reach | None = None,
 ) -> ServiceBackend:
     """Replicas as pods in the tenants' namespaces, reached by their DNS names on the
-    cluster's ``inference_port``, ready when their pod is; with ``weights``, an ``http(s)://``
-    model through the nodes' weight cache (``portal.inference.kubecache``)."""
-    runner = KubeReplicas(api_client, settings)
+    cluster's ``inference_port`` (or where ``reach`` says), ready when their pod is; with
+    ``weights``, an ``http(s)://`` model through the nodes' weight cache
+    (``portal.inference.kubecache``)."""
+    runner = KubeReplicas(api_client, settings, reach=reach)
     cache = KubeWeights(api_client, settings, weights) if weights is not None else None
     return ServiceBackend(
         BackendKind.KUBERNETES,
@@ -329,6 +354,6 @@ def kube_backend(
         probe=runner.probe,
         port=settings.inference_port,
         bind=ko.BIND_ALL,
-        address=runner.address,
+        endpoint=runner.endpoint,
         weights=cache,
     )

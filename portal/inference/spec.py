@@ -222,19 +222,12 @@ class ServiceSpec:
 
     def check_backend(self, backend: Backend) -> None:
         """The local backend runs a command on weights its weight cache fetches from a
-        ``file://``, ``http://`` or ``https://`` URI; Kubernetes needs an image, and has no warm
-        pool yet."""
+        ``file://``, ``http://`` or ``https://`` URI; Kubernetes needs an image."""
         if backend is Backend.LOCAL:
             check_fetchable(self.model.uri)
             return
         if not self.engine.resolved.image:
             raise InvalidRequest("engine.image", "missing", "a container image for Kubernetes")
-        if self.replicas.warm:
-            # A warm replica is put to sleep and woken by the portal's calls to its engine;
-            # on Kubernetes readiness comes from the pod, and those calls are not built.
-            raise InvalidRequest(
-                "replicas.warm", self.replicas.warm, "0 on Kubernetes (no warm pool there yet)"
-            )
 
     def check_quota(self, quotas: Sequence[QuotaRecord], models: frozenset[str]) -> None:
         """A replica's flavor must be one the tenant has quota for (some limit that holds one

@@ -3,15 +3,23 @@
 The service controller runs over a real allocator (SQLite) with the Kubernetes backend
 (``portal.inference.kube``); the portal's binder binds the replica pods; nothing else
 schedules pods. kwok marks a bound pod Running and Ready, which is what readiness is read from
-(the gateway cannot reach kwok pods, so no request is proxied here). The test drives the loops
-itself (allocator tick, controller step, binder pass), so every step happens in the order it
-reads.
+(the gateway cannot reach kwok pods, so the first tests proxy no request). The test drives the
+loops itself (allocator tick, controller step, binder pass), so every step happens in the order
+it reads.
+
+STAND-IN ENGINES (the warm pool's test only): kwok runs no container, so
+``tests.support.pod_engines`` gives the backend where each replica pod's engine is (its
+``reach``): a real test-engine process on this host per pod, with the engine's health joined
+to the pod's readiness. Everything above that boundary (the controller, the warm pool's sleep
+and wake calls, the gateway) is the real code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings, TenantSpec
-from policies.requests import DeviceRequest
+from policies.requests import DeviceRequest, WorkloadRequest
 from policies.services import ModelRef, Replicas, ReplicaState
 from portal.allocator import Allocator
 from portal.api import create_app
@@ -35,6 +43,8 @@ from portal.inference.kube import kube_backend
 from portal.inference.kubecache import KubeWeights
 from portal.inference.kubeweights import CacheConfig
 from portal.inference.spec import Engine, Preset, ServiceSpec
+from portal.inference.testengine import reply_words
+from portal.inference.warm import WARM_PRIORITY, gpu_hours
 from portal.inventory.kubernetes import to_node
 from portal.isolation import reconcile
 from portal.kube.binder import Binder
@@ -46,6 +56,7 @@ from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.kwok_stages import EXIT_CODE, RUN_FOR
+from tests.support.pod_engines import PodEngines
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -259,8 +270,8 @@ def test_another_tenant_gets_403_and_bad_input_changes_nothing(rig: Rig) -> None
     app = create_app(rig.alloc, StaticAuthenticator(TOKENS), service_controller=rig.services)
     body = {"tenant": TEAM_A.name, "name": "chat", **BODY, "replicas": {"min": 1, "max": 2}}
     with TestClient(app) as http:
-        # No warm pool on Kubernetes yet: a 422 naming the field, and no pod made.
-        warm = {**body, "replicas": {"min": 1, "max": 2, "warm": 1}}
+        # A bad warm pool size: a 422 naming the field, and no pod made.
+        warm = {**body, "replicas": {"min": 1, "max": 2, "warm": -1}}
         bad = http.post("/api/v1/services", json=warm, headers=auth("alice"))
         assert (bad.status_code, bad.json()["field"]) == (422, "replicas.warm"), bad.text
         rig.step()
@@ -284,7 +295,7 @@ def test_another_tenant_gets_403_and_bad_input_changes_nothing(rig: Rig) -> None
         # Bad input from the owner: a 422, and the service as it was.
         r = http.patch(
             f"/api/v1/services/{sid}",
-            json={"replicas": {"min": 1, "max": 2, "warm": 1}},
+            json={"replicas": {"min": 1, "max": 2, "warm": -1}},
             headers=auth("alice"),
         )
         assert (r.status_code, r.json()["field"]) == (422, "replicas.warm"), r.text
@@ -421,3 +432,106 @@ def test_a_digest_mismatch_refuses_the_replicas_and_mounts_nothing(rig: Rig) -> 
         batch.delete_collection_namespaced_job(NS_A, propagation_policy="Background")
         with contextlib.suppress(ApiException):
             rig.core.delete_persistent_volume(kw.volume_name(NODE, NS_A))
+
+
+LOAD_S = 2.0
+"""The engines' load time: a cold start answers no sooner; a woken warm pod well within."""
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[PodEngines]:
+    model = tmp_path / "tiny-llm"
+    model.mkdir()
+    (model / "config.json").write_text('{"layers": 2}')
+    found = PodEngines(model, "chat", LOAD_S)
+    yield found
+    found.close()
+
+
+def replicas_in(rig: Rig, sid: str, **states: int) -> dict[int, Any] | None:
+    """The service's live replicas by number, once as many are in each named state."""
+    live = {r.number: r for r in stored.replicas(rig.alloc.store, sid, live=True)}
+    for state, n in states.items():
+        if sum(r.state is ReplicaState(state) for r in live.values()) != n:
+            return None
+    return live
+
+
+def test_a_warm_pod_sleeps_wakes_for_a_request_from_zero_and_goes_first_in_a_reclaim(
+    rig: Rig, engines: PodEngines
+) -> None:
+    backend = engines.backend(kube_backend(rig.api, SETTINGS, rig.workdir, reach=engines.reach))
+    rig.services = ServiceController(rig.alloc, backend=backend, stop_grace_s=0)
+    rig.services.start()
+    # team-a borrows from team-b's guarantee, which team-b may reclaim.
+    for tenant, guaranteed in ((TEAM_A, 0), (TEAM_B, 7)):
+        rig.alloc.set_tenant(tenant.name, cohort="ks")
+        rig.alloc.set_quota(tenant.name, "H100-80GB", guaranteed=guaranteed, limit=8)
+    spec = ServiceSpec(
+        tenant=TEAM_A.name,
+        owner="alice",
+        name="chat",
+        engine=Engine(preset=Preset.TEST),
+        model=ModelRef("hf://org/tiny-llm", DIGEST),
+        devices=H100,
+        replicas=Replicas(min=0, max=2, warm=1),
+    )
+    sid = rig.services.deploy(spec).service.id
+
+    # One pod bound where the allocator placed it, at the warm priority, loaded then asleep;
+    # nothing serves.
+    one = rig.until(lambda: replicas_in(rig, sid, asleep=1), "the warm replica asleep")[1]
+    (pod,) = rig.pods(sid)
+    (allocation,) = rig.alloc.status(one.workload_id).allocations
+    assert pod.spec.node_name == allocation.node == NODE
+    assert pod.metadata.annotations[KEYS.allocation] == allocation.id
+    assert rig.alloc.store.workload(one.workload_id).priority == WARM_PRIORITY  # type: ignore[union-attr]
+    assert one.pooled and engines.sleeping(sid, 1)
+    assert rig.services.ready_urls(sid) == () and rig.services.get(sid).desired == 0
+
+    app = create_app(rig.alloc, StaticAuthenticator(TOKENS), service_controller=rig.services)
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    gateway = f"/gateway/{TEAM_A.name}/chat/v1/chat/completions"
+    with TestClient(app) as http:
+        # Another tenant wakes nothing.
+        assert http.post(gateway, json=chat, headers=auth("bob")).status_code == 403
+        assert replicas_in(rig, sid, asleep=1) is not None
+        # A request from zero wakes the asleep pod: answered in well under its load time.
+        started = time.monotonic()
+        r = http.post(gateway, json=chat, headers=auth("alice"))
+        took = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    assert took <= 1.0 < LOAD_S, took
+    assert r.json()["choices"][0]["message"]["content"] == " ".join(reply_words("user: hi", 1))
+    woken = stored.replica(rig.alloc.store, sid, 1)
+    assert woken is not None and woken.state is ReplicaState.READY and woken.woken_at
+    assert not engines.sleeping(sid, 1)
+    assert [p.metadata.uid for p in rig.pods(sid)] == [pod.metadata.uid]  # the same pod
+    assert rig.alloc.store.workload(one.workload_id).priority == spec.priority  # type: ignore[union-attr]
+
+    # The pool refills within one evaluation: a new warm replica, its pod created and bound.
+    rig.step()
+    two = stored.replica(rig.alloc.store, sid, 2)
+    assert two is not None and two.pooled
+    assert rig.core.read_namespaced_pod(ko.pod_name(sid, 2), NS_A).spec.node_name == NODE
+
+    # Charged: the warm pool's GPU time apart from the serving time.
+    svc, now = rig.services.get(sid), rig.alloc.clock()
+    (hours,) = gpu_hours(rig.alloc.store, [svc], svc.created_at, now, now)
+    assert hours.warm_gpu_hours > 0 and hours.serving_gpu_hours > 0
+
+    # team-b fills the node, then takes back one GPU of its guarantee: the warm pod goes, the
+    # serving one stays (the warm one is taken loading or asleep alike); the pool asks again
+    # and waits, holding nothing.
+    rig.alloc.request(WorkloadRequest(TEAM_B.name, "bob", "fill", replace(H100, count=6)))
+    claim = rig.alloc.request(WorkloadRequest(TEAM_B.name, "bob", "claim", H100))
+    assert claim.state is WorkloadState.QUEUED
+    running = WorkloadState.RUNNING
+    rig.until(lambda: True if rig.alloc.status(claim.id).state is running else None, "reclaim")
+    ended = stored.replica(rig.alloc.store, sid, 2)
+    assert ended is not None and ended.state is ReplicaState.ENDED
+    assert ended.reason is not None and ended.reason.startswith("preempted"), ended.reason
+    live = replicas_in(rig, sid, ready=1)
+    assert live is not None and live[1].state is ReplicaState.READY
+    assert [p.metadata.uid for p in rig.pods(sid)] == [pod.metadata.uid]
+    assert [r.state for r in live.values() if r.pooled] == [ReplicaState.QUEUED]
