@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from policies import quota
 from policies.flavors import FlavorKind
+from policies.requests import DeviceRequest
 from portal.allocator.admission import Blocked, note_blocked, try_start
 from portal.allocator.draft import Draft
 from portal.allocator.memory import Live
@@ -68,6 +69,9 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
     failed_shapes: set[tuple[object, ...]] = set()
     tried: set[str] = set()
     affected = draft.affected() if freed is not None else {}
+    # What ``_may_start`` computes per request shape: a queue of hundreds has a few dozen
+    # shapes, and a shape's flavors do not change during a cycle.
+    usable_of: dict[DeviceRequest, frozenset[str]] = {}
     if freed is None:
         pending = draft.order(now)
     else:
@@ -77,7 +81,7 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         first_holder = holder
 
         def keep(lv: Live) -> bool:
-            return lv.rec.id == first_holder or _may_start(draft, lv, freed, affected)
+            return lv.rec.id == first_holder or _may_start(draft, lv, freed, affected, usable_of)
 
         pending = draft.order(now, keep)
     for queued in pending:
@@ -87,7 +91,7 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
             continue
-        if freed is not None and not _may_start(draft, lv, freed, affected):
+        if freed is not None and not _may_start(draft, lv, freed, affected, usable_of):
             continue
         if budget is not None:
             if budget == 0:
@@ -137,13 +141,21 @@ def _try_fresh(draft: Draft, lv: Live) -> None:
 
 
 def _may_start(
-    draft: Draft, lv: Live, freed: frozenset[str], affected: dict[str, frozenset[str] | None]
+    draft: Draft,
+    lv: Live,
+    freed: frozenset[str],
+    affected: dict[str, frozenset[str] | None],
+    usable_of: dict[DeviceRequest, frozenset[str]],
 ) -> bool:
     """Whether what a partial cycle freed (``freed``, with the tenants whose quota verdicts
-    it can change) may let queued ``lv`` start."""
-    if lv.req.devices.kind is None:
+    it can change) may let queued ``lv`` start. ``usable_of``: this cycle's memo of the freed
+    flavors each request shape could use."""
+    dev = lv.req.devices
+    if dev.kind is None:
         return True
-    usable = freed & draft.flavors_for(lv.req)
+    usable = usable_of.get(dev)
+    if usable is None:
+        usable = usable_of[dev] = freed & draft.flavors_for(lv.req)
     return bool(usable) and (
         lv.rec.reason not in _QUOTA_REASONS or _quota_may_change(affected, lv, usable)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -202,3 +203,21 @@ def claims(a: AllocationRecord) -> list[Claim]:
 # Every allocation of a commit parses its flavor, and a cluster has only a few dozen of them.
 # Flavor is immutable; invalid names raise every time (lru_cache keeps no exceptions).
 _parse_flavor = lru_cache(maxsize=1024)(Flavor.parse)
+
+
+def pg_text_array(values: Iterable[str]) -> str:
+    """``values`` as a PostgreSQL text array literal, for a ``%s::text[]`` parameter.
+
+    psycopg adapts a Python list element by element in Python code (the largest client-side
+    cost of a pipelined commit's claims); this is one join. Every element is quoted, so
+    ``NULL``, commas, braces, quotes, backslashes and spaces stay the text they are."""
+    return (
+        "{"
+        + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+        + "}"
+    )
+
+
+def pg_int_array(values: Iterable[int]) -> str:
+    """``values`` as a PostgreSQL integer array literal, for a ``%s::int[]`` parameter."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"

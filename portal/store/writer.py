@@ -367,8 +367,14 @@ class Store(StoreReader):
             if rows:
                 if tx.pipelined:
                     # One statement for every claim (an 8-GPU allocation has 8 per GPU on
-                    # MIG-capable models): the rows travel as four arrays.
-                    columns = [list(col) for col in zip(*rows, strict=True)]
+                    # MIG-capable models): the rows travel as four array literals.
+                    nodes, gpus, slots, ids = zip(*rows, strict=True)
+                    columns = [
+                        convert.pg_text_array(nodes),
+                        convert.pg_int_array(gpus),
+                        convert.pg_int_array(slots),
+                        convert.pg_text_array(ids),
+                    ]
                     tx.submit_sql(_PG_INSERT_CLAIMS, columns, _no_check)
                 else:
                     tx.executemany_values(self._insert_claim, rows)
@@ -459,7 +465,8 @@ class Store(StoreReader):
                 partial(self._released_once, tx, alloc_id),
             )
         if tx.pipelined:
-            tx.submit_sql(_PG_DELETE_CLAIMS, ([alloc_id for alloc_id, _ in released],), _no_check)
+            ids = convert.pg_text_array(alloc_id for alloc_id, _ in released)
+            tx.submit_sql(_PG_DELETE_CLAIMS, (ids,), _no_check)
         else:
             tx.executemany(self._delete_claims, [{"key_id": alloc_id} for alloc_id, _ in released])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from policies.errors import Conflict, InvalidRequest
@@ -123,3 +124,29 @@ def test_idempotency_keys_are_unique_per_tenant_and_owner(acme: Store) -> None:
     )
     found = acme.workload_by_idempotency_key("acme", "ada", "k")
     assert found is not None and found.id == "w1"
+
+
+ODD = ("NULL", 'a"b', "c\\d", "{e,f}", " g ", "h'i", "")
+
+
+@pytest.mark.parametrize("odd", ODD)
+def test_claims_of_any_node_and_allocation_name_are_stored_and_released(
+    busy: Store, odd: str
+) -> None:
+    """PostgreSQL commits claims as array literals: names that mean something in one (NULL,
+    quotes, backslashes, braces, commas, spaces) are stored as they are and released again."""
+    alloc_id, node = odd or "a2", odd or "node-8"
+    busy.commit(ChangeSet(allocations=[allocation(alloc_id, "w2", (0, 5), node=node)]))
+    with busy.engine.connect() as conn:
+        rows = conn.execute(
+            select(CLAIMS.c.node, CLAIMS.c.gpu, CLAIMS.c.slot).where(
+                CLAIMS.c.allocation_id == alloc_id
+            )
+        ).all()
+    # An H100 has eight MIG memory slices: a whole GPU claims them all.
+    assert sorted(rows) == [(node, gpu, slot) for gpu in (0, 5) for slot in range(8)]
+    with pytest.raises(Conflict, match="already held"):
+        busy.commit(ChangeSet(allocations=[allocation("a3", "w1", (5,), node=node)]))
+    busy.commit(ChangeSet(released=[(alloc_id, at(5))]))
+    busy.commit(ChangeSet(allocations=[allocation("a3", "w1", (5,), node=node)]))
+    assert sorted(a.id for a in busy.load().allocations) == ["a1", "a3"]
