@@ -12,6 +12,7 @@ step happens in the order it reads.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -490,6 +491,55 @@ def test_a_kubectl_job_is_admitted_and_charged_to_its_namespaces_tenant(
     bound = {p.metadata.annotations[KEYS.allocation]: p.spec.node_name for p in pods.items}
     assert bound == {a.id: a.node for a in workload.allocations}
     batch.delete_namespaced_job("by-kubectl", NS_A, propagation_policy="Background")
+
+
+def test_two_admission_passes_racing_over_the_same_jobs_admit_and_launch_each_once(
+    loops: Loops, batch: client.BatchV1Api
+) -> None:
+    names = [f"race-{i}" for i in range(6)]
+    uids = {
+        n: batch.create_namespaced_job(NS_A, kubectl_job(n, NS_A, 1, 1)).metadata.uid for n in names
+    }
+    # Two nodes' worth: queued behind the six (16 GPUs on the cluster, 6 in use).
+    wide = batch.create_namespaced_job(NS_A, kubectl_job("race-wide", NS_A, 8, 2)).metadata.uid
+    eventually(
+        lambda: True if len(loops.runner.jobs_informer().items()) >= 7 else None,
+        "the copy of the Jobs holding all seven",
+    )
+    passes = [loops.admission, Admission(loops.runner.api_client, loops.jobs, SETTINGS)]
+    start = threading.Barrier(len(passes))
+    reports: list[Any] = [None] * len(passes)
+
+    def run(i: int) -> None:
+        start.wait()
+        reports[i] = passes[i].admit()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(passes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    admitted = [pair for r in reports for pair in r.admitted]
+    expected = {(f"{NS_A}/{n}", job_id_of(u)) for n, u in [*uids.items(), ("race-wide", wide)]}
+    assert sorted(admitted) == sorted(expected)  # each once, by one pass or the other
+    assert [r.refused for r in reports] == [(), ()]
+    assert len(loops.jobs.jobs()) == 7
+    assert used(loops.alloc, TEAM_A.name) == 6  # the wide one waits: not charged
+    for n, uid in uids.items():
+        job_id = job_id_of(uid)
+        assert len(loops.jobs.attempts(job_id)) == 1
+        assert loops.jobs.get(job_id).state is JobState.RUNNING
+        # The launch's one patch labels the Job (the tenant from its namespace, not the
+        # label the user wrote).
+        labels = batch.read_namespaced_job(n, NS_A).metadata.labels
+        assert labels[JOB_KEYS.job] == job_id and labels[JOB_KEYS.tenant] == TEAM_A.name
+    # Queued, not launched: not labelled yet, and not offered again.
+    assert JOB_KEYS.job not in (batch.read_namespaced_job("race-wide", NS_A).metadata.labels or {})
+    assert loops.jobs.get(job_id_of(wide)).state is JobState.QUEUED
+    assert [p.admit().admitted for p in passes] == [(), ()]
+    for n in [*names, "race-wide"]:
+        batch.delete_namespaced_job(n, NS_A, propagation_policy="Background")
 
 
 def test_a_kubectl_job_outside_a_tenant_namespace_is_refused_and_never_charged(
