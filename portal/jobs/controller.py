@@ -128,6 +128,8 @@ class JobController(AttemptEnding):
         self._last_created: datetime | None = None
         # Launches a pass collects (``_launching``), carried out together at its end.
         self._pending: list[tuple[JobRecord, JobSpec, WorkloadStatus]] | None = None
+        # The new jobs of an ``enqueue_many``, committed together at its end.
+        self._submitted: ChangeSet | None = None
         self.elastic = ElasticJobs(self, alloc)
 
     # ---------------------------------------------------------------- lifecycle
@@ -223,11 +225,23 @@ class JobController(AttemptEnding):
         the runner allows (``_launching``)."""
         results: list[JobRecord | PortalError] = []
         with self._lock, self._launching():
-            for spec, job_id in jobs:
-                try:
-                    results.append(self._enqueue(spec, job_id))
-                except PortalError as exc:
-                    results.append(exc)
+            self._submitted = batch = ChangeSet()
+            try:
+                for spec, job_id in jobs:
+                    try:
+                        results.append(self._enqueue(spec, job_id))
+                    except PortalError as exc:
+                        results.append(exc)
+                if batch.jobs:
+                    self._alloc.store.commit(batch)  # one commit for the pass, not one a job
+            except BaseException:
+                for j in batch.jobs:  # not recorded: nothing may hold their devices
+                    self._alloc.release(j.workload_id or "", reason="job not recorded")
+                if self._pending is not None:
+                    self._pending.clear()
+                raise
+            finally:
+                self._submitted = None
         return results
 
     def _enqueue(self, spec: JobSpec, job_id: str | None) -> JobRecord:
@@ -236,7 +250,11 @@ class JobController(AttemptEnding):
             raise Unavailable(self._refuse)
         fits_cluster(spec, self._alloc.read(ClusterFacts.of))
         # Under the lock: two callers admitting the same job (by its id) create it once.
-        if job_id is not None and stored.job(self._alloc.store, job_id) is not None:
+        batched = self._submitted.jobs if self._submitted is not None else []
+        if job_id is not None and (
+            stored.job(self._alloc.store, job_id) is not None
+            or any(j.id == job_id for j in batched)
+        ):
             raise Conflict(f"job {job_id!r} exists already: a job id is taken once")
         now = self.now
         # Lists show jobs in submission order: keep creation times strictly increasing
@@ -421,15 +439,19 @@ class JobController(AttemptEnding):
             topology_relaxed=False,
             message=f"attempt {number} requested",
         )
+        kind = "job.submitted" if first else "job.requeued"
+        message = f"{job.name}: attempt {number} requested" + (
+            f", resuming from step {resume[1]}" if resume else ""
+        )
         try:
-            self._commit(
-                [new],
-                [attempt],
-                "job.submitted" if first else "job.requeued",
-                new,
-                f"{job.name}: attempt {number} requested"
-                + (f", resuming from step {resume[1]}" if resume else ""),
-            )
+            if first and self._submitted is not None:  # ``enqueue_many`` commits it
+                self._submitted.jobs.append(new)
+                self._submitted.attempts.append(attempt)
+                self._submitted.events.append(
+                    EventRecord(now, kind, new.tenant, new.workload_id, message, {"job": new.id})
+                )
+            else:
+                self._commit([new], [attempt], kind, new, message)
         except BaseException:
             self._alloc.release(status.id, reason="job not recorded")
             raise
