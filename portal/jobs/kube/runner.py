@@ -448,6 +448,10 @@ class KubeRunner(ClusterReads):
                     if rank in t.reported:
                         continue
                     ended = self._member_end(t, rank, by_rank.get(rank, []), over, nodes, now)
+                    if ended is not None and t.external and job is not None and kpods.complete(job):
+                        # A kubectl Job that completed while an attempt was stopped and the
+                        # next resumed: its members succeeded, in pods older than this attempt.
+                        ended = (ended[0], MemberExit(t.job_id, t.attempt, rank, 0, None))
                     if ended is not None:
                         t.reported.add(rank)
                         exits.append(ended)

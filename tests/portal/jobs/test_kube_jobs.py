@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ from portal.jobs.kube import manifests
 from portal.jobs.kube.admission import Admission, job_id_of
 from portal.jobs.kube.runner import KubeRunner
 from portal.jobs.kube.service import kube_backend
+from portal.jobs.runner import MemberLaunch
 from portal.jobs.spec import JobSpec
 from portal.kube.binder import Binder
 from portal.kube.keys import PodKeys
@@ -540,6 +542,50 @@ def test_two_admission_passes_racing_over_the_same_jobs_admit_and_launch_each_on
     assert [p.admit().admitted for p in passes] == [(), ()]
     for n in [*names, "race-wide"]:
         batch.delete_namespaced_job(n, NS_A, propagation_policy="Background")
+
+
+def test_a_kubectl_job_that_completed_while_its_attempt_stopped_succeeds_when_resumed(
+    loops: Loops, batch: client.BatchV1Api, core: client.CoreV1Api
+) -> None:
+    created = batch.create_namespaced_job(NS_A, kubectl_job("done-meanwhile", NS_A, 1, 1))
+    job_id = job_id_of(created.metadata.uid)
+    loops.admission.admit()
+    (allocation,) = loops.alloc.status(loops.jobs.get(job_id).workload_id or "").allocations
+
+    def complete() -> bool | None:
+        # The binder binds and kwok completes the pod; the jobs loop does not collect it.
+        loops.alloc.tick()
+        loops.binder.bind_pending()
+        job = batch.read_namespaced_job("done-meanwhile", NS_A)
+        conditions = job.status.conditions or []
+        return (
+            True if any(c.type == "Complete" and c.status == "True" for c in conditions) else None
+        )
+
+    eventually(complete, "the Job complete")
+    (pod,) = core.list_namespaced_pod(
+        NS_A, label_selector="batch.kubernetes.io/job-name=done-meanwhile"
+    ).items
+    born = pod.metadata.creation_timestamp.timestamp()
+    # The next attempt counts pods created from its resume on (to the second): be past that.
+    eventually(lambda: True if time.time() > born + 2.5 else None, "a later second")
+    # As a preemption does: the attempt is stopped (the Job suspended), the next resumes it.
+    loops.runner.stop(job_id, 1, 0, wait=False)
+    member = MemberLaunch(
+        job_id, 2, 0, allocation.node, (), (), "", {}, tenant=TEAM_A.name,
+        allocation=allocation, kube_job=f"{NS_A}/done-meanwhile",
+    )  # fmt: skip
+    loops.runner.launch([member])
+
+    exits = eventually(
+        lambda: (
+            [(e.rank, e.exit_code, e.signal) for e in loops.runner.poll() if e.attempt == 2] or None
+        ),
+        "the resumed attempt's member reported",
+    )
+
+    assert exits == [(0, 0, None)]  # succeeded in the completed Job, not killed
+    batch.delete_namespaced_job("done-meanwhile", NS_A, propagation_policy="Background")
 
 
 def test_a_kubectl_job_outside_a_tenant_namespace_is_refused_and_never_charged(
