@@ -319,10 +319,18 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
                     return False
                 return len(controller.jobs()) == total
 
-            rounds = _run_loops(loops, settled, options)
+            began_cpu = time.process_time()
+            rounds, cpu = _run_loops(loops, settled, options)
+            # The whole process: the loops' worker threads (the binder's and the launches'
+            # pools) and the informers' watches too, and the creator of the Jobs (the same
+            # work in every run).
+            process_cpu = time.process_time() - began_cpu
             runner.close()
             report = _report(controller, created, start, scale, total)
             report["loop_rounds"] = rounds
+            report["loop_cpu_s"] = cpu
+            report["loop_cpu_ms_per_job"] = 1000 * sum(cpu.values()) / total
+            report["process_cpu_ms_per_job"] = 1000 * process_cpu / total
             report["loop_interval_s"] = options.interval_s
             report["kcm_qps"] = options.kcm_qps
             report["portal_api_calls"] = dict(sorted(calls.items(), key=lambda kv: -kv[1]))
@@ -331,15 +339,20 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _run_loops(loops: dict[str, Any], settled: Any, options: PathOptions) -> dict[str, int]:
+def _run_loops(
+    loops: dict[str, Any], settled: Any, options: PathOptions
+) -> tuple[dict[str, int], dict[str, float]]:
     """Run each loop in a thread of its own, as ``gpuportal serve`` does (a loop waits for
-    the apiserver while the others work), until ``settled``; rounds per loop."""
+    the apiserver while the others work), until ``settled``; rounds and CPU seconds per loop
+    (the loop thread's own CPU time, without the pools it hands work to)."""
     done = threading.Event()
     rounds = dict.fromkeys(loops, 0)
+    cpu = dict.fromkeys(loops, 0.0)
     errors: list[BaseException] = []
 
     def run(name: str, step: Any) -> None:
         profiler = cProfile.Profile() if options.profile else None
+        began_cpu = time.thread_time()
         try:
             while not done.is_set():
                 began = time.monotonic()
@@ -354,6 +367,7 @@ def _run_loops(loops: dict[str, Any], settled: Any, options: PathOptions) -> dic
             errors.append(e)
             done.set()
         finally:
+            cpu[name] = time.thread_time() - began_cpu
             if profiler is not None and options.profile is not None:
                 profiler.dump_stats(f"{options.profile}.{name}")
 
@@ -367,7 +381,7 @@ def _run_loops(loops: dict[str, Any], settled: Any, options: PathOptions) -> dic
         t.join()
     if errors:
         raise errors[0]
-    return rounds
+    return rounds, cpu
 
 
 def call_kind(method: str, url: str) -> str:
@@ -537,6 +551,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kueue = base["mean_admission_s"][name]  # type: ignore[index]
                 shown = "n/a" if mean is None else f"{mean:8.2f} s"
                 print(f"  admission {name:<6} {shown}   (Kueue {kueue} s)")
+            print(
+                f"  per job: {k8s['portal_api_calls_per_job']:.1f} apiserver calls, "
+                f"{k8s['loop_cpu_ms_per_job']:.1f} ms CPU of the portal's loop threads, "
+                f"{k8s['process_cpu_ms_per_job']:.1f} ms of its whole process"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -31,12 +31,14 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from policies.errors import InvalidRequest, NotFound, PortalError, Unavailable
+from policies.errors import Conflict, InvalidRequest, NotFound, PortalError, Unavailable
 from policies.jobs import (
     CANCELLED,
     NODE_LOST,
@@ -56,11 +58,11 @@ from portal.jobs.backend import Backend, LogChunk, LogReader, read_file_log
 from portal.jobs.checkpoints import newest_complete_checkpoint
 from portal.jobs.elastic import ElasticJobs
 from portal.jobs.ending import STOP_MARGIN_S, AttemptEnding, Drain
-from portal.jobs.runner import RunnerError
+from portal.jobs.runner import MemberLaunch, RunnerError
 from portal.jobs.spec import Backend as BackendKind
 from portal.jobs.spec import ClusterFacts, JobSpec, api_field, fits_cluster
 from portal.store import jobs as stored
-from portal.store.records import AttemptRecord, JobRecord, WorkloadState
+from portal.store.records import AttemptRecord, ChangeSet, EventRecord, JobRecord, WorkloadState
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,10 @@ class JobController(AttemptEnding):
         self._claimants = {}
         self._started = False
         self._last_created: datetime | None = None
+        # Launches a pass collects (``_launching``), carried out together at its end.
+        self._pending: list[tuple[JobRecord, JobSpec, WorkloadStatus]] | None = None
+        # The new jobs of an ``enqueue_many``, committed together at its end.
+        self._submitted: ChangeSet | None = None
         self.elastic = ElasticJobs(self, alloc)
 
     # ---------------------------------------------------------------- lifecycle
@@ -205,32 +211,72 @@ class JobController(AttemptEnding):
     def enqueue(self, spec: JobSpec, *, job_id: str | None = None) -> JobRecord:
         """``submit``, answering with the job's record alone: a view's place in the queue and
         ETA cost a walk over the queue, which a caller admitting many jobs does not read."""
+        (result,) = self.enqueue_many([(spec, job_id)])
+        if isinstance(result, PortalError):
+            raise result
+        return result
+
+    def enqueue_many(
+        self, jobs: Sequence[tuple[JobSpec, str | None]]
+    ) -> list[JobRecord | PortalError]:
+        """``enqueue`` each (spec, job id), answering each with its record or the error that
+        refused it (one refusal leaves the others admitted; ``Conflict``: a job of that id
+        exists already). The jobs placed at once are launched together, as many at a time as
+        the runner allows (``_launching``)."""
+        results: list[JobRecord | PortalError] = []
+        with self._lock, self._launching():
+            self._submitted = batch = ChangeSet()
+            try:
+                for spec, job_id in jobs:
+                    try:
+                        results.append(self._enqueue(spec, job_id))
+                    except PortalError as exc:
+                        results.append(exc)
+                if batch.jobs:
+                    self._alloc.store.commit(batch)  # one commit for the pass, not one a job
+            except BaseException:
+                for j in batch.jobs:  # not recorded: nothing may hold their devices
+                    self._alloc.release(j.workload_id or "", reason="job not recorded")
+                if self._pending is not None:
+                    self._pending.clear()
+                raise
+            finally:
+                self._submitted = None
+        return results
+
+    def _enqueue(self, spec: JobSpec, job_id: str | None) -> JobRecord:
         spec.check_backend(self.kind)
         if self._refuse is not None:
             raise Unavailable(self._refuse)
         fits_cluster(spec, self._alloc.read(ClusterFacts.of))
-        with self._lock:
-            now = self.now
-            # Lists show jobs in submission order: keep creation times strictly increasing
-            # when the clock repeats itself.
-            if self._last_created is not None and now <= self._last_created:
-                now = self._last_created + timedelta(microseconds=1)
-            self._last_created = now
-            job = JobRecord(
-                id=job_id or uuid.uuid4().hex,
-                tenant=spec.tenant,
-                owner=spec.owner,
-                name=spec.name,
-                spec=spec.to_dict(),
-                state=JobState.QUEUED,
-                created_at=now,
-                updated_at=now,
-                version=0,  # not stored yet: its first write is version 1
-            )
-            try:
-                return self._request(job, spec, first=True)
-            except InvalidRequest as exc:
-                raise api_field(exc) from None
+        # Under the lock: two callers admitting the same job (by its id) create it once.
+        batched = self._submitted.jobs if self._submitted is not None else []
+        if job_id is not None and (
+            stored.job(self._alloc.store, job_id) is not None
+            or any(j.id == job_id for j in batched)
+        ):
+            raise Conflict(f"job {job_id!r} exists already: a job id is taken once")
+        now = self.now
+        # Lists show jobs in submission order: keep creation times strictly increasing
+        # when the clock repeats itself.
+        if self._last_created is not None and now <= self._last_created:
+            now = self._last_created + timedelta(microseconds=1)
+        self._last_created = now
+        job = JobRecord(
+            id=job_id or uuid.uuid4().hex,
+            tenant=spec.tenant,
+            owner=spec.owner,
+            name=spec.name,
+            spec=spec.to_dict(),
+            state=JobState.QUEUED,
+            created_at=now,
+            updated_at=now,
+            version=0,  # not stored yet: its first write is version 1
+        )
+        try:
+            return self._request(job, spec, first=True)
+        except InvalidRequest as exc:
+            raise api_field(exc) from None
 
     def get(self, job_id: str) -> JobRecord:
         job = stored.job(self._alloc.store, job_id)
@@ -298,12 +344,13 @@ class JobController(AttemptEnding):
                 self.start()
             active = stored.active_jobs(self._alloc.store)
             self._collect(active)
-            for job in active:
-                try:
-                    self._advance(job)
-                except PortalError as exc:
-                    # One job's trouble (a refused request on restart) must not stop others.
-                    log.warning("job %s: %s", job.id, exc.message)
+            with self._launching():
+                for job in active:
+                    try:
+                        self._advance(job)
+                    except PortalError as exc:
+                        # One job's trouble (a refused request on restart) must not stop others.
+                        log.warning("job %s: %s", job.id, exc.message)
             # Members stopped in this round may have ended already: free their devices now.
             self._collect(stored.active_jobs(self._alloc.store))
 
@@ -392,15 +439,19 @@ class JobController(AttemptEnding):
             topology_relaxed=False,
             message=f"attempt {number} requested",
         )
+        kind = "job.submitted" if first else "job.requeued"
+        message = f"{job.name}: attempt {number} requested" + (
+            f", resuming from step {resume[1]}" if resume else ""
+        )
         try:
-            self._commit(
-                [new],
-                [attempt],
-                "job.submitted" if first else "job.requeued",
-                new,
-                f"{job.name}: attempt {number} requested"
-                + (f", resuming from step {resume[1]}" if resume else ""),
-            )
+            if first and self._submitted is not None:  # ``enqueue_many`` commits it
+                self._submitted.jobs.append(new)
+                self._submitted.attempts.append(attempt)
+                self._submitted.events.append(
+                    EventRecord(now, kind, new.tenant, new.workload_id, message, {"job": new.id})
+                )
+            else:
+                self._commit([new], [attempt], kind, new, message)
         except BaseException:
             self._alloc.release(status.id, reason="job not recorded")
             raise
@@ -444,35 +495,80 @@ class JobController(AttemptEnding):
         assert self.backend is not None
         if not self.elastic.ready(job):
             return  # a resize: the last attempt's members are still checkpointing
-        attempt = self._attempt(job)
-        allocations = self.elastic.allocations(job, st.allocations)
-        members = launch.member_launches(
-            self.backend, job.id, job.attempt, spec, allocations, attempt.resume_from
-        )
-        try:
-            self.backend.runner.launch(members)
-        except RunnerError as exc:
-            verdict = after_failure(spec.restart, job.restarts, None)
-            self._end(job, verdict, f"launch failed: {exc}", None)
+        if self._pending is not None:
+            self._pending.append((job, spec, st))
+        else:
+            self._launch_all([(job, spec, st)])
+
+    @contextmanager
+    def _launching(self) -> Iterator[None]:
+        """Collect the launches of a pass and carry them out together when it ends (under
+        the lock: nothing else sees the jobs in between)."""
+        if self._pending is not None:  # nested: the outer pass launches
+            yield
             return
+        self._pending = []
+        try:
+            yield
+        finally:
+            pending, self._pending = self._pending, None
+            if pending:
+                self._launch_all(pending)
+
+    def _launch_all(self, items: Sequence[tuple[JobRecord, JobSpec, WorkloadStatus]]) -> None:
+        """Launch each placed job's members, up to the runner's ``launch_concurrency`` at a
+        time (a Kubernetes launch waits on apiserver round trips, not on this process), then
+        record the attempts that started in one commit."""
+        assert self.backend is not None
+        runner = self.backend.runner
+        plans = []
+        for job, spec, st in items:
+            attempt = self._attempt(job)
+            allocations = self.elastic.allocations(job, st.allocations)
+            members = launch.member_launches(
+                self.backend, job.id, job.attempt, spec, allocations, attempt.resume_from
+            )
+            plans.append((job, spec, attempt, allocations, members))
+
+        def run(members: Sequence[MemberLaunch]) -> RunnerError | None:
+            try:
+                runner.launch(members)
+            except RunnerError as exc:
+                return exc
+            return None
+
+        workers = min(len(plans), max(1, int(getattr(runner, "launch_concurrency", 1))))
+        if workers > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="jobs-launch") as pool:
+                outcomes = list(pool.map(run, [p[4] for p in plans]))
+        else:
+            outcomes = [run(p[4]) for p in plans]
         now = self.now
-        started = replace(
-            attempt,
-            started_at=now,
-            nodes=launch.nodes_of(allocations),
-            world_size=len(members),
-        )
-        message = f"attempt {job.attempt} running"
-        if job.topology_relaxed:
-            message += f"; {job.message}"
-        new = self._versioned(job, state=JobState.RUNNING, message=message)
-        self._commit(
-            [new],
-            [started],
-            "job.running",
-            new,
-            f"{job.name}: attempt {job.attempt} running on {', '.join(started.nodes)}",
-        )
+        change = ChangeSet()
+        for (job, spec, attempt, allocations, members), failed in zip(plans, outcomes, strict=True):
+            if failed is not None:
+                verdict = after_failure(spec.restart, job.restarts, None)
+                self._end(job, verdict, f"launch failed: {failed}", None)
+                continue
+            started = replace(
+                attempt,
+                started_at=now,
+                nodes=launch.nodes_of(allocations),
+                world_size=len(members),
+            )
+            message = f"attempt {job.attempt} running"
+            if job.topology_relaxed:
+                message += f"; {job.message}"
+            new = self._versioned(job, state=JobState.RUNNING, message=message)
+            change.jobs.append(new)
+            change.attempts.append(started)
+            where = ", ".join(started.nodes)
+            text = f"{job.name}: attempt {job.attempt} running on {where}"
+            change.events.append(
+                EventRecord(now, "job.running", new.tenant, new.workload_id, text, {"job": new.id})
+            )
+        if change.jobs:
+            self._alloc.store.commit(change)
 
     # ---------------------------------------------------------------- helpers
 

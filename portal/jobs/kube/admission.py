@@ -11,9 +11,13 @@ Each pass (``Admission.admit``), in steps:
    and named ``<prefix><tenant>`` — never a label or annotation the Job carries; the members
    are ``completions`` (= ``parallelism``, ``completionMode: Indexed``); each member's devices
    are its container's ``nvidia.com/gpu`` request; the image is that container's;
-3. act: submit the job (its id derived from the Job's uid, so a repeated pass or a restarted
-   portal never admits one Job twice) and label the Job with it; or post a Warning Event on
-   the Job saying why it is not admitted.
+3. act: enqueue the pass's jobs together (``JobController.enqueue_many``: each job's id is
+   derived from its Job's uid, so a repeated pass, two passes at once or a restarted portal
+   never admit one Job twice; the jobs placed at once are launched several at a time, and
+   their launch labels each Job with its job, attempt, workload and tenant in one patch);
+   or post a Warning Event on the Job saying why it is not admitted. A Job left queued is
+   not labelled until its launch: the pass remembers the uids it admitted (and a restarted
+   portal finds them in the store), so a later pass does not offer them again.
 
 The portal does not restart a kubectl Job (``max_restarts`` 0: its own ``backoffLimit`` is the
 user's); stopping it (cancel, preemption) suspends it. A Job deleted with kubectl cancels its
@@ -35,14 +39,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from policies.errors import InvalidRequest, PortalError
+from policies.errors import Conflict, InvalidRequest, PortalError
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings
 from policies.isolation.common import MANAGER
 from policies.jobs import RestartPolicy
 from policies.requests import DeviceRequest
 from portal.jobs.controller import JobController
-from portal.jobs.kube.manifests import JobKeys
+from portal.jobs.kube.manifests import JobKeys, kubectl_job_id
 from portal.jobs.kube.runner import KubeRunner
 from portal.jobs.spec import JobSpec
 from portal.kube.calls import drain
@@ -56,9 +60,8 @@ OWNER = "kubectl"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def job_id_of(uid: str) -> str:
-    """The portal job id of the Job with ``uid`` (stable: the same Job, the same id)."""
-    return "k" + uid.replace("-", "").lower()
+job_id_of = kubectl_job_id
+"""The portal job id of the Job with ``uid`` (``manifests.kubectl_job_id``)."""
 
 
 def tenant_of(namespace: Mapping[str, Any], settings: IsolationSettings) -> str | None:
@@ -170,6 +173,9 @@ class Admission:
         self._settings = settings or IsolationSettings()
         self._keys = JobKeys.of(self._settings)
         self._lock = threading.Lock()
+        # Job ids this pass knows the store holds: admitted, whether launched (labelled) yet
+        # or still queued (not labelled: the launch labels it).
+        self._known: set[str] = set()
 
     def admit(self) -> AdmissionReport:
         with self._lock:
@@ -177,31 +183,61 @@ class Admission:
                 jobs = self._runner.jobs_informer().items()
             else:
                 jobs = self._list(self._batch.list_job_for_all_namespaces)
-            candidates = [j for j in jobs if wants_portal(j, self._keys)]
+            present = {job_id_of((j.get("metadata") or {}).get("uid", "")) for j in jobs}
+            self._known &= present  # forget the Jobs that are gone
+            candidates = [
+                j
+                for j in jobs
+                if wants_portal(j, self._keys)
+                and job_id_of(j["metadata"]["uid"]) not in self._known
+            ]
             admitted: list[tuple[str, str]] = []
             refused: list[tuple[str, str]] = []
             if candidates:
-                selector = f"{self._settings.label('managed-by')}={MANAGER}"
-                namespaces = {
-                    n["metadata"]["name"]: n
-                    for n in self._list(self._core.list_namespace, label_selector=selector)
-                }
-                for job in candidates:
-                    where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
-                    try:
-                        job_id = self._admit(job, namespaces)
-                    except PortalError as exc:
-                        refused.append((where, exc.message))
-                        self._refuse(job, exc.message)
-                        continue
-                    if job_id is not None:
-                        admitted.append((where, job_id))
+                admitted, refused = self._admit_all(candidates)
             return AdmissionReport(tuple(admitted), tuple(refused), self._cancel_deleted(jobs))
 
-    def _admit(self, job: Mapping[str, Any], namespaces: Mapping[str, Any]) -> str | None:
-        """Enqueue the Job's portal job and label the Job as admitted; returns the job id, or
-        None when it was admitted already (a copy of the Jobs that has not seen the label yet
-        offers it again: it is labelled again, not admitted twice)."""
+    def _admit_all(
+        self, candidates: list[dict[str, Any]]
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """Decide every candidate on one snapshot of the tenants' namespaces, then enqueue
+        the admitted ones together; (admitted, refused) as ``namespace/name`` pairs."""
+        selector = f"{self._settings.label('managed-by')}={MANAGER}"
+        namespaces = {
+            n["metadata"]["name"]: n
+            for n in self._list(self._core.list_namespace, label_selector=selector)
+        }
+        refused: list[tuple[str, str]] = []
+        wanted: list[tuple[dict[str, Any], str, JobSpec]] = []  # (Job, job id, spec)
+        for job in candidates:
+            meta = job["metadata"]
+            where = f"{meta['namespace']}/{meta['name']}"
+            job_id = job_id_of(meta["uid"])
+            try:
+                wanted.append((job, job_id, self._spec(job, namespaces)))
+            except PortalError as exc:
+                refused.append((where, exc.message))
+                self._refuse(job, exc.message)
+        admitted: list[tuple[str, str]] = []
+        results = self._jobs.enqueue_many([(spec, job_id) for _, job_id, spec in wanted])
+        for (job, job_id, _), result in zip(wanted, results, strict=True):
+            where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            if isinstance(result, Conflict):
+                # Admitted already: by a pass before a restart, or by another at once.
+                self._known.add(job_id)
+                continue
+            if isinstance(result, PortalError):
+                refused.append((where, result.message))
+                self._refuse(job, result.message)
+                continue
+            self._known.add(job_id)
+            admitted.append((where, job_id))
+            log.info("jobs: admitted Job %s as %s", where, job_id)
+        return admitted, refused
+
+    def _spec(self, job: Mapping[str, Any], namespaces: Mapping[str, Any]) -> JobSpec:
+        """The Job's portal job, charged to its namespace's tenant (``InvalidRequest`` when
+        the namespace is not a tenant's, or the Job asks for what the portal cannot run)."""
         meta = job["metadata"]
         namespace = namespaces.get(meta["namespace"])
         tenant = None if namespace is None else tenant_of(namespace, self._settings)
@@ -211,19 +247,7 @@ class Admission:
                 repr(meta["namespace"]),
                 "a tenant's namespace (the portal's isolation makes one per tenant)",
             )
-        job_id = job_id_of(meta["uid"])
-        new = False
-        try:
-            self._jobs.get(job_id)
-        except PortalError:
-            self._jobs.enqueue(spec_of(job, tenant), job_id=job_id)
-            new = True
-            log.info("jobs: admitted Job %s/%s as %s", meta["namespace"], meta["name"], job_id)
-        body: Any = {"metadata": {"labels": {self._keys.job: job_id, self._keys.tenant: tenant}}}
-        self._batch.patch_namespaced_job(
-            meta["name"], meta["namespace"], body, _content_type=MERGE_PATCH
-        )
-        return job_id if new else None
+        return spec_of(job, tenant)
 
     def _cancel_deleted(self, jobs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
         """Cancel the portal jobs of kubectl Jobs that are gone (by uid: a Job re-created

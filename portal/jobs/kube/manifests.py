@@ -132,6 +132,11 @@ def checkpoint_claim_manifest(tenant: str, settings: IsolationSettings) -> Manif
     }
 
 
+def kubectl_job_id(uid: str) -> str:
+    """The portal job id of the kubectl Job with ``uid`` (stable: the same Job, the same id)."""
+    return "k" + uid.replace("-", "").lower()
+
+
 def job_name(job_id: str, attempt: int) -> str:
     """The Job (and Service) of attempt ``attempt``: a DNS label that leaves room for the
     index in the pods' host names (``<name>-<index>`` within 63 characters)."""

@@ -52,6 +52,12 @@ def finished(job: Mapping[str, Any]) -> bool:
     return any(c.get("type") in FINISHED and c.get("status") == "True" for c in conditions)
 
 
+def complete(job: Mapping[str, Any]) -> bool:
+    """Whether the Job controller found every index succeeded."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Complete" and c.get("status") == "True" for c in conditions)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeState:
     ready: bool

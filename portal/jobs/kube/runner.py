@@ -52,6 +52,8 @@ from portal.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 
+LAUNCH_CONCURRENCY = 4
+"""Attempts the controller may launch at once (as many as the binder binds at once)."""
 NODE_LOST_AFTER_S = 60.0
 """How long a member's node may stay not ready before the gang counts as lost."""
 MERGE_PATCH = "application/merge-patch+json"
@@ -64,6 +66,8 @@ class KubeRunner(ClusterReads):
     list/delete, pods/log get, nodes list, persistentvolumeclaims get/create (the checkpoint
     claim, ``volumes``), and workloads create in ``scheduling.k8s.io``.
     """
+
+    launch_concurrency = LAUNCH_CONCURRENCY
 
     def __init__(
         self,
@@ -129,11 +133,13 @@ class KubeRunner(ClusterReads):
         the apiserver refuses, with nothing of the attempt left behind."""
         ordered = sorted(members, key=lambda x: x.rank)
         first = self._validate(ordered)
+        # The round trips run outside the lock: the controller launches several attempts at
+        # once (``launch_concurrency``), each its own objects.
+        if first.kube_job is not None:
+            tracked = self._attach(first, len(ordered))
+        else:
+            tracked = self._create(first, ordered)
         with self._lock:
-            if first.kube_job is not None:
-                tracked = self._attach(first, len(ordered))
-            else:
-                tracked = self._create(first, ordered)
             self._attempts[(first.job_id, first.attempt)] = tracked
 
     def _validate(self, members: Sequence[MemberLaunch]) -> MemberLaunch:
@@ -226,7 +232,7 @@ class KubeRunner(ClusterReads):
     def _attach(self, first: MemberLaunch, members: int) -> WatchedAttempt:
         assert first.kube_job is not None and first.allocation is not None
         namespace, _, name = first.kube_job.partition("/")
-        job = self._read_job(namespace, name)
+        job = self._informed_job(namespace, name, first) or self._read_job(namespace, name)
         if job is None:
             raise RunnerError(f"the Job {first.kube_job} of job {first.job_id!r} is gone")
         labels = {
@@ -264,6 +270,19 @@ class KubeRunner(ClusterReads):
             # Resumed: the pods of earlier attempts (still terminating) are not this one's.
             not_before=self._clock() if resumed else 0.0,
         )
+
+    def _informed_job(
+        self, namespace: str, name: str, first: MemberLaunch
+    ) -> dict[str, Any] | None:
+        """The Job as the copy shows it, where that is enough to take it over: a first attempt
+        (the portal has never suspended it) of this very Job (its uid), not suspended. Else
+        None: read it."""
+        if first.attempt != 1 or self._informers is None:
+            return None
+        job = self._informers.jobs.get(namespace, name)
+        if job is None or m.kubectl_job_id(job["metadata"].get("uid", "")) != first.job_id:
+            return None
+        return None if (job.get("spec") or {}).get("suspend") else job
 
     def _await_suspended(self, namespace: str, name: str, timeout_s: float = 30.0) -> None:
         """Wait until the suspended Job has no active pod left (``RunnerError`` if not)."""
@@ -429,6 +448,10 @@ class KubeRunner(ClusterReads):
                     if rank in t.reported:
                         continue
                     ended = self._member_end(t, rank, by_rank.get(rank, []), over, nodes, now)
+                    if ended is not None and t.external and job is not None and kpods.complete(job):
+                        # A kubectl Job that completed while an attempt was stopped and the
+                        # next resumed: its members succeeded, in pods older than this attempt.
+                        ended = (ended[0], MemberExit(t.job_id, t.attempt, rank, 0, None))
                     if ended is not None:
                         t.reported.add(rank)
                         exits.append(ended)

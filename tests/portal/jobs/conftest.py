@@ -50,18 +50,26 @@ class FakeRunner:
     pending: list[MemberExit] = field(default_factory=list)
     adoptable: list[tuple[str, int]] = field(default_factory=list)
     fail_next_launch: bool = False
+    fail_jobs: set[str] = field(default_factory=set)  # every launch of these fails
+    # Launches the controller may run at once (the Kubernetes runner's attribute), and a
+    # barrier each launch waits at: it breaks unless that many are in flight together.
+    launch_concurrency: int = 1
+    launch_gate: threading.Barrier | None = None
     # False: members ignore SIGTERM until a test makes them exit (a script checkpointing).
     stop_ends_members: bool = True
     # Tests make members exit from their own thread while the service's loop polls.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def launch(self, members: Sequence[MemberLaunch]) -> None:
-        if self.fail_next_launch:
-            self.fail_next_launch = False
-            raise RunnerError("no such program")
-        self.launched.append(list(members))
-        for m in members:
-            self.running.setdefault((m.job_id, m.attempt), set()).add(m.rank)
+        if self.launch_gate is not None:
+            self.launch_gate.wait(timeout=10)
+        with self.lock:
+            if self.fail_next_launch or members[0].job_id in self.fail_jobs:
+                self.fail_next_launch = False
+                raise RunnerError("no such program")
+            self.launched.append(list(members))
+            for m in members:
+                self.running.setdefault((m.job_id, m.attempt), set()).add(m.rank)
 
     def exit(self, job_id: str, attempt: int, rank: int, code: int) -> None:
         with self.lock:

@@ -4,11 +4,13 @@ stand-in runner of ``conftest`` (see its docstring: switch to the real runner at
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import Counter
 from dataclasses import replace
 
 import pytest
 
+from policies.errors import Conflict
 from policies.jobs import JobState, RestartPolicy, TopologyMode
 from policies.requests import TopologyRequirement, WorkloadKind
 from portal.jobs.controller import JobController, attempt_key
@@ -260,6 +262,46 @@ def test_a_failed_launch_counts_and_releases(rig: Rig) -> None:
     assert j.state is JobState.BACKOFF and j.restarts == 1
     assert rig.jobs.attempts(jid)[0].exit_reason == "launch failed: no such program"
     assert used(rig, "team-a") == 0
+
+
+def test_jobs_placed_together_launch_at_once_and_each_is_taken_once(rig: Rig) -> None:
+    rig.runner.launch_concurrency = 4
+    # Each launch waits until three are in flight: one after another, the barrier breaks.
+    rig.runner.launch_gate = threading.Barrier(3)
+    ids = ["batch-0", "batch-1", "batch-2"]
+    results = rig.jobs.enqueue_many(
+        [(job(members=1, gpus=8), i) for i in ids] + [(job(members=1, gpus=8), "batch-0")]
+    )
+
+    *taken, again = results
+    assert [r.id for r in taken if not isinstance(r, Exception)] == ids
+    assert isinstance(again, Conflict) and "batch-0" in again.message
+    assert sorted(m[0].job_id for m in rig.runner.launched) == ids
+    for i in ids:
+        assert rig.jobs.get(i).state is JobState.RUNNING
+        (attempt,) = rig.jobs.attempts(i)
+        assert attempt.started_at is not None and attempt.world_size == 1
+    assert used(rig, "team-a") == 24
+    assert len(rig.jobs.jobs()) == 3
+
+
+def test_a_failed_launch_among_concurrent_ones_ends_only_its_own_attempt(rig: Rig) -> None:
+    rig.runner.launch_concurrency = 4
+    rig.runner.fail_jobs = {"b"}
+    rig.jobs.enqueue_many([(job(members=1, gpus=8), i) for i in ("a", "b", "c")])
+
+    assert [rig.jobs.get(i).state for i in ("a", "b", "c")] == [
+        JobState.RUNNING,
+        JobState.BACKOFF,
+        JobState.RUNNING,
+    ]
+    assert rig.jobs.attempts("b")[0].exit_reason == "launch failed: no such program"
+    assert used(rig, "team-a") == 16
+    # The jobs loop launches what it finds placed the same way: b's next attempt, alone.
+    rig.runner.fail_jobs = set()
+    rig.advance(10)
+    assert rig.jobs.get("b").state is JobState.RUNNING and rig.jobs.get("b").attempt == 2
+    assert used(rig, "team-a") == 24
 
 
 @pytest.mark.parametrize("members", [1, 3])

@@ -12,6 +12,8 @@ step happens in the order it reads.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +37,7 @@ from portal.jobs.kube import manifests
 from portal.jobs.kube.admission import Admission, job_id_of
 from portal.jobs.kube.runner import KubeRunner
 from portal.jobs.kube.service import kube_backend
+from portal.jobs.runner import MemberLaunch
 from portal.jobs.spec import JobSpec
 from portal.kube.binder import Binder
 from portal.kube.keys import PodKeys
@@ -490,6 +493,99 @@ def test_a_kubectl_job_is_admitted_and_charged_to_its_namespaces_tenant(
     bound = {p.metadata.annotations[KEYS.allocation]: p.spec.node_name for p in pods.items}
     assert bound == {a.id: a.node for a in workload.allocations}
     batch.delete_namespaced_job("by-kubectl", NS_A, propagation_policy="Background")
+
+
+def test_two_admission_passes_racing_over_the_same_jobs_admit_and_launch_each_once(
+    loops: Loops, batch: client.BatchV1Api
+) -> None:
+    names = [f"race-{i}" for i in range(6)]
+    uids = {
+        n: batch.create_namespaced_job(NS_A, kubectl_job(n, NS_A, 1, 1)).metadata.uid for n in names
+    }
+    # Two nodes' worth: queued behind the six (16 GPUs on the cluster, 6 in use).
+    wide = batch.create_namespaced_job(NS_A, kubectl_job("race-wide", NS_A, 8, 2)).metadata.uid
+    eventually(
+        lambda: True if len(loops.runner.jobs_informer().items()) >= 7 else None,
+        "the copy of the Jobs holding all seven",
+    )
+    passes = [loops.admission, Admission(loops.runner.api_client, loops.jobs, SETTINGS)]
+    start = threading.Barrier(len(passes))
+    reports: list[Any] = [None] * len(passes)
+
+    def run(i: int) -> None:
+        start.wait()
+        reports[i] = passes[i].admit()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(passes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    admitted = [pair for r in reports for pair in r.admitted]
+    expected = {(f"{NS_A}/{n}", job_id_of(u)) for n, u in [*uids.items(), ("race-wide", wide)]}
+    assert sorted(admitted) == sorted(expected)  # each once, by one pass or the other
+    assert [r.refused for r in reports] == [(), ()]
+    assert len(loops.jobs.jobs()) == 7
+    assert used(loops.alloc, TEAM_A.name) == 6  # the wide one waits: not charged
+    for n, uid in uids.items():
+        job_id = job_id_of(uid)
+        assert len(loops.jobs.attempts(job_id)) == 1
+        assert loops.jobs.get(job_id).state is JobState.RUNNING
+        # The launch's one patch labels the Job (the tenant from its namespace, not the
+        # label the user wrote).
+        labels = batch.read_namespaced_job(n, NS_A).metadata.labels
+        assert labels[JOB_KEYS.job] == job_id and labels[JOB_KEYS.tenant] == TEAM_A.name
+    # Queued, not launched: not labelled yet, and not offered again.
+    assert JOB_KEYS.job not in (batch.read_namespaced_job("race-wide", NS_A).metadata.labels or {})
+    assert loops.jobs.get(job_id_of(wide)).state is JobState.QUEUED
+    assert [p.admit().admitted for p in passes] == [(), ()]
+    for n in [*names, "race-wide"]:
+        batch.delete_namespaced_job(n, NS_A, propagation_policy="Background")
+
+
+def test_a_kubectl_job_that_completed_while_its_attempt_stopped_succeeds_when_resumed(
+    loops: Loops, batch: client.BatchV1Api, core: client.CoreV1Api
+) -> None:
+    created = batch.create_namespaced_job(NS_A, kubectl_job("done-meanwhile", NS_A, 1, 1))
+    job_id = job_id_of(created.metadata.uid)
+    loops.admission.admit()
+    (allocation,) = loops.alloc.status(loops.jobs.get(job_id).workload_id or "").allocations
+
+    def complete() -> bool | None:
+        # The binder binds and kwok completes the pod; the jobs loop does not collect it.
+        loops.alloc.tick()
+        loops.binder.bind_pending()
+        job = batch.read_namespaced_job("done-meanwhile", NS_A)
+        conditions = job.status.conditions or []
+        return (
+            True if any(c.type == "Complete" and c.status == "True" for c in conditions) else None
+        )
+
+    eventually(complete, "the Job complete")
+    (pod,) = core.list_namespaced_pod(
+        NS_A, label_selector="batch.kubernetes.io/job-name=done-meanwhile"
+    ).items
+    born = pod.metadata.creation_timestamp.timestamp()
+    # The next attempt counts pods created from its resume on (to the second): be past that.
+    eventually(lambda: True if time.time() > born + 2.5 else None, "a later second")
+    # As a preemption does: the attempt is stopped (the Job suspended), the next resumes it.
+    loops.runner.stop(job_id, 1, 0, wait=False)
+    member = MemberLaunch(
+        job_id, 2, 0, allocation.node, (), (), "", {}, tenant=TEAM_A.name,
+        allocation=allocation, kube_job=f"{NS_A}/done-meanwhile",
+    )  # fmt: skip
+    loops.runner.launch([member])
+
+    exits = eventually(
+        lambda: (
+            [(e.rank, e.exit_code, e.signal) for e in loops.runner.poll() if e.attempt == 2] or None
+        ),
+        "the resumed attempt's member reported",
+    )
+
+    assert exits == [(0, 0, None)]  # succeeded in the completed Job, not killed
+    batch.delete_namespaced_job("done-meanwhile", NS_A, propagation_policy="Background")
 
 
 def test_a_kubectl_job_outside_a_tenant_namespace_is_refused_and_never_charged(
