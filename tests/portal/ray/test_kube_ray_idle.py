@@ -44,7 +44,7 @@ from tests.support.k8s import K8sCluster
 from tests.support.kuberay import KubeRayOperator
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 NODE = "ki-h100-a"
 TEAM = TenantSpec(
