@@ -17,9 +17,10 @@ position and reason, fairness, cost and alerts apply to Ray clusters unchanged:
    every worker with it. A slice preempted or lost is released and its workers requested again.
 4. **idle** (``idle_s``): every few seconds (``idle_check_s``) the head's GCS is asked how
    long each node has been idle (``portal.ray.idle``, in a thread of its own: the read costs
-   seconds); once every node has been idle for ``idle_s``, every slice is released and the
-   workers stopped, keeping the head (state ``idle``), or with ``idle_suspend`` the head too
-   (``suspended``). ``resume`` asks for the previous size again through admission.
+   seconds; the local backend's heads, or an outside backend's through ``heads``); once
+   every node has been idle for ``idle_s``, every slice is released and the workers stopped,
+   keeping the head (state ``idle``), or with ``idle_suspend`` the head too (``suspended``).
+   ``resume`` asks for the previous size again through admission.
 5. **delete**: every node is stopped and every slice released at once.
 
 Every change is committed through the store (``ChangeSet.ray_clusters``/``ray_slices``)
@@ -33,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -105,6 +106,7 @@ class RayController:
         installed: str | None = None,
         clock: Callable[[], datetime] | None = None,
         idle_check_s: float = IDLE_CHECK_S,
+        heads: Callable[[Sequence[str]], dict[str, HeadRead | None]] | None = None,
     ) -> None:
         self._alloc = alloc
         self.backend = backend
@@ -115,7 +117,10 @@ class RayController:
         self._nodes = RayNodes(backend) if backend is not None else None
         self._started = False
         self._last_created: datetime | None = None
-        self._idle = IdleReads(backend.read_heads, idle_check_s) if backend else None
+        # How heads are read: the local backend's, or an outside backend's (``portal.ray.kube``
+        # reads its heads through their Services); without one, nothing is read.
+        read = heads or (backend.read_heads if backend is not None else None)
+        self._idle = IdleReads(read, idle_check_s) if read is not None else None
         # Workers joined, as an outside backend (``portal.ray.kube``) last observed them.
         self._observed: dict[str, int] = {}
 
@@ -321,9 +326,10 @@ class RayController:
                         self._reconcile(self.get(cluster.id))
                 except PortalError as exc:
                     log.warning("Ray cluster %s: %s", cluster.id, exc.message)
-            if self._nodes is not None:
+            if self._idle is not None:
                 # Read again: this round's reconcile may have moved some clusters on.
                 self._idle_round(stored.clusters(self._alloc.store, active=True))
+            if self._nodes is not None:
                 self._nodes.clean_sessions()
 
     # ---------------------------------------------------------------- idleness
@@ -419,6 +425,7 @@ class RayController:
             f"{self._spec(cluster).workers} workers",
         )
         self._commit([new], released, f"ray.{new.state.value}", new, new.message)
+        self._observed.pop(cluster.id, None)  # an outside backend's workers go with the slices
         if suspend and self._nodes is not None:
             self._nodes.clean_later(cluster.id)
 

@@ -16,7 +16,10 @@ step, ``KubeRay.sync`` makes Kubernetes follow, in steps:
    and annotations, the pod's uid as precondition) for the binder (``portal.kube.binder``),
    which binds them through the Binding API like any GPU pod; bind the head once its gang is
    placed (to the node of the gang's first worker: it holds no device), and delete the
-   RayCluster of a stopped, idle or suspended cluster (the operator's pods go with it);
+   RayCluster of a stopped cluster (the operator's pods go with it). An idle cluster keeps
+   its RayCluster with no workers (``replicas`` and ``minReplicas`` 0: the operator would
+   raise ``replicas`` to ``minReplicas``), a suspended one is ``spec.suspend`` (the operator
+   deletes every pod and keeps the head's Service, so the address does not change);
 4. record the cluster's state from its pods: ``queued`` until the gang is placed, ``starting``
    until the head and every placed worker run, then ``running`` (a waiting slice's reason in
    the message).
@@ -32,7 +35,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -44,6 +47,7 @@ from portal.jobs.kube.pods import api_message
 from portal.kube.calls import drain
 from portal.kube.keys import PodKeys
 from portal.kube.views import PodView, pod_view
+from portal.ray import idle
 from portal.ray import kubeobjects as ko
 from portal.ray.controller import RayController, RayView
 from portal.ray.spec import RaySpec
@@ -53,6 +57,23 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "rayproject/ray:2.60.0"
 MERGE_PATCH = "application/merge-patch+json"
+
+HeadReads = Callable[[Sequence[str]], dict[str, idle.HeadRead | None]]
+
+
+def head_reader(python: str, resolve: Callable[[str], str] | None = None) -> HeadReads:
+    """How the controller reads the heads of RayClusters (idleness and unmet GPU demand,
+    ``portal.ray.idle``): at their Services' addresses, through ``python`` (an interpreter
+    with ray). ``resolve`` turns a cluster's address into one this process reaches (the
+    Service's DNS name resolves inside the cluster as it is); each answer is filed under the
+    cluster's own address."""
+
+    def read(addresses: Sequence[str]) -> dict[str, idle.HeadRead | None]:
+        reached = {a: resolve(a) if resolve else a for a in addresses}
+        found = idle.read_heads(python, sorted(set(reached.values())))
+        return {a: found.get(r) for a, r in reached.items()}
+
+    return read
 
 
 class KubeRay:
@@ -84,7 +105,7 @@ class KubeRay:
             for view in self._controller.clusters():
                 cluster = view.cluster
                 try:
-                    if cluster.state.terminal or cluster.state.released:
+                    if cluster.state.terminal:
                         self._remove(cluster.id, cluster.tenant)
                     else:
                         self._removed.discard(cluster.id)
@@ -114,6 +135,8 @@ class KubeRay:
         workers = [p for p in pods if p.labels.get(ko.NODE_TYPE_LABEL) == "worker"]
         head = next((p for p in pods if p.labels.get(ko.NODE_TYPE_LABEL) == "head"), None)
         plan = ko.plan_workers(workers, holds, self._keys)
+        # Released for idleness: no slice is held, so no worker may run (and none is marked).
+        released = cluster.state.released
         objects = ko.RayClusterObjects(
             cluster_id=cluster.id,
             tenant=cluster.tenant,
@@ -122,12 +145,15 @@ class KubeRay:
             devices=spec.devices,
             head_cpus=spec.head_cpus,
             worker_cpus=spec.worker_cpus,
-            min_workers=spec.min_workers,
+            min_workers=0 if released else spec.min_workers,
             max_workers=spec.max_workers,
-            replicas=spec.workers,
+            replicas=0 if released else spec.workers,
             workers_to_delete=plan.delete,
+            suspend=cluster.state is RayState.SUSPENDED,
         )
         self._apply(objects)
+        if released:
+            return
         for mark in plan.marks:
             self._mark(mark)
         # The gang is the oldest live slice: the head runs only with it.
@@ -200,7 +226,8 @@ class KubeRay:
         return [pod_view(p) for p in json.loads(response.data).get("items") or []]
 
     def _apply(self, o: ko.RayClusterObjects) -> None:
-        """Create the RayCluster (and its token) or bring its worker count in line."""
+        """Create the RayCluster (and its token) or bring its worker count, and whether it
+        is suspended, in line."""
         namespace = self._settings.namespace(o.tenant)
         name = ko.cluster_name(o.cluster_id)
         try:
@@ -215,12 +242,20 @@ class KubeRay:
         group = (current.get("spec") or {}).get("workerGroupSpecs") or [{}]
         now = (
             group[0].get("replicas"),
+            group[0].get("minReplicas"),
             list((group[0].get("scaleStrategy") or {}).get("workersToDelete") or []),
+            bool((current.get("spec") or {}).get("suspend")),
         )
-        if now == (o.replicas, list(o.workers_to_delete)):
+        if now == (o.replicas, o.min_workers, list(o.workers_to_delete), o.suspend):
             return
         patch: Any = [
             {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": o.replicas},
+            {
+                "op": "replace",
+                "path": "/spec/workerGroupSpecs/0/minReplicas",
+                "value": o.min_workers,
+            },
+            {"op": "add", "path": "/spec/suspend", "value": o.suspend},
             {
                 "op": "add",
                 "path": "/spec/workerGroupSpecs/0/scaleStrategy",
@@ -236,7 +271,9 @@ class KubeRay:
             patch,
             _content_type="application/json-patch+json",
         )
-        log.info("ray: %s/%s to %d workers", namespace, name, o.replicas)
+        log.info(
+            "ray: %s/%s to %d workers%s", namespace, name, o.replicas, " (suspended)" * o.suspend
+        )
 
     def _create(self, o: ko.RayClusterObjects) -> None:
         namespace = self._settings.namespace(o.tenant)

@@ -84,6 +84,8 @@ class RayClusterObjects:
     max_workers: int
     replicas: int
     workers_to_delete: tuple[str, ...] = ()
+    suspend: bool = False
+    """The operator deletes every pod (the head's Service stays): a suspended cluster."""
     run_as_user: int = 1000
     run_as_group: int = 100
 
@@ -144,6 +146,7 @@ def raycluster_manifest(o: RayClusterObjects, settings: IsolationSettings) -> Ma
         },
         "spec": {
             "rayVersion": o.ray_version,
+            "suspend": o.suspend,
             "headGroupSpec": {
                 "rayStartParams": {"num-gpus": "0", "include-dashboard": "false"},
                 "template": _pod_template(o, settings, "ray-head", o.head_cpus, {}),

@@ -9,10 +9,11 @@ from portal.allocator import Allocator
 from portal.kube.service import cluster_client
 from portal.ray.controller import RayController
 from portal.ray.drivers import LocalDrivers
+from portal.ray.idle import probe_python
 from portal.ray.jobs import RayJobs
-from portal.ray.kube import KubeRay
+from portal.ray.kube import KubeRay, head_reader
 from portal.ray.kubedrivers import KubeDrivers
-from portal.ray.local import LocalRay
+from portal.ray.local import LocalRay, ray_program
 from portal.ray.spec import installed_ray_version
 from portal.service.loops import Loops
 from portal.settings import Settings
@@ -30,7 +31,10 @@ def build_for_service(allocator: Allocator, settings: Settings) -> RayController
     Kubernetes it runs no process: ``KubeRay`` (``register_for_service``) makes the
     operator's pods follow it."""
     if settings.inventory == "kubernetes":
-        controller = RayController(allocator, installed=settings.ray_version)
+        # Idleness and demand are read from the heads' GCS by an interpreter with ray: without
+        # ray beside the portal, ``idle_s`` and ``autoscale`` are not acted on.
+        heads = head_reader(probe_python(ray_program())) if installed_ray_version() else None
+        controller = RayController(allocator, installed=settings.ray_version, heads=heads)
     elif installed_ray_version() is None:
         controller = RayController(allocator, refuse=NO_RAY)
     else:

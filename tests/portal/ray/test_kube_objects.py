@@ -48,6 +48,8 @@ def test_the_raycluster_is_in_the_tenant_namespace_and_every_pod_is_the_portals(
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 2, 4)
     assert group["scaleStrategy"] == {"workersToDelete": ["w-1"]}
     assert group["rayStartParams"]["num-gpus"] == "2"
+    assert m["spec"]["suspend"] is False
+    assert ko.raycluster_manifest(objects(suspend=True), SETTINGS)["spec"]["suspend"] is True
     for template in (head["template"], group["template"]):
         spec = template["spec"]
         assert spec["schedulerName"] == "gpuportal"

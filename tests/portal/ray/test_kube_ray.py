@@ -121,11 +121,19 @@ def nodes(
 
 
 class Rig:
-    """The service's loops over one allocator, stepped by the test."""
+    """The service's loops over one allocator, stepped by the test: the controller given
+    (one that reads heads), or one that reads none; pods are looked up in ``namespace``."""
 
-    def __init__(self, alloc: Allocator, api: client.ApiClient) -> None:
+    def __init__(
+        self,
+        alloc: Allocator,
+        api: client.ApiClient,
+        ray: RayController | None = None,
+        namespace: str = NS_A,
+    ) -> None:
         self.alloc = alloc
-        self.ray = RayController(alloc, installed=RAY)
+        self.namespace = namespace
+        self.ray = ray or RayController(alloc, installed=RAY)
         self.kube = KubeRay(api, self.ray, SETTINGS, image=IMAGE)
         self.jobs = RayJobs(self.ray, drivers=KubeDrivers(api, SETTINGS, image=IMAGE))
         self.batch = client.BatchV1Api(api)
@@ -151,12 +159,12 @@ class Rig:
         selector = f"{ko.CLUSTER_LABEL}={ko.cluster_name(cluster_id)}"
         if kind:
             selector += f",{ko.NODE_TYPE_LABEL}={kind}"
-        found = self.core.list_namespaced_pod(NS_A, label_selector=selector).items
+        found = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         return [p for p in found if p.metadata.deletion_timestamp is None]
 
     def raycluster(self, cluster_id: str) -> dict[str, Any]:
         found: Any = self.custom.get_namespaced_custom_object(
-            ko.GROUP, ko.VERSION, NS_A, ko.PLURAL, ko.cluster_name(cluster_id)
+            ko.GROUP, ko.VERSION, self.namespace, ko.PLURAL, ko.cluster_name(cluster_id)
         )
         return dict(found)
 
