@@ -113,6 +113,7 @@ class Forecast:
         self.first_bin = -math.ceil(history_s / self.bin_s)
         self.per_replica = arrivals_per_replica(target, request_s, self.bin_s)
         self.reasons: Counter[str] = Counter()  # steps per plan reason
+        self.timeline: list[tuple[float, int, str]] = []  # per step: (s, warm planned, reason)
         self.maximum = 1
         self._fit: ArrivalForecast | None = None
         self._fit_bin: int | None = None
@@ -148,6 +149,7 @@ class Forecast:
             serving=await scaler.serving(),
         )
         self.reasons[plan.reason.value] += 1
+        self.timeline.append((now_s, plan.replicas, plan.reason.value))
         if plan.replicas != self._warm:
             await scaler.set_bounds(Bounds(0, self.maximum, plan.replicas))
             self._warm = plan.replicas
