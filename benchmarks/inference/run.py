@@ -124,10 +124,11 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
                 if isinstance(cell.strategy, Forecast):
                     row["plan_reasons"] = dict(cell.strategy.reasons)
                     plans = cell.strategy.timeline
-                cold = breakdown.cold_requests(tally.requests, cell.load_s)
+                cold, why = breakdown.classify(tally.requests, tally.states, plans, cell.load_s)
                 row["cold_load"] = len(cold)
                 row["cold_load_share"] = round(len(cold) / row["requests"], 4) if cold else 0.0
-                row["cold_why"] = dict(breakdown.classify(cold, tally.states, plans, cell.load_s))
+                row["cold_why"] = dict(why)
+                row["raw"] = {"requests": tally.requests, "states": tally.states, "plans": plans}
                 if cell.trace.kind is TraceKind.DIURNAL:
                     row["cold_by_hour"] = dict(sorted(breakdown.by_hour(cold, cfg.day_s).items()))
             replayed = time.monotonic()
@@ -229,8 +230,8 @@ def markdown(out: dict[str, Any]) -> str:
             "",
             "| trace | load s | strategy | held (cold or wake) | met a load | "
             + " | ".join(breakdown.CLASSES)
-            + " | met a load per simulated hour |",
-            "|---|---:|---|---:|---:|" + "---:|" * len(breakdown.CLASSES) + "---|",
+            + f" | {breakdown.SLOW} | met a load per simulated hour |",
+            "|---|---:|---|---:|---:|" + "---:|" * (len(breakdown.CLASSES) + 1) + "---|",
         ]
         for r in out["cells"]:
             why = r.get("cold_why", {})
@@ -238,7 +239,7 @@ def markdown(out: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['trace']} | {r['load_s']:g} | {r['strategy']} | {r['cold']} "
                 f"| {r.get('cold_load', 'n/a')} | "
-                + " | ".join(str(why.get(c, 0)) for c in breakdown.CLASSES)
+                + " | ".join(str(why.get(c, 0)) for c in (*breakdown.CLASSES, breakdown.SLOW))
                 + f" | {hours or '—'} |"
             )
     if out.get("forecast_vs_reactive"):
