@@ -220,7 +220,9 @@ async def _play(
 async def _plan(client: httpx.AsyncClient, cell: Cell, sid: str, t0: float, end: float) -> None:
     scaler = _Scaler(client, sid, cell.tenant)
     while (now := time.monotonic()) < end:
-        await cell.strategy.step(scaler, now - t0, cell.trace.seen_by(now - t0))
+        # A step the portal did not answer (a loaded machine) is skipped: the next one tries.
+        with contextlib.suppress(httpx.HTTPError):
+            await cell.strategy.step(scaler, now - t0, cell.trace.seen_by(now - t0))
         await asyncio.sleep(STEP_S)
 
 
