@@ -3,9 +3,12 @@ its forecast arrivals within its warm budget.
 
 A trusted forecast sizes the pool to the busiest hour ahead: enough replicas for its arrivals,
 less those already serving, never more than the budget (and down to zero when nothing is
-expected: a warm replica holds GPUs). A forecast that has been wrong lately is not trusted:
-then the pool is the reactive floor, what the service keeps without a forecast. The error is
-MASE (``policies.forecast.mase``): 1 is as wrong as repeating the last season was.
+expected: a warm replica holds GPUs). While it does, the serving replicas it counts are kept
+(``keep_serving``): an idle serving replica holds the same GPU as a warm one, and stopping it
+only for the pool to load another leaves a load time with no replica ready. A forecast that
+has been wrong lately is not trusted: then the pool is the reactive floor, what the service
+keeps without a forecast. The error is MASE (``policies.forecast.mase``): 1 is as wrong as
+repeating the last season was.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class WarmReason(StrEnum):
 class WarmPlan:
     replicas: int
     reason: WarmReason
+    keep_serving: int = 0
+    """Serving replicas not to scale down below while this plan holds: one stopped would be
+    replaced at once by a warm replica (the same GPU, and a load time with none ready)."""
 
 
 def _count(name: str, value: int) -> None:
@@ -92,7 +98,8 @@ def plan_warm(
         return WarmPlan(floor, WarmReason.HIGH_ERROR)
     # A tiny tolerance: 2.0000000001 forecast arrivals for 1 per replica still need 2.
     needed = math.ceil(max(forecast_arrivals) / arrivals_per_replica - 1e-9)
-    return WarmPlan(max(0, min(needed - serving, warm_budget)), WarmReason.FORECAST)
+    keep = min(serving, needed) if warm_budget else 0
+    return WarmPlan(max(0, min(needed - serving, warm_budget)), WarmReason.FORECAST, keep)
 
 
 def recent_error(

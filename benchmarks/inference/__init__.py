@@ -13,7 +13,8 @@ tenant's user token (``replay``). Strategies: ``reactive`` (min 0), ``warm-pool`
 warm 1), ``fixed-min`` (min 1), each with max 2 and the portal's autoscaler on concurrency,
 and ``forecast`` (min 0, its warm pool sized by the portal's pre-warm planner from
 ``--history-days`` simulated days before the replay and the arrivals seen; ``strategies``);
-forecast is compared with reactive per trace and load time. Then the gateway's
+forecast is compared with reactive per trace and load time, and each cell's requests that
+met a load are broken down by cause (``breakdown``). Then the gateway's
 overhead: the same requests at 200/s straight to a fast replica and through the gateway
 (``overhead``). Prints Markdown tables; ``--json`` writes everything.
 """

@@ -65,6 +65,10 @@ class Tally:
 
     ttft_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    # Per request: (scheduled arrival, s into the trace; its TTFT, None if unanswered).
+    requests: list[tuple[float, float | None]] = field(default_factory=list)
+    # Every ``STEP_S``: (s into the trace, desired, ready, asleep) of the service.
+    states: list[tuple[float, int, int, int]] = field(default_factory=list)
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -162,6 +166,18 @@ def settle(
 async def _request(
     client: httpx.AsyncClient, cell: Cell, engine: Engine, due: float, n: int, tally: Tally
 ) -> None:
+    at = cell.trace.arrivals[n]
+    before = len(tally.ttft_s)
+    try:
+        await _ask(client, cell, engine, due, n, tally)
+    finally:
+        answered = len(tally.ttft_s) > before
+        tally.requests.append((at, tally.ttft_s[-1] if answered else None))
+
+
+async def _ask(
+    client: httpx.AsyncClient, cell: Cell, engine: Engine, due: float, n: int, tally: Tally
+) -> None:
     body = {
         "model": NAME,
         "prompt": f"request {n} of {cell.tenant}",
@@ -204,7 +220,26 @@ async def _play(
 async def _plan(client: httpx.AsyncClient, cell: Cell, sid: str, t0: float, end: float) -> None:
     scaler = _Scaler(client, sid, cell.tenant)
     while (now := time.monotonic()) < end:
-        await cell.strategy.step(scaler, now - t0, cell.trace.seen_by(now - t0))
+        # A step the portal did not answer (a loaded machine) is skipped: the next one tries.
+        with contextlib.suppress(httpx.HTTPError):
+            await cell.strategy.step(scaler, now - t0, cell.trace.seen_by(now - t0))
+        await asyncio.sleep(STEP_S)
+
+
+async def _watch(
+    client: httpx.AsyncClient, cell: Cell, sid: str, t0: float, end: float, tally: Tally
+) -> None:
+    """The service's replicas every ``STEP_S``: what a request arriving then found."""
+    headers = bearer(user_token(cell.tenant))
+    while (now := time.monotonic()) < end:
+        try:
+            r = await client.get(
+                f"/api/v1/services/{sid}", headers=headers, timeout=SAMPLE_TIMEOUT_S
+            )
+            s = r.json()
+            tally.states.append((now - t0, s["desired"], s["ready"], s["asleep"]))
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass  # a missed sample: the breakdown reads the one before
         await asyncio.sleep(STEP_S)
 
 
@@ -257,6 +292,9 @@ async def replay(
         plans = [
             asyncio.create_task(_plan(client, c, s, t0, end))
             for c, s in zip(cells, ids, strict=True)
+        ] + [
+            asyncio.create_task(_watch(client, c, s, t0, end, t))
+            for c, s, t in zip(cells, ids, tallies, strict=True)
         ]
         try:
             await asyncio.gather(

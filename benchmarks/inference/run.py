@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.inference import overhead
+from benchmarks.inference import breakdown, overhead
 from benchmarks.inference.replay import (
     Cell,
     Engine,
@@ -119,9 +119,18 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
             settled = time.monotonic()
             tallies, watch, start, end = asyncio.run(replay(portal, cells, ids, cfg.engine))
             rows = report(portal, cells, ids, tallies, watch, (start, end), cfg.engine)
-            for row, cell in zip(rows, cells, strict=True):
+            for row, cell, tally in zip(rows, cells, tallies, strict=True):
+                plans: list[tuple[float, int, str]] = []
                 if isinstance(cell.strategy, Forecast):
                     row["plan_reasons"] = dict(cell.strategy.reasons)
+                    plans = cell.strategy.timeline
+                cold, why = breakdown.classify(tally.requests, tally.states, plans, cell.load_s)
+                row["cold_load"] = len(cold)
+                row["cold_load_share"] = round(len(cold) / row["requests"], 4) if cold else 0.0
+                row["cold_why"] = dict(why)
+                row["raw"] = {"requests": tally.requests, "states": tally.states, "plans": plans}
+                if cell.trace.kind is TraceKind.DIURNAL:
+                    row["cold_by_hour"] = dict(sorted(breakdown.by_hour(cold, cfg.day_s).items()))
             replayed = time.monotonic()
         gateway: list[dict[str, Any]] = []
         if cfg.overhead:
@@ -163,6 +172,8 @@ def versus(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         gpu_f = f["gpu_s_serving"] + f["gpu_s_warm"]
         gpu_r = r["gpu_s_serving"] + r["gpu_s_warm"]
         cold_ratio = f["cold_share"] / r["cold_share"] if r["cold_share"] else None
+        load_f, load_r = f.get("cold_load_share"), r.get("cold_load_share")
+        load_ratio = load_f / load_r if load_f is not None and load_r else None
         gpu_ratio = gpu_f / gpu_r if gpu_r else None
         out.append(
             {
@@ -171,6 +182,9 @@ def versus(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cold_share_reactive": r["cold_share"],
                 "cold_share_forecast": f["cold_share"],
                 "cold_ratio": None if cold_ratio is None else round(cold_ratio, 3),
+                "cold_load_share_reactive": load_r,
+                "cold_load_share_forecast": load_f,
+                "cold_load_ratio": None if load_ratio is None else round(load_ratio, 3),
                 "gpu_s_reactive": round(gpu_r, 1),
                 "gpu_s_forecast": round(gpu_f, 1),
                 "gpu_ratio": None if gpu_ratio is None else round(gpu_ratio, 3),
@@ -211,6 +225,23 @@ def markdown(out: dict[str, Any]) -> str:
             f"| {g.get('portal_cpu_ms_per_request_net', 'n/a')} "
             f"| {g['direct_errors']}, {g['gateway_errors']} |"
         )
+    if any("cold_why" in r for r in out["cells"]):
+        lines += [
+            "",
+            "| trace | load s | strategy | held (cold or wake) | met a load | "
+            + " | ".join(breakdown.CLASSES)
+            + f" | {breakdown.SLOW} | met a load per simulated hour |",
+            "|---|---:|---|---:|---:|" + "---:|" * (len(breakdown.CLASSES) + 1) + "---|",
+        ]
+        for r in out["cells"]:
+            why = r.get("cold_why", {})
+            hours = ", ".join(f"{h}h: {n}" for h, n in r.get("cold_by_hour", {}).items())
+            lines.append(
+                f"| {r['trace']} | {r['load_s']:g} | {r['strategy']} | {r['cold']} "
+                f"| {r.get('cold_load', 'n/a')} | "
+                + " | ".join(str(why.get(c, 0)) for c in (*breakdown.CLASSES, breakdown.SLOW))
+                + f" | {hours or '—'} |"
+            )
     if out.get("forecast_vs_reactive"):
         lines += [
             "",

@@ -89,8 +89,10 @@ class Forecast:
     then every step ``warm`` is set to the planner's size, at most ``budget``.
 
     A bin is a simulated hour (``day_s / 24``); the fit is cached and refit once per bin
-    (in a thread: a fit takes tenths of a second of CPU), on whole bins only. The plan looks
-    ``horizon`` bins ahead: the current one and enough to cover the load time.
+    (in a thread: a fit takes tenths of a second of CPU), on whole bins only. The plan covers
+    the bins from now to a load time (and one step) ahead: a load started now is ready then.
+    The serving replicas the plan counts on are kept as ``min`` (``WarmPlan.keep_serving``,
+    what the portal's autoscaler does for a forecast-policy service).
     """
 
     name = "forecast"
@@ -108,19 +110,24 @@ class Forecast:
     ) -> None:
         self.budget = budget
         self.bin_s = day_s / HOURS_PER_DAY if day_s else 1.0
-        self.horizon = 1 + math.ceil(load_s / self.bin_s)
+        # A load started now serves arrivals from a load time on: the pool covers the bins
+        # from now to a load time (and one step) ahead, not whole bins beyond it.
+        self.lead_s = load_s + STEP_S
+        self.horizon = 2 + math.ceil(self.lead_s / self.bin_s)  # bins each fit forecasts
         self.history = tuple(history)  # arrivals before the replay, seconds (negative)
         self.first_bin = -math.ceil(history_s / self.bin_s)
         self.per_replica = arrivals_per_replica(target, request_s, self.bin_s)
         self.reasons: Counter[str] = Counter()  # steps per plan reason
+        self.timeline: list[tuple[float, int, str]] = []  # per step: (s, warm planned, reason)
         self.maximum = 1
         self._fit: ArrivalForecast | None = None
         self._fit_bin: int | None = None
-        self._warm = 0
+        self._bounds = Bounds(0, 1, 0)
 
     def bounds(self, max_replicas: int) -> Bounds:
         self.maximum = max(1, max_replicas)
-        return Bounds(0, self.maximum, 0)
+        self._bounds = Bounds(0, self.maximum, 0)
+        return self._bounds
 
     def bins(self, seen: Sequence[float], upto: int) -> list[float]:
         """Arrivals per whole bin from the history's first to ``upto`` (excluded)."""
@@ -141,16 +148,20 @@ class Forecast:
         plan = plan_ahead(
             self._fit,
             0,
-            self.horizon,
+            math.floor((now_s + self.lead_s) / self.bin_s) - b + 1,
             warm_budget=self.budget,
             reactive_floor=REACTIVE_FLOOR,
             arrivals_per_replica=self.per_replica,
             serving=await scaler.serving(),
         )
         self.reasons[plan.reason.value] += 1
-        if plan.replicas != self._warm:
-            await scaler.set_bounds(Bounds(0, self.maximum, plan.replicas))
-            self._warm = plan.replicas
+        self.timeline.append((now_s, plan.replicas, plan.reason.value))
+        # The portal's autoscaler keeps ``keep_serving`` of a forecast-policy service's
+        # serving replicas; a service driven from outside gets the same floor as its ``min``.
+        bounds = Bounds(plan.keep_serving, self.maximum, plan.replicas)
+        if bounds != self._bounds:
+            await scaler.set_bounds(bounds)
+            self._bounds = bounds
 
 
 STRATEGIES: Mapping[str, Strategy] = {

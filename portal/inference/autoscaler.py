@@ -33,6 +33,7 @@ from policies.services import (
     desired_replicas,
 )
 from portal.inference.controller import ServiceController
+from portal.inference.prewarm import serving_floor
 from portal.inference.spec import Preset, ServiceSpec
 from portal.inference.traffic import Traffic, quantile
 from portal.store import services as stored
@@ -124,6 +125,8 @@ class Autoscaler:
         want = desired_replicas(spec.scaling, spec.replicas, current, list(readings), now, idle_for)
         ceiling = spec.replica_ceiling(c.quotas(svc.tenant), c.models())
         want = min(want, max(current, ceiling))
+        # A serving replica the forecast pool would replace at once is kept instead.
+        want = max(want, serving_floor(c.warm_plans.get(svc.id), current))
         if want == 0 and current > 0 and self._still_starting(svc):
             want = current  # the idle timer never kills a replica that is not ready yet
         c.record_scaling(svc, want, idle_for or 0.0, value)

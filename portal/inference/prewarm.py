@@ -61,6 +61,7 @@ class WarmSizing:
     reason: WarmReason
     budget: int
     serving: int  # the serving replicas it was planned beside
+    keep_serving: int  # the autoscaler does not scale below this many (``WarmPlan``)
     recent_error: float | None
     method: str | None
     at: datetime
@@ -91,6 +92,14 @@ def warm_size(spec: ServiceSpec, sizing: WarmSizing | None, serving: int) -> int
     if sizing.reason is WarmReason.FORECAST:
         size = max(0, size + sizing.serving - serving)
     return min(spec.replicas.warm, size)
+
+
+def serving_floor(sizing: WarmSizing | None, current: int) -> int:
+    """The serving replicas the autoscaler keeps of ``current`` under a forecast plan: those
+    the plan counts on (one stopped would be replaced at once by a warm one, loaded again)."""
+    if sizing is None or sizing.reason is not WarmReason.FORECAST:
+        return 0
+    return min(current, sizing.keep_serving)
 
 
 def arrivals_per_replica(target: float, request_s: float, bin_s: float) -> float:
@@ -152,7 +161,7 @@ class ForecastWarm:
         room = max(0, spec.replica_ceiling(c.quotas(svc.tenant), c.models()) - svc.desired)
         budget = min(spec.replicas.warm, room)
         if h.fit is None or b - h.fit_bin + self._horizon > len(h.fit.ahead):
-            plan_replicas, reason = min(REACTIVE_FLOOR, budget), WarmReason.NO_FORECAST
+            plan_replicas, reason, keep = min(REACTIVE_FLOOR, budget), WarmReason.NO_FORECAST, 0
         else:
             plan = plan_ahead(
                 h.fit,
@@ -165,12 +174,13 @@ class ForecastWarm:
                 ),
                 serving=svc.desired,
             )
-            plan_replicas, reason = plan.replicas, plan.reason
+            plan_replicas, reason, keep = plan.replicas, plan.reason, plan.keep_serving
         sizing = WarmSizing(
             plan_replicas,
             reason,
             spec.replicas.warm,
             svc.desired,
+            keep,
             None if h.fit is None else h.fit.recent_error,
             None if h.fit is None else h.fit.method,
             now,

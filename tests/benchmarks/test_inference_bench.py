@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.inference import run
+from benchmarks.inference import breakdown, run
 from benchmarks.inference.strategies import Bounds, Forecast
 from benchmarks.inference.traces import TraceKind, bursty, diurnal
 
@@ -93,15 +93,37 @@ def test_the_forecast_strategy_warms_ahead_of_the_morning_from_a_week_of_history
     trace = run.make_trace(TraceKind.DIURNAL, cfg)
     planner = run.strategy("forecast", trace, load_s, cfg)
     assert isinstance(planner, Forecast)
-    # A bin is a simulated hour (10 s); the plan covers it and the 20 s of load after it.
-    assert (planner.bin_s, planner.horizon) == (10.0, 3)
+    # A bin is a simulated hour (10 s); the plan covers now to the 20 s load (and a 1 s step)
+    # ahead: at 03:00 the bins to 05:00, at 05:30 those to 07:00.
+    assert (planner.bin_s, planner.lead_s) == (10.0, 21.0)
     assert planner.bounds(2) == Bounds(0, 2, 0)  # deployed as reactive, with its quota
     night, dawn = Recorder(serving=0), Recorder(serving=0)
     asyncio.run(planner.step(night, 30.0, trace.seen_by(30.0)))  # 03:00: nothing ahead
     asyncio.run(planner.step(dawn, 0.23 * day_s, trace.seen_by(0.23 * day_s)))  # 05:30
     assert night.set == [] and dawn.set == [Bounds(0, 2, 1)], planner.reasons
     assert planner.reasons == {"forecast": 2}
-    # Once a replica serves the morning, the pool is given back.
+    # Once a replica serves the morning, the pool is given back and the serving one kept
+    # (``min``: as the portal's autoscaler keeps it), not stopped for the pool to reload.
     served = Recorder(serving=1)
     asyncio.run(planner.step(served, 0.3 * day_s, trace.seen_by(0.3 * day_s)))
-    assert served.set == [Bounds(0, 2, 0)]
+    assert served.set == [Bounds(1, 2, 0)]
+    # At night nothing is expected: the serving floor goes too.
+    late = Recorder(serving=1)
+    asyncio.run(planner.step(late, 0.9 * day_s, trace.seen_by(0.9 * day_s)))
+    assert late.set == [Bounds(0, 2, 0)]
+
+
+def test_the_breakdown_tells_a_cold_start_from_a_wake_and_names_its_cause() -> None:
+    # (arrival s, TTFT s); the service's (s, desired, ready, asleep); the plan's (s, warm, why).
+    requests = [(5.0, 18.0), (6.0, 0.1), (30.0, 3.0), (50.0, 12.0), (70.0, 15.0), (90.0, 9.0)]
+    states = [(0.0, 0, 0, 0), (29.0, 1, 1, 0), (49.0, 0, 0, 0), (69.0, 0, 0, 1), (85.0, 0, 0, 0)]
+    plans = [(0.0, 0, "high-error"), (20.0, 1, "forecast"), (45.0, 1, "forecast")]
+    cold, why = breakdown.classify(requests, states, plans, load_s=20.0)
+    assert cold == [5.0, 50.0, 90.0]  # a fast answer is no cold start; a slow one beside an
+    assert why == {  # up replica (30 s, 70 s: one ready or asleep) is the machine's
+        "untrusted": 1,  # 5 s: the plan fell back to the floor
+        "refill after scale-down": 1,  # 50 s: a replica was ready at 29 s, the pool planned
+        "planned too late": 1,  # 90 s: planned, none loaded and none ready for a load time
+        breakdown.SLOW: 2,
+    }
+    assert breakdown.by_hour(cold, day_s=240.0) == {0: 1, 5: 1, 9: 1}

@@ -37,10 +37,21 @@ def test_a_trusted_forecast_sizes_the_pool_to_the_busiest_hour() -> None:
     assert plan([5.0, 25.0, 12.0]) == WarmPlan(3, WarmReason.FORECAST)
     assert plan([5.0, 20.0, 12.0]) == WarmPlan(2, WarmReason.FORECAST)
     # Serving replicas take arrivals first; the budget caps the rest.
-    assert plan([5.0, 25.0], serving=2) == WarmPlan(1, WarmReason.FORECAST)
+    assert plan([5.0, 25.0], serving=2) == WarmPlan(1, WarmReason.FORECAST, keep_serving=2)
     assert plan([80.0]) == WarmPlan(3, WarmReason.FORECAST)
     # Nothing expected: no warm replica holds GPUs, even below the reactive floor.
     assert plan([0.0, 0.0]) == WarmPlan(0, WarmReason.FORECAST)
+
+
+def test_the_serving_replicas_the_plan_counts_on_are_kept() -> None:
+    # One replica needed and one serving: no warm one, and the serving one is not stopped
+    # (the pool would load another at once); beyond the need they may go.
+    assert plan([8.0], serving=1) == WarmPlan(0, WarmReason.FORECAST, keep_serving=1)
+    assert plan([8.0], serving=3) == WarmPlan(0, WarmReason.FORECAST, keep_serving=1)
+    assert plan([0.0], serving=2).keep_serving == 0  # nothing expected: the autoscaler's
+    # An untrusted forecast holds nothing back; nor does a plan with no pool to refill.
+    assert plan([8.0], serving=1, recent_error=math.inf).keep_serving == 0
+    assert plan([8.0], serving=1, warm_budget=0).keep_serving == 0
 
 
 def test_an_untrusted_or_missing_forecast_falls_back_to_the_reactive_floor() -> None:
@@ -88,7 +99,7 @@ def test_a_cached_forecast_is_planned_from_its_offset_and_ignores_unlikely_arriv
     assert MIN_EXPECTED == 0.5 and expected([0.3, 0.5, 2.0]) == [0.0, 0.5, 2.0]
     assert plan_ahead(fc, 0, 2, **kw) == WarmPlan(0, WarmReason.FORECAST)
     # Two bins later (the same fit, reused): 25 arrivals need 3, one serves.
-    assert plan_ahead(fc, 2, 2, serving=1, **kw) == WarmPlan(2, WarmReason.FORECAST)
+    assert plan_ahead(fc, 2, 2, serving=1, **kw) == WarmPlan(2, WarmReason.FORECAST, 1)
     untrusted = ArrivalForecast(fc.ahead, recent_error=1.5, method="holt-winters")
     assert plan_ahead(untrusted, 2, 2, **kw) == WarmPlan(1, WarmReason.HIGH_ERROR)
 

@@ -15,7 +15,8 @@ import pytest
 from policies.errors import InvalidRequest
 from policies.prewarm import WarmReason
 from policies.services import Replicas, ScalingRule, WarmPolicy
-from portal.inference.prewarm import ForecastWarm, warm_size
+from portal.inference.autoscaler import Autoscaler
+from portal.inference.prewarm import ForecastWarm, serving_floor, warm_size
 from portal.inference.spec import ServiceSpec
 from tests.portal.allocator.conftest import ManualClock
 from tests.portal.inference.test_warm_pool import H100, Rig, live, rig, spec
@@ -93,6 +94,13 @@ def test_a_forecast_service_keeps_a_replica_warm_ahead_of_the_morning_only(rig: 
     c.step()
     (woken,) = live(rig, sid).values()
     assert woken.number == one.number and not woken.pooled
+    # While the forecast wants a replica, the autoscaler keeps the serving one however long
+    # it idles: stopped, it would be replaced by a warm one loaded again.
+    sizer.run()
+    assert c.warm_plans[sid].keep_serving == 1
+    rig.alloc.clock.advance(hours=1)  # type: ignore[attr-defined]
+    Autoscaler(c).evaluate()
+    assert c.get(sid).desired == 1
 
 
 def test_a_forecast_that_was_wrong_lately_falls_back_to_the_floor_with_the_reason(
@@ -135,6 +143,20 @@ def test_the_planned_pool_never_goes_beyond_the_budget_or_the_tenants_limit(rig:
 def test_warm_size_keeps_the_fixed_policy_and_the_floor_before_any_plan() -> None:
     assert warm_size(spec(0, 2, 2), None, 0) == 2
     assert warm_size(forecast_spec(2), None, 0) == 0
+    assert serving_floor(None, 2) == 0
+
+
+def test_a_service_the_forecast_expects_nothing_for_scales_to_zero(rig: Rig) -> None:
+    sid, sizer = deployed(rig, working_days(3))
+    c = rig.controller
+    c.touch(sid)  # a request at midnight: one replica serves
+    c.step()
+    sizer.run()
+    plan = c.warm_plans[sid]
+    assert plan.reason is WarmReason.FORECAST and plan.keep_serving == 0
+    rig.alloc.clock.advance(hours=1)  # type: ignore[attr-defined]
+    Autoscaler(c).evaluate()
+    assert c.get(sid).desired == 0
 
 
 def test_a_forecast_policy_needs_a_warm_budget() -> None:
