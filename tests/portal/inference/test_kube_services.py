@@ -55,6 +55,7 @@ from portal.store.writer import Store
 from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kwok_stages import EXIT_CODE, RUN_FOR
 from tests.support.pod_engines import PodEngines
 from tests.support.waiting import eventually
@@ -112,23 +113,7 @@ def nodes(
         f"the not-ready taint leaving {NODE}",
     )
     yield [to_node(api.sanitize_for_serialization(ready))]
-    for tenant in (TEAM_A, TEAM_B):
-        namespace = SETTINGS.namespace(tenant.name)
-        for pod in core.list_namespaced_pod(namespace).items:
-            with contextlib.suppress(ApiException):
-                core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-        eventually(
-            lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
-            f"no pods left in {namespace}",
-        )
-    reconcile([], SETTINGS, api, force=True)
-    mine = {SETTINGS.namespace(t.name) for t in (TEAM_A, TEAM_B)}
-
-    def gone() -> bool | None:
-        names = {n.metadata.name for n in core.list_namespace().items if n.metadata}
-        return True if not names & mine else None
-
-    eventually(gone, "the tenant namespaces deleted", timeout_s=90)
+    delete_tenant_namespaces(api, SETTINGS, [SETTINGS.namespace(t.name) for t in (TEAM_A, TEAM_B)])
 
 
 class Rig:

@@ -38,6 +38,7 @@ from tests.portal.jobs.test_kube_jobs import (
     eventually,
 )
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kwok_stages import RUN_FOR
 
 pytestmark = pytest.mark.k8s
@@ -84,17 +85,12 @@ def node(k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api)
         )  # fmt: skip
     ready = add_ready_node(k8s_cluster, core, NODE)
     yield to_node(api.sanitize_for_serialization(ready))
-    for namespace in (NS_A, NS_B):  # leave no pods: other modules reconcile their tenants
+    for namespace in (NS_A, NS_B):  # Jobs first, or their controller recreates the pods
         for job in batch_of(api).list_namespaced_job(namespace).items:
             batch_of(api).delete_namespaced_job(
                 job.metadata.name, namespace, propagation_policy="Background"
             )
-        for pod in core.list_namespaced_pod(namespace).items:
-            core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-        eventually(
-            lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
-            f"no pods left in {namespace}",
-        )
+    delete_tenant_namespaces(api, SETTINGS, [NS_A, NS_B])
 
 
 def batch_of(api: client.ApiClient) -> client.BatchV1Api:

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from policies.isolation import TenantSpec
 from policies.ray import RayState
@@ -41,6 +40,7 @@ from portal.store.writer import Store
 from tests.portal.ray.test_kube_ray import H100, RAY, SETTINGS, Rig
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kuberay import KubeRayOperator
 from tests.support.waiting import eventually
 
@@ -133,24 +133,7 @@ def node(
         custom.delete_namespaced_custom_object(
             ko.GROUP, ko.VERSION, NAMESPACE, ko.PLURAL, item["metadata"]["name"]
         )
-    for pod in core.list_namespaced_pod(NAMESPACE).items:
-        try:
-            core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
-        except ApiException as e:
-            if e.status != 404:  # gone with its RayCluster meanwhile
-                raise
-    eventually(
-        lambda: True if not core.list_namespaced_pod(NAMESPACE).items else None,
-        f"no pods left in {NAMESPACE}",
-    )
-    reconcile([], SETTINGS, api, force=True)
-    eventually(
-        lambda: (
-            None if any(n.metadata.name == NAMESPACE for n in core.list_namespace().items) else True
-        ),
-        f"{NAMESPACE} deleted",
-        timeout_s=90,
-    )
+    delete_tenant_namespaces(api, SETTINGS, [NAMESPACE])
 
 
 @pytest.fixture(scope="module")
