@@ -54,14 +54,31 @@ def test_corrections_learn_only_from_earlier_admissions() -> None:
 
 
 def test_shipped_scheme_matches_the_replay(trace: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
-    """The breakdown's "as shipped" row recomputes the portal's figures from the reads alone."""
+    """The breakdown's "as shipped" row recomputes the portal's figures from the reads alone.
+    It keeps the reads with a replayed point above zero (no ratio exists for a zero point);
+    whether the tiny trace has zero points varies from run to run (workload ids are random,
+    and ties between equal workloads follow them). Without them the row is exactly the
+    replay's published figure; with them, the reads it keeps are exactly the others (the
+    calibration it replays then learns from a slightly different set than the portal did,
+    so its figures are not compared)."""
     nodes, pods = replay.select(*trace, gpus=4, scale=1.0, limit=None, seed=1)
     kept: list[replay.Pod] = []
     r = replay.replay(nodes, pods, "declared", "gpuportal", 1, tmp_path, 60.0, keep=kept)
     assert len(kept) == r["pods"]
     q = r["eta_all_reads"]
+    long_reads = [
+        (p.start - s.at, s)
+        for p in kept
+        if p.start is not None
+        for s in p.samples
+        if p.start - s.at > replay.LONG_WAIT_S
+    ]
+    assert len(long_reads) == q["samples"]
+    zero = sum(1 for _, s in long_reads if s.raw is not None and s.raw == 0)
     rows = eta_diagnosis.classify(kept, False, "gpuportal")
-    assert len(rows) == q["samples"] - q["no_estimate"]["raw"]
+    assert len(rows) == q["samples"] - q["no_estimate"]["raw"] - zero
     shipped = eta_diagnosis.corrections(kept)["interval only (as shipped)"]["all reads"]
-    assert shipped[0] == pytest.approx(q["median_rel_error"]["portal"])
-    assert shipped[1] == pytest.approx(q["interval_coverage"])
+    assert shipped[2] == sum(1 for _, s in long_reads if s.raw)
+    if zero == 0:
+        assert shipped[0] == pytest.approx(q["median_rel_error"]["portal"])
+        assert shipped[1] == pytest.approx(q["interval_coverage"])
