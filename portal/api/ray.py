@@ -25,7 +25,7 @@ from portal.api.auth import Caller, Scope
 from portal.api.cost import MONEY, accounting_of, money_text, utc_param
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
-from portal.api.inputs import KEY, Label, Text, bounded
+from portal.api.inputs import GENERATED_ID, KEY, Label, Text, bounded
 from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, WorkloadOut
 from portal.api.workloads import charge
 from portal.ray.controller import RayController, RayView, SliceView
@@ -35,7 +35,9 @@ from portal.store.records import RayClusterRecord, RaySliceRecord
 
 router = APIRouter(prefix="/ray", tags=["ray"], responses=ERROR_RESPONSES)
 
-ClusterId = Annotated[Annotated[str, bounded(KEY, 64)], Path(description="The cluster's id.")]
+ClusterId = Annotated[
+    Annotated[str, GENERATED_ID], Path(description="The cluster's id (as its creation answered).")
+]
 _404: Responses = {404: {"model": ErrorBody, "description": "no such Ray cluster or tenant"}}
 
 
