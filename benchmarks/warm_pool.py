@@ -143,6 +143,11 @@ def run(load_s: float, rounds: int, folder: Path) -> dict[str, Any]:
         for svc in stored.active_services(store):
             c.delete(svc.id)
         store.close()
+    return summary(results, load_s, rounds)
+
+
+def summary(results: list[dict[str, Any]], load_s: float, rounds: int) -> dict[str, Any]:
+    """The rounds' results with the median time to first token with and without a warm pool."""
     by = {w: [r["ttft_s"] for r in results if r["warm"] == w] for w in (1, 0)}
     return {
         "load_seconds": load_s,

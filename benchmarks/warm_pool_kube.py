@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import threading
 import time
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 from kubernetes import client
 
-from benchmarks.warm_pool import _first_token_s, _wait
+from benchmarks.warm_pool import _first_token_s, _wait, summary
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings, TenantSpec
 from policies.requests import DeviceRequest
@@ -134,13 +133,9 @@ def run(load_s: float, rounds: int, work: Path) -> dict[str, Any]:
             thread.join()
             engines.close()
             store.close()
-    by = {w: [r["ttft_s"] for r in results if r["warm"] == w] for w in (1, 0)}
     return {
         "backend": "kubernetes (kwok; test-engine processes per pod)",
-        "load_seconds": load_s,
-        "rounds": rounds,
-        "median_ttft_s": {"warm_1": statistics.median(by[1]), "warm_0": statistics.median(by[0])},
-        "results": results,
+        **summary(results, load_s, rounds),
     }
 
 
