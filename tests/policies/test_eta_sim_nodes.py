@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from policies import quota
 from policies.eta import RunLengths
-from policies.eta_sim import Holder, Placing, Shape, Waiting, simulate
+from policies.eta_sim import Estimate, Holder, Placing, Shape, Waiting, simulate
 from policies.flavors import FlavorKind
 from policies.inventory import GPU, Node
 from policies.placement.framework import PlacementContext
@@ -59,12 +59,8 @@ def _waiting(wid: str, n: int, placed: bool = True) -> Waiting:
     return Waiting(wid, "t", (FL,), n, ("t", "job"), 5000.0, shape)
 
 
-def _points(got: dict[str, object]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for wid, est in got.items():
-        iv = est.interval  # type: ignore[attr-defined]
-        out[wid] = None if iv is None else iv.point
-    return out
+def _points(got: dict[str, Estimate]) -> dict[str, float | None]:
+    return {w: None if e.interval is None else e.interval.point for w, e in got.items()}
 
 
 def test_a_later_small_workload_overtakes_the_big_one_placed_by_node() -> None:
