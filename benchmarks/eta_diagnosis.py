@@ -225,6 +225,7 @@ def _key(scheme: str, p: replay.Pod) -> object:
 Run = tuple[
     list[tuple[str, str, str, list[dict[str, Any]]]],
     tuple[str, str, dict[str, dict[str, tuple[float, float, int]]]],
+    dict[str, Any],
 ]
 
 
@@ -232,12 +233,12 @@ def _one(args: tuple[Any, ...]) -> Run:
     nodes, pods, mode, order, seed, reread_s = args
     kept: list[replay.Pod] = []
     with tempfile.TemporaryDirectory() as tmp:
-        replay.replay(nodes, pods, mode, order, seed, Path(tmp), reread_s, keep=kept)
+        result = replay.replay(nodes, pods, mode, order, seed, Path(tmp), reread_s, keep=kept)
     groups = [
         (mode, order, "at submission", classify(kept, True, order)),
         (mode, order, "all reads", classify(kept, False, order)),
     ]
-    return groups, (mode, order, corrections(kept))
+    return groups, (mode, order, corrections(kept)), result
 
 
 def corrections_table(results: Sequence[tuple[str, str, dict[str, Any]]]) -> str:
@@ -284,9 +285,12 @@ def main(argv: Sequence[str] | None = None) -> str:
     else:
         got = [_one(r) for r in runs]
     text = (
-        table([row for groups, _ in got for row in groups])
+        # The replay's own table first: one run gives both (a run takes minutes).
+        replay.table([r for _, _, r in got])
+        + "\n\n"
+        + table([row for groups, _, _ in got for row in groups])
         + "\n\nPoint corrections learned online from past admissions:\n\n"
-        + corrections_table([c for _, c in got])
+        + corrections_table([c for _, c, _ in got])
     )
     print(text)
     return text

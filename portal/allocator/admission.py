@@ -12,6 +12,7 @@ from datetime import datetime
 
 from policies import quota
 from policies.inventory import Node
+from policies.placement.backfill import member_request
 from policies.placement.framework import PlacementContext
 from policies.placement.gangs import place_gang
 from policies.placement.pipeline import NoFit
@@ -143,16 +144,7 @@ def member_shape(
     shapes = mem.memo.member_shapes
     got = shapes.get(key)
     if got is None:
-        gang = (
-            dev.topology
-            if dev.topology in (TopologyRequirement.SAME_NODE, TopologyRequirement.SAME_RACK)
-            else TopologyRequirement.ANY
-        )
-        own = (
-            dev.topology if dev.topology is TopologyRequirement.NVLINK else TopologyRequirement.ANY
-        )
-        member = replace(dev, models=admitted or dev.models, topology=own)
-        got = shapes[key] = (member, gang)
+        got = shapes[key] = member_request(dev, admitted)
     return got
 
 

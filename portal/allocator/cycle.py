@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from policies import quota
-from policies.flavors import FlavorKind
+from policies.placement.backfill import reserve_node
 from policies.requests import DeviceRequest
 from portal.allocator.admission import Blocked, note_blocked, try_start
 from portal.allocator.draft import Draft
@@ -180,15 +180,5 @@ def _drop_stale_reservation(draft: Draft) -> None:
 
 
 def reserve_for(draft: Draft, lv: Live, model: str) -> str | None:
-    """The node closest to fitting ``lv``: most free capacity of the right kind."""
-    dev = lv.req.devices
-    best: tuple[int, int] | None = None
-    name = None
-    for st in draft.cluster.candidates(frozenset({model})):
-        if not st.schedulable:
-            continue
-        free = st.max_free_milli if dev.kind is FlavorKind.SHARE else st.full_free
-        key = (free, -st.order)
-        if best is None or key > best:
-            best, name = key, st.name
-    return name
+    """The node closest to fitting ``lv`` (``policies.placement.backfill.reserve_node``)."""
+    return reserve_node(draft.cluster, lv.req.devices, model)

@@ -12,8 +12,10 @@ from typing import Any
 
 from policies import eta_sim, quota
 from policies.eta import Interval, ReleaseCurve, RunLengths, WaitCalibration, minutes_words
+from policies.placement.framework import PlacementContext
 from portal.allocator.draft import Decision
 from portal.allocator.memory import Live, Memory
+from portal.allocator.ops import restored_placement
 from portal.allocator.releases import ReleaseIndex
 from portal.allocator.views import QueueEntry
 from portal.store.records import WorkloadState
@@ -211,34 +213,66 @@ def queue_intervals(
                 (rec.tenant, rec.kind),
                 limit_s=rec.expected_duration_s,
                 deadline=lv.end_at if preempting else None,
+                placed=tuple(
+                    restored_placement(mem.nodes[a.node], a)
+                    for a in lv.allocations
+                    if a.node in mem.nodes
+                ),
             )
         )
-    ordered = mem.order(now)
-    queue = [
-        eta_sim.Waiting(
-            lv.rec.id,
-            lv.rec.tenant,
-            tuple(
-                dict.fromkeys(mem.flavor_name(lv.req.devices, m) for m in mem.models_for(lv.req))
-            ),
-            lv.req.devices.amount() * lv.req.gang_size,
-            (lv.rec.tenant, lv.rec.kind),
-            lv.rec.expected_duration_s,
-        )
-        for lv in ordered
-        for models in (mem.models_for(lv.req),)
-    ]
-    got = eta_sim.simulate(t, mem.book(), mem.ledger.usage, holders, queue, history)
+    queue = [_waiting(mem, lv) for lv in mem.order(now)]
+    got = eta_sim.simulate(
+        t,
+        mem.book(),
+        mem.ledger.usage,
+        holders,
+        queue,
+        history,
+        placing=eta_sim.Placing(mem.cluster, mem.policy, eta_sim.place_tries(len(mem.cluster))),
+    )
     out: dict[str, Interval | None] = {}
     for i, w in enumerate(queue):
         est = got.get(w.id)
         unit = w.flavors[0].split("/")[0] if w.flavors else "GPU"
+        if est is not None and est.at_least is not None:
+            # Not replayed to the end (the cap): an honest lower bound, not calibrated.
+            low = est.at_least
+            reason = f"{_ahead(i)}; starts {minutes_words(low)} at the earliest" + AT_LEAST
+            out[w.id] = Interval(low, low, low, reason)
+            continue
         if est is None or est.interval is None:
             out[w.id] = None
             continue
         iv = est.interval._replace(reason=_reason(i, unit, est))
         out[w.id] = calibration.apply(iv) if calibration else iv
     return out
+
+
+AT_LEAST = " (the estimate replays a limited number of placements; the rest is unknown)"
+
+
+def _waiting(mem: Memory, lv: Live) -> eta_sim.Waiting:
+    """A queued workload as the replay sees it: its flavors (one per model it may use, in the
+    allocator's order) and how it is placed."""
+    dev = lv.req.devices
+    pairs = tuple((m, mem.flavor_name(dev, m)) for m in mem.models_for(lv.req))
+    tenant = mem.tenants.get(lv.rec.tenant)
+    shape = None
+    if dev.kind is not None and pairs:
+        ctx = PlacementContext(
+            pools=frozenset(tenant.pools) if tenant is not None else frozenset(),
+            prefer=lv.req.prefer_nodes,
+        )
+        shape = eta_sim.Shape(dev, lv.req.gang_size, ctx, pairs)
+    return eta_sim.Waiting(
+        lv.rec.id,
+        lv.rec.tenant,
+        tuple(dict.fromkeys(fl for _, fl in pairs)),
+        dev.amount() * lv.req.gang_size,
+        (lv.rec.tenant, lv.rec.kind),
+        lv.rec.expected_duration_s,
+        shape,
+    )
 
 
 def _ahead(count: int) -> str:
