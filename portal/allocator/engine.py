@@ -76,9 +76,10 @@ INTERVAL_REFRESH_S = 5.0
 """How long status reads share one computation of the queue's intervals while nothing
 changes (running work ages: its remaining time by past run lengths shrinks)."""
 SLOW_INTERVALS_S = 0.1
-"""A recompute of the intervals slower than this (thousands queued: ~0.3 s under the lock) is
-shared for ten times as long even when the state changes, so it takes at most a tenth of the
-lock; a workload queued since reads its point estimate without an interval meanwhile."""
+"""A recompute of the intervals taking more CPU seconds than this (thousands queued: ~0.3 s
+under the lock) is shared for ten times as long even when the state changes, so it takes at
+most a tenth of the lock; a workload queued since reads its point estimate without an
+interval meanwhile."""
 
 
 def _end_contradiction(draft: Draft, c: Contradiction) -> None:
@@ -461,10 +462,13 @@ class Allocator(TenantsAndQuotas):
         cached = self._intervals_at
         began = time.monotonic()
         if cached is None or (cached[0] != key and began >= self._intervals_kept_until):
+            # The replay's cost is its CPU time (pure computation on the state): wall time
+            # would also count other processes' turns on a loaded machine.
+            cpu = time.thread_time()
             raw = estimates.queue_intervals(state, now, estimates.history_of(state))
             self._waits.seen(raw, now.timestamp())
             cached = self._intervals_at = (key, self._waits.apply(raw))
-            took = time.monotonic() - began
+            took = time.thread_time() - cpu
             self._intervals_kept_until = began + 10 * took if took > SLOW_INTERVALS_S else 0.0
         return cached[1]
 
