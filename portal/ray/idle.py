@@ -48,9 +48,15 @@ import json, os, sys
 from ray._raylet import AuthenticationTokenLoader, Config
 from ray.autoscaler.v2.sdk import get_cluster_status
 
+current = None  # the child starts without Ray's auth variables (the parent drops them)
+
 def use_token(token):
     # Ray loads its token once per process; its own tests switch tokens this way: the
     # variables, then the config (which holds the mode), then the loader's cache.
+    global current
+    if token == current:
+        return
+    current = token
     if token:
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN"] = token
