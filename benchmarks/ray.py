@@ -48,6 +48,7 @@ from portal.api.auth import Caller, CallerKind, Scope, StaticAuthenticator
 from portal.client import Portal
 from portal.inventory.simulated import generate
 from portal.ray.controller import RayController
+from portal.ray.idle import Due
 from portal.ray.local import LocalRay
 from portal.ray.service import RAY_INTERVAL_S
 from portal.ray.spec import installed_ray_version
@@ -173,7 +174,7 @@ def one_run(
     join = time.monotonic() - began
 
     began = time.monotonic()
-    times = backend.read_heads([address])
+    times = backend.read_heads([Due(cluster.id, 0, address)])
     idle_read = time.monotonic() - began
     if times.get(address) is None:
         raise RuntimeError(f"the head at {address} did not report its nodes' idle times")

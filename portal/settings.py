@@ -137,6 +137,16 @@ class Settings(BaseSettings):
             "cluster may ask for, and the RayCluster's `rayVersion`."
         ),
     )
+    ray_token_key: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description=(
+            "Kubernetes: the key each Ray cluster's authentication token is derived from "
+            "(an HMAC of the cluster's id; docs/ray.md), at least 32 characters. Every "
+            "portal replica needs the same one, and changing it changes every cluster's "
+            "token. Unset: generated once and kept in <state_dir>/ray-token-key."
+        ),
+    )
     tick_interval_s: float = Field(
         default=1.0,
         gt=0,

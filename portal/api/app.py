@@ -43,6 +43,7 @@ from portal.inference.gateway import router as gateway_router
 from portal.jobs.controller import JobController
 from portal.ray.controller import RayController
 from portal.ray.jobs import RayJobs
+from portal.ray.tokens import RayTokens
 
 PREFIX = "/api/v1"
 PUBLIC_PATHS = frozenset({"/", "/health", "/ready", f"{PREFIX}/openapi.json", f"{PREFIX}/docs"})
@@ -58,6 +59,7 @@ def create_app(
     service_controller: ServiceController | None = None,
     ray_controller: RayController | None = None,
     ray_job_controller: RayJobs | None = None,
+    ray_tokens: RayTokens | None = None,
 ) -> FastAPI:
     """The portal API over a started ``Allocator``, authenticating with ``authenticator``.
 
@@ -67,7 +69,8 @@ def create_app(
     and cancels jobs but launches nothing: the service passes the one its loop drives);
     ``service_controller`` likewise runs ``/services`` and the gateway.
     ``ray_controller`` runs ``/ray`` the same way, and ``ray_job_controller`` (over it) the
-    Ray jobs.
+    Ray jobs; ``ray_tokens`` derives the clusters' tokens where the heads want one
+    (Kubernetes; None: they run without authentication).
     """
     app = FastAPI(
         title="gpuportal",
@@ -86,6 +89,7 @@ def create_app(
     app.state.metrics.registry.register(app.state.gateway.book)
     app.state.ray = ray_controller or RayController(alloc)
     app.state.ray_jobs = ray_job_controller or RayJobs(app.state.ray)
+    app.state.ray_tokens = ray_tokens
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
     errors.install(app)
     for module in (

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import Field
 
-from policies.errors import InvalidRequest
+from policies.errors import Forbidden, InvalidRequest
 from policies.ray import RayState, SliceState
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, TopologyRequirement
 from portal.accounting.service import Accounting
 from portal.accounting.workloads import WorkloadCosts, workload_costs
 from portal.allocator import Allocator
 from portal.api import convert
-from portal.api.auth import Caller, Scope
+from portal.api.auth import Caller, CallerKind, Scope
 from portal.api.cost import MONEY, accounting_of, money_text, utc_param
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
@@ -30,6 +30,7 @@ from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, Workl
 from portal.api.workloads import charge
 from portal.ray.controller import RayController, RayView, SliceView
 from portal.ray.spec import MAX_CPUS, MAX_IDLE_S, RaySpec, worker_devices
+from portal.ray.tokens import RayTokens
 from portal.store import ray as stored
 from portal.store.records import RayClusterRecord, RaySliceRecord
 
@@ -43,6 +44,12 @@ _404: Responses = {404: {"model": ErrorBody, "description": "no such Ray cluster
 
 def controller(request: Request) -> RayController:
     found: RayController = request.app.state.ray
+    return found
+
+
+def tokens(request: Request) -> RayTokens | None:
+    """The clusters' tokens where the heads want one (Kubernetes); None: no authentication."""
+    found: RayTokens | None = getattr(request.app.state, "ray_tokens", None)
     return found
 
 
@@ -165,6 +172,19 @@ class RayCostOut(Model):
         description="Every slice together, rounded once from the exact sum (whole cents).",
     )
     slices: list[SliceCostOut] = Field(description="Each slice, oldest first.")
+
+
+class RayTokenOut(Model):
+    cluster_id: str
+    auth_mode: Literal["token", "none"] = Field(
+        description="token: the head wants `token` (Ray's RAY_AUTH_MODE); none: no token."
+    )
+    token: str | None = Field(
+        description=(
+            "The cluster's Ray token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to it before "
+            "ray.init. null where the heads run without authentication (the local backend)."
+        )
+    )
 
 
 def slice_out(v: SliceView) -> SliceOut:
@@ -314,6 +334,34 @@ def get_cluster(
     view = rays.view(cluster_id)
     caller.require(Scope.WORKLOADS_READ, view.cluster.tenant)
     return ray_out(view)
+
+
+@router.get(
+    "/{cluster_id}/token",
+    response_model=RayTokenOut,
+    responses=_404,
+    summary="Its Ray token, for ray.init from a notebook: its owner and the tenant's admins only",
+)
+def cluster_token(
+    cluster_id: ClusterId,
+    caller: Annotated[Caller, requires(Scope.WORKLOADS_WRITE)],
+    rays: Annotated[RayController, Depends(controller)],
+    keys: Annotated[RayTokens | None, Depends(tokens)],
+) -> RayTokenOut:
+    """Whoever holds the token can run anything on the cluster, so reading the cluster is not
+    enough: another member of the tenant gets 403, as does another tenant's token."""
+    cluster = rays.get(cluster_id)
+    charge(caller, cluster.tenant)  # a member of the tenant (or a platform admin)
+    owner = caller.kind is CallerKind.USER and caller.name == cluster.owner
+    # The tenant's admins are those who may change its quotas (as for its alerts).
+    if not owner and not caller.can(Scope.QUOTAS_WRITE, cluster.tenant):
+        raise Forbidden(
+            f"{caller.kind} {caller.name} may not read the token of Ray cluster {cluster_id}: "
+            f"only its owner ({cluster.owner}) and tenant {cluster.tenant}'s admins may"
+        )
+    if keys is None:
+        return RayTokenOut(cluster_id=cluster.id, auth_mode="none", token=None)
+    return RayTokenOut(cluster_id=cluster.id, auth_mode="token", token=keys.token(cluster.id))
 
 
 def cost_out(

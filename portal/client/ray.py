@@ -9,6 +9,9 @@
     Portal().ray.resume(cluster_id)     # after idle release: the previous size, through admission
     Portal().ray.down(cluster_id)       # every worker stopped, every GPU given back
 
+On Kubernetes the heads want the cluster's token: ``Portal().ray.token(cluster_id).token``
+as ``RAY_AUTH_TOKEN``, with ``RAY_AUTH_MODE=token``, in the environment before ``ray.init``.
+
 The operations are built as the other client calls are (``portal.client.core``); ``up`` adds
 waiting, which polls.
 """
@@ -27,7 +30,7 @@ from portal.errors import PortalError
 
 if TYPE_CHECKING:
     from portal.api.jobs import JobCostOut, LogOut
-    from portal.api.ray import RayCostOut, RayOut
+    from portal.api.ray import RayCostOut, RayOut, RayTokenOut
     from portal.api.ray_jobs import RayJobOut
     from portal.api.schemas import DevicesIn
     from portal.client.sync import Portal
@@ -54,6 +57,13 @@ def listed(page_size: int, tenant: str | None) -> Op[list[RayOut]]:
     from portal.api.ray import RayOut
 
     return (yield from core.every_page(f"{API}/ray", RayOut, page_size, _filters(tenant=tenant)))
+
+
+def token(cluster_id: str) -> Op[RayTokenOut]:
+    from portal.api.ray import RayTokenOut
+
+    call = Call("GET", f"{API}/ray/{_seg(cluster_id)}/token", idempotent=True)
+    return (yield from core.one(call, RayTokenOut))
 
 
 def cost(cluster_id: str) -> Op[RayCostOut]:
@@ -230,6 +240,12 @@ class Ray:
     def list(self, tenant: str | None = None) -> builtins.list[RayOut]:
         """Every cluster the token may read, in creation order."""
         return self._portal._run(listed(self._portal._page_size, tenant))
+
+    def token(self, cluster_id: str) -> RayTokenOut:
+        """The cluster's Ray token (its owner and the tenant's admins only). Where
+        ``auth_mode`` is ``token``, set ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` to it
+        in the environment before ``ray.init``."""
+        return self._portal._run(token(cluster_id))
 
     def cost(self, cluster_id: str) -> RayCostOut:
         """The cluster's GPU-hours and money since it was created, slice by slice."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -52,7 +52,7 @@ from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.jobs.launch import visible_devices
 from portal.jobs.spec import ClusterFacts
-from portal.ray.idle import IDLE_CHECK_S, Due, HeadRead, IdleReads
+from portal.ray.idle import IDLE_CHECK_S, Due, HeadRead, HeadReads, IdleReads
 from portal.ray.local import LocalRay, head_key, worker_key
 from portal.ray.nodes import RayNodes
 from portal.ray.spec import (
@@ -106,7 +106,7 @@ class RayController:
         installed: str | None = None,
         clock: Callable[[], datetime] | None = None,
         idle_check_s: float = IDLE_CHECK_S,
-        heads: Callable[[Sequence[str]], dict[str, HeadRead | None]] | None = None,
+        heads: HeadReads | None = None,
     ) -> None:
         self._alloc = alloc
         self.backend = backend

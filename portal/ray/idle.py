@@ -8,6 +8,9 @@ which needs no dashboard) and prints every node's ``idle_time_ms`` and the GPU b
 pending tasks, actors and placement groups as JSON. One child reads every cluster due,
 because starting an interpreter that imports ray costs seconds of CPU.
 
+Heads with Ray's token authentication (every RayCluster's, ``portal.ray.tokens``) are read
+with their own tokens: the child switches its token between heads the way Ray's own tests do.
+
 A node's idle time counts from the end of the last task or actor that held its resources,
 so tasks that ran on the head count too.
 """
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +40,36 @@ PROBE_TIMEOUT_S = 60.0
 GCS_TIMEOUT_S = 5
 """How long the child waits for one head's GCS before it reports that head unread."""
 
+AUTH_ENV = frozenset({"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"})
+"""Ray's token settings: the child sets them per head, never inherits the portal's."""
+
 _SCRIPT = """
-import json, sys
+import json, os, sys
+from ray._raylet import AuthenticationTokenLoader, Config
 from ray.autoscaler.v2.sdk import get_cluster_status
+
+current = None  # the child starts without Ray's auth variables (the parent drops them)
+
+def use_token(token):
+    # Ray loads its token once per process; its own tests switch tokens this way: the
+    # variables, then the config (which holds the mode), then the loader's cache.
+    global current
+    if token == current:
+        return
+    current = token
+    if token:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = token
+    else:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
 out = {}
-for address in sys.argv[2:]:
+for address, token in json.load(sys.stdin).items():
     try:
+        use_token(token)
         s = get_cluster_status(address, timeout=int(sys.argv[1]))
         d = s.resource_demands
         out[address] = {
@@ -87,19 +114,26 @@ def _head_read(value: object) -> HeadRead | None:
     )
 
 
-def read_heads(python: str, addresses: Sequence[str]) -> dict[str, HeadRead | None]:
-    """Each head address -> what its GCS reports, or None where the head did not answer
-    (a failed read never counts as idle, nor as demand)."""
+def read_heads(python: str, heads: Mapping[str, str | None]) -> dict[str, HeadRead | None]:
+    """Each head address -> what its GCS reports, or None where the head did not answer or
+    refused the read (a failed read never counts as idle, nor as demand). ``heads`` maps
+    each address to the token its head wants (None: the head has no authentication); the
+    tokens reach the child on its stdin, never on its command line."""
+    addresses = list(heads)
     if not addresses:
         return {}
     try:
         done = subprocess.run(
-            [python, "-c", _SCRIPT, str(GCS_TIMEOUT_S), *addresses],
+            [python, "-c", _SCRIPT, str(GCS_TIMEOUT_S)],
+            input=json.dumps(dict(heads)),
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
             check=False,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+            env={
+                **{k: v for k, v in os.environ.items() if k not in AUTH_ENV},
+                "RAY_USAGE_STATS_ENABLED": "0",
+            },
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("Ray idle read failed: %s", exc)
@@ -115,7 +149,10 @@ def read_heads(python: str, addresses: Sequence[str]) -> dict[str, HeadRead | No
     for address in addresses:
         value = found.get(address)
         result[address] = _head_read(value)
-        if result[address] is None:
+        if result[address] is None and "AuthenticationError" in str(value):
+            # The cluster is left as it is (unread), but an operator must see why.
+            log.warning("Ray head %s refused the portal's token: %s", address, value)
+        elif result[address] is None:
             log.info("Ray read of %s: %s", address, value)
     return result
 
@@ -130,14 +167,16 @@ class Due:
     address: str
 
 
+HeadReads = Callable[[Sequence[Due]], dict[str, HeadRead | None]]
+"""How a backend reads the heads due: each head's address -> its answer (None: unread)."""
+
+
 class IdleReads:
     """Reads idleness and demand in a thread of its own, at most every ``every_s`` seconds
     and one read at a time, so the controller's round never waits for the child
     interpreter."""
 
-    def __init__(
-        self, read: Callable[[Sequence[str]], dict[str, HeadRead | None]], every_s: float
-    ) -> None:
+    def __init__(self, read: HeadReads, every_s: float) -> None:
         self._read = read
         self._every_s = every_s
         self._lock = threading.Lock()
@@ -168,7 +207,7 @@ class IdleReads:
 
     def _run(self, due: tuple[Due, ...]) -> None:
         began = time.monotonic()
-        times = self._read([d.address for d in due])
+        times = self._read(due)
         log.debug("Ray idle read of %d heads took %.2f s", len(due), time.monotonic() - began)
         with self._lock:
             for d in due:

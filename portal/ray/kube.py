@@ -12,7 +12,8 @@ step, ``KubeRay.sync`` makes Kubernetes follow, in steps:
    shrink drops exactly them), which worker pod uses which allocation of a placed slice (a pod
    of a waiting slice is marked with that slice, so the binder holds it Pending with the
    queue's reason), and where the head goes;
-3. act: create or patch the RayCluster (and its token Secret), mark the worker pods (labels
+3. act: create or patch the RayCluster (and its token Secret, the token derived from the
+   portal's key, ``portal.ray.tokens``), mark the worker pods (labels
    and annotations, the pod's uid as precondition) for the binder (``portal.kube.binder``),
    which binds them through the Binding API like any GPU pod; bind the head once its gang is
    placed (to the node of the gang's first worker: it holds no device), and delete the
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,6 +51,7 @@ from portal.ray import idle
 from portal.ray import kubeobjects as ko
 from portal.ray.controller import RayController, RayView
 from portal.ray.spec import RaySpec
+from portal.ray.tokens import RayTokens
 from portal.store.records import WorkloadState
 
 log = logging.getLogger(__name__)
@@ -58,19 +59,22 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "rayproject/ray:2.60.0"
 MERGE_PATCH = "application/merge-patch+json"
 
-HeadReads = Callable[[Sequence[str]], dict[str, idle.HeadRead | None]]
 
-
-def head_reader(python: str, resolve: Callable[[str], str] | None = None) -> HeadReads:
+def head_reader(
+    python: str, tokens: RayTokens, resolve: Callable[[str], str] | None = None
+) -> idle.HeadReads:
     """How the controller reads the heads of RayClusters (idleness and unmet GPU demand,
     ``portal.ray.idle``): at their Services' addresses, through ``python`` (an interpreter
-    with ray). ``resolve`` turns a cluster's address into one this process reaches (the
+    with ray), each with its cluster's token (``tokens``: derived, never read from the
+    Secret). ``resolve`` turns a cluster's address into one this process reaches (the
     Service's DNS name resolves inside the cluster as it is); each answer is filed under the
     cluster's own address."""
 
-    def read(addresses: Sequence[str]) -> dict[str, idle.HeadRead | None]:
-        reached = {a: resolve(a) if resolve else a for a in addresses}
-        found = idle.read_heads(python, sorted(set(reached.values())))
+    def read(due: Sequence[idle.Due]) -> dict[str, idle.HeadRead | None]:
+        reached = {d.address: resolve(d.address) if resolve else d.address for d in due}
+        found = idle.read_heads(
+            python, {reached[d.address]: tokens.token(d.cluster_id) for d in due}
+        )
         return {a: found.get(r) for a, r in reached.items()}
 
     return read
@@ -88,9 +92,11 @@ class KubeRay:
         api_client: client.ApiClient,
         controller: RayController,
         settings: IsolationSettings,
+        tokens: RayTokens,
         *,
         image: str = DEFAULT_IMAGE,
     ) -> None:
+        self._tokens = tokens
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._controller = controller
@@ -278,7 +284,7 @@ class KubeRay:
     def _create(self, o: ko.RayClusterObjects) -> None:
         namespace = self._settings.namespace(o.tenant)
         secret: Any = ko.token_secret_manifest(
-            o.cluster_id, o.tenant, secrets.token_urlsafe(32), self._settings
+            o.cluster_id, o.tenant, self._tokens.token(o.cluster_id), self._settings
         )
         try:
             drain(self._core.create_namespaced_secret(namespace, secret, _preload_content=False))

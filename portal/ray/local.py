@@ -176,10 +176,10 @@ class LocalRay:
     def poll(self) -> list[NodeExit]:
         return [_node_exit(e) for e in self.runner.poll()]
 
-    def read_heads(self, addresses: Sequence[str]) -> dict[str, idle.HeadRead | None]:
+    def read_heads(self, due: Sequence[idle.Due]) -> dict[str, idle.HeadRead | None]:
         """Each head's nodes' idle milliseconds and unmet GPU demand (``portal.ray.idle``);
-        blocks for seconds."""
-        return idle.read_heads(idle.probe_python(self._program), addresses)
+        blocks for seconds. Local heads run without authentication."""
+        return idle.read_heads(idle.probe_python(self._program), {d.address: None for d in due})
 
     def remove_session(self, cluster_id: str) -> None:
         """Remove the cluster's Ray temp dir (sessions, sockets, logs, spilled objects):

@@ -15,6 +15,7 @@ from portal.ray.kube import KubeRay, head_reader
 from portal.ray.kubedrivers import KubeDrivers
 from portal.ray.local import LocalRay, ray_program
 from portal.ray.spec import installed_ray_version
+from portal.ray.tokens import RayTokens, key_for
 from portal.service.loops import Loops
 from portal.settings import Settings
 
@@ -25,6 +26,12 @@ dead worker is replaced, or a shrink's slice is released."""
 NO_RAY = "the ray package is not installed beside the portal: pip install ray"
 
 
+def ray_tokens(settings: Settings) -> RayTokens:
+    """The Ray clusters' tokens, from the configured key or the one kept in the state
+    directory (``portal.ray.tokens``)."""
+    return RayTokens(key_for(settings.ray_token_key, settings.state_dir))
+
+
 def build_for_service(allocator: Allocator, settings: Settings) -> RayController:
     """The service's Ray controller, started (running nodes re-adopted). Where no backend
     can run Ray, it still lists and deletes clusters and answers a create with 503. On
@@ -33,7 +40,10 @@ def build_for_service(allocator: Allocator, settings: Settings) -> RayController
     if settings.inventory == "kubernetes":
         # Idleness and demand are read from the heads' GCS by an interpreter with ray: without
         # ray beside the portal, ``idle_s`` and ``autoscale`` are not acted on.
-        heads = head_reader(probe_python(ray_program())) if installed_ray_version() else None
+        tokens = ray_tokens(settings)
+        heads = (
+            head_reader(probe_python(ray_program()), tokens) if installed_ray_version() else None
+        )
         controller = RayController(allocator, installed=settings.ray_version, heads=heads)
     elif installed_ray_version() is None:
         controller = RayController(allocator, refuse=NO_RAY)
@@ -66,7 +76,9 @@ def register_for_service(
     """Add the ``ray`` loop: the local backend's round, or on Kubernetes the controller's
     step followed by ``KubeRay.sync`` and the jobs' step (whose drivers need the head)."""
     if settings.inventory == "kubernetes":
-        kube = KubeRay(cluster_client(), controller, isolation, image=settings.ray_image)
+        kube = KubeRay(
+            cluster_client(), controller, isolation, ray_tokens(settings), image=settings.ray_image
+        )
 
         def kube_round() -> None:
             controller.step()

@@ -260,6 +260,7 @@ def _run(
         service_controller=service_controller,
         ray_controller=ray_controller,
         ray_job_controller=ray_jobs,
+        ray_tokens=ray_service.ray_tokens(settings) if settings.inventory == "kubernetes" else None,
     )
     # Pre-started environments (off unless given a budget): the API answers with their plan
     # and a spawn adopts one; a request that queues wakes their loop at once.
@@ -363,7 +364,7 @@ def settings_report(*models: Settings | alerting.AlertingSettings) -> dict[str, 
     for model in models:
         for name in sorted(model.model_fields_set):
             value = getattr(model, name)
-            hidden = any(m in name for m in _MASKED) or name.endswith("_token")
+            hidden = any(m in name for m in _MASKED) or name.endswith(("_token", "_key"))
             shown = "(set)" if hidden else _plain(value)
             report[f"{ENV_PREFIX}{name.upper()}"] = shown
     return dict(sorted(report.items()))

@@ -552,6 +552,11 @@ def test_agent_runs_on_gpu_nodes_through_the_nvidia_runtime_without_a_gpu(helm: 
             '"short"',
             "at '/tokens/dashboardsCookieSecret': 'short' does not match pattern",
         ),
+        (
+            "tokens.rayTokenKey",
+            '"short"',
+            "at '/tokens/rayTokenKey': 'short' does not match pattern",
+        ),
         ("prometheusSource.enabled", "true", "at '/prometheusSource/url': minLength"),
     ],
 )
@@ -624,3 +629,18 @@ def test_z2jh_values_configure_the_spawner_services_and_the_hub_roles(helm: Helm
     ):
         service: Manifest = named(objects, "Service", service_name)
         assert url == f"http://{service_name}:{service['spec']['ports'][0]['port']}"
+
+
+def test_the_ray_token_key_is_in_the_tokens_secret_and_reaches_the_portal(helm: Helm) -> None:
+    key = "k" * 40
+    given = helm.render(sets={"tokens.portal": '"p"', "tokens.rayTokenKey": json.dumps(key)})
+    secret = named(given, "Secret", "gpuportal-tokens")
+    assert secret["stringData"]["ray-token-key"] == key
+    portal = named(given, "Deployment", "gpuportal")["spec"]["template"]
+    assert env_of(portal, "portal")["GPUPORTAL_RAY_TOKEN_KEY"] == {
+        "secretKeyRef": {"name": "gpuportal-tokens", "key": "ray-token-key", "optional": True}
+    }
+    # Not given: one generated (no release to keep it from under `helm template`).
+    generated = helm.render(sets={"tokens.portal": '"p"'})
+    made = named(generated, "Secret", "gpuportal-tokens")["stringData"]["ray-token-key"]
+    assert len(made) == 64

@@ -248,6 +248,7 @@ def test_the_install_guide_ends_with_a_notebook_on_a_gpu(
                 "agent": tokens["agent"],
                 "dashboards": tokens["dashboards"],
                 "dashboards-cookie-secret": secrets.token_hex(32),
+                "ray-token-key": secrets.token_hex(32),
             },
         },
     )

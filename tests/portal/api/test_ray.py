@@ -14,11 +14,14 @@ from fastapi.testclient import TestClient
 from policies.flavors import FlavorKind
 from policies.requests import DeviceRequest, WorkloadRequest
 from portal.allocator import Allocator
+from portal.api import create_app
+from portal.api.auth import StaticAuthenticator
 from portal.ray.controller import RayController
 from portal.ray.spec import installed_ray_version
+from portal.ray.tokens import RayTokens
 from portal.store import ray as stored
 from portal.store.records import WorkloadState
-from tests.portal.api.conftest import auth
+from tests.portal.api.conftest import TOKENS, auth, member_of, user
 from tests.portal.api.test_jobs import with_
 
 
@@ -165,6 +168,7 @@ def test_another_tenant_cannot_list_read_scale_or_delete(
         ("GET", "/api/v1/ray/costs?tenant=team-a", None),
         ("GET", f"/api/v1/ray/{cid}", None),
         ("GET", f"/api/v1/ray/{cid}/cost", None),
+        ("GET", f"/api/v1/ray/{cid}/token", None),
         ("PATCH", f"/api/v1/ray/{cid}", {"workers": 3}),
         ("DELETE", f"/api/v1/ray/{cid}", None),
     ]:
@@ -178,6 +182,35 @@ def test_another_tenant_cannot_list_read_scale_or_delete(
     assert len(allocator.workloads("team-a")) == 1
     r = client.post("/api/v1/ray", json=ray_body(), headers=auth("bob"))
     assert r.status_code == 403, r.text
+
+
+def test_the_token_goes_to_the_owner_and_the_tenants_admins_only(allocator: Allocator) -> None:
+    keys = RayTokens("a key of the Ray token tests, 32 characters or more")
+    callers = {**TOKENS, "carl": user("carl", {"team-a"}, *member_of("team-a"))}
+    app = create_app(allocator, StaticAuthenticator(callers), ray_tokens=keys)
+    with TestClient(app) as http:
+        cid = http.post("/api/v1/ray", json=ray_body(), headers=auth("alice")).json()["id"]
+        other = http.post("/api/v1/ray", json=ray_body(workers=0), headers=auth("alice"))
+        # The owner, the tenant's admin (anna) and a platform admin get the same token,
+        # the one the cluster's Secret holds; another cluster's is another.
+        for who in ("alice", "anna", "root"):
+            r = http.get(f"/api/v1/ray/{cid}/token", headers=auth(who))
+            assert r.status_code == 200, (who, r.text)
+            assert r.json() == {"cluster_id": cid, "auth_mode": "token", "token": keys.token(cid)}
+        assert keys.token(cid) != keys.token(other.json()["id"])
+        # Another member of the tenant may read the cluster but not take its token.
+        assert http.get(f"/api/v1/ray/{cid}", headers=auth("carl")).status_code == 200
+        r = http.get(f"/api/v1/ray/{cid}/token", headers=auth("carl"))
+        assert (r.status_code, r.json()["code"]) == (403, "forbidden"), r.text
+        assert "only its owner (alice)" in r.json()["message"], r.text
+        r = http.get(f"/api/v1/ray/{'0' * 32}/token", headers=auth("alice"))
+        assert r.status_code == 404, r.text
+
+
+def test_heads_without_authentication_have_no_token(client: TestClient) -> None:
+    cid = client.post("/api/v1/ray", json=ray_body(), headers=auth("alice")).json()["id"]
+    r = client.get(f"/api/v1/ray/{cid}/token", headers=auth("alice"))
+    assert r.json() == {"cluster_id": cid, "auth_mode": "none", "token": None}, r.text
 
 
 def test_growth_the_limit_can_never_give_is_refused_and_the_count_kept(

@@ -93,6 +93,7 @@ def client_operations() -> list[core.Op[object]]:
         ray.listed(1, None),
         ray.scale("r", 1),
         ray.cost("r"),
+        ray.token("r"),
         ray.costs(1, None, None),
         ray.resume("r"),
         ray.delete("r"),

@@ -9,6 +9,7 @@ step, sync, binder pass), so every step happens in the order it reads.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +38,7 @@ from portal.ray.jobspec import RayJobSpec
 from portal.ray.kube import KubeRay
 from portal.ray.kubedrivers import KubeDrivers
 from portal.ray.spec import RaySpec
+from portal.ray.tokens import RayTokens
 from portal.store.records import WorkloadState
 from portal.store.writer import Store
 from tests.portal.api.conftest import auth, member_of, user
@@ -62,6 +64,7 @@ TEAM_B = TenantSpec(
 )
 NS_A = SETTINGS.namespace(TEAM_A.name)
 H100 = DeviceRequest(kind=FlavorKind.GPU, count=1, models=frozenset({"H100-80GB"}))
+RAY_TOKENS = RayTokens("the portal's key in the Kubernetes Ray tests (32+ characters)")
 TOKENS = {
     "alice": user("alice", {TEAM_A.name}, *member_of(TEAM_A.name)),
     "bob": user("bob", {TEAM_B.name}, *member_of(TEAM_B.name)),
@@ -134,7 +137,7 @@ class Rig:
         self.alloc = alloc
         self.namespace = namespace
         self.ray = ray or RayController(alloc, installed=RAY)
-        self.kube = KubeRay(api, self.ray, SETTINGS, image=IMAGE)
+        self.kube = KubeRay(api, self.ray, SETTINGS, RAY_TOKENS, image=IMAGE)
         self.jobs = RayJobs(self.ray, drivers=KubeDrivers(api, SETTINGS, image=IMAGE))
         self.batch = client.BatchV1Api(api)
         self.binder = Binder(api, alloc, SETTINGS)
@@ -259,7 +262,10 @@ def test_the_gang_binds_only_when_head_and_every_worker_fit(rig: Rig) -> None:
     env = {e.name: e for e in running[0].spec.containers[0].env}
     assert env["RAY_AUTH_MODE"].value == "token"
     assert env["RAY_AUTH_TOKEN"].value_from.secret_key_ref.name == ko.token_secret_name(cid)
-    assert rig.core.read_namespaced_secret(ko.token_secret_name(cid), NS_A).data[ko.TOKEN_KEY]
+    # The Secret holds the token derived from the portal's key, which the portal can
+    # re-derive without reading the Secret back.
+    secret = rig.core.read_namespaced_secret(ko.token_secret_name(cid), NS_A)
+    assert base64.b64decode(secret.data[ko.TOKEN_KEY]).decode() == RAY_TOKENS.token(cid)
 
 
 def test_growing_from_2_to_4_is_a_slice_of_its_own_gated_by_quota(rig: Rig) -> None:
@@ -311,7 +317,9 @@ def test_growing_from_2_to_4_is_a_slice_of_its_own_gated_by_quota(rig: Rig) -> N
 def test_another_tenant_cannot_list_scale_submit_to_or_delete_a_kube_cluster(
     rig: Rig,
 ) -> None:
-    app = create_app(rig.alloc, StaticAuthenticator(TOKENS), ray_controller=rig.ray)
+    app = create_app(
+        rig.alloc, StaticAuthenticator(TOKENS), ray_controller=rig.ray, ray_tokens=RAY_TOKENS
+    )
     body = {
         "tenant": TEAM_A.name,
         "name": "rl",
@@ -335,10 +343,14 @@ def test_another_tenant_cannot_list_scale_submit_to_or_delete_a_kube_cluster(
             ("PATCH", f"/api/v1/ray/{cid}", {"workers": 2}),
             ("POST", f"/api/v1/ray/{cid}/jobs", {"entrypoint": "python -c 1"}),
             ("GET", f"/api/v1/ray/{cid}/jobs", None),
+            ("GET", f"/api/v1/ray/{cid}/token", None),
             ("DELETE", f"/api/v1/ray/{cid}", None),
         ]:
             r = http.request(method, path, json=payload, headers=auth("bob"))
             assert r.status_code == 403, (method, path, r.text)
+        # The owner gets the token the cluster's nodes hold.
+        r = http.get(f"/api/v1/ray/{cid}/token", headers=auth("alice"))
+        assert r.json()["token"] == RAY_TOKENS.token(cid), r.text
         rig.step()
         assert rig.raycluster(cid)["spec"]["workerGroupSpecs"][0]["replicas"] == 1
         assert len(rig.pods(cid)) == 2

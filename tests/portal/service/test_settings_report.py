@@ -22,12 +22,14 @@ def test_given_settings_are_reported_by_variable_with_credentials_masked(
     monkeypatch.setenv("GPUPORTAL_CULL_IDLE_GPU_SERVERS", "1")
     monkeypatch.setenv("GPUPORTAL_ALERTS_WEBHOOK_URL", "https://hooks.example.org/T0/secret")
     monkeypatch.setenv("GPUPORTAL_DATABASE_URL", "postgresql+psycopg://u:pw@db/gpuportal")
+    monkeypatch.setenv("GPUPORTAL_RAY_TOKEN_KEY", "k" * 40)
     report = settings_report(load_settings(tick_interval_s=0.5), AlertingSettings())
     assert report == {
         "GPUPORTAL_ALERTS_INTERVAL_S": "15",
         "GPUPORTAL_ALERTS_WEBHOOK_URL": "(set)",
         "GPUPORTAL_CULL_IDLE_GPU_SERVERS": "true",  # the value in effect, not the text given
         "GPUPORTAL_DATABASE_URL": "(set)",
+        "GPUPORTAL_RAY_TOKEN_KEY": "(set)",
         "GPUPORTAL_SIMULATED_SAMPLES": "false",
         "GPUPORTAL_TICK_INTERVAL_S": "0.5",  # a flag counts as given
     }
