@@ -42,6 +42,7 @@ from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kuberay import KubeRayOperator
+from tests.support.ray_guard import nodes_end_with_tests
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -94,23 +95,25 @@ def outcome(backend: LocalRay, key: str, start: int) -> Callable[[], str | None]
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     if installed_ray_version() != RAY:
         pytest.skip(f"ray {RAY} is not installed")
-    backend = LocalRay(tmp_path_factory.mktemp("ray-head"))
-    key = head_key("kubeidle")
-    start = 0
-    try:
-        # ``ray start`` gives its node 30 s to register and fails past that on a loaded host:
-        # a failed start is started again (as the local backend does with a head that ended).
-        for start in (1, 2, 3):
-            address = backend.start_head("kubeidle", start, 1)
-            if eventually(outcome(backend, key, start), "the head up or ended", 120) == "up":
-                break
-        else:
-            pytest.fail("the Ray head did not start in 3 tries", pytrace=False)
-        yield Head(address)
-    finally:
-        for n in range(1, start + 1):
-            backend.runner.stop(key, n, 0.0)
-        backend.remove_session("kubeidle")
+    state = tmp_path_factory.mktemp("ray-head")
+    with nodes_end_with_tests(state):
+        backend = LocalRay(state)
+        key = head_key("kubeidle")
+        start = 0
+        try:
+            # ``ray start`` gives its node 30 s to register and fails past that on a loaded host:
+            # a failed start is started again (as the local backend does with a head that ended).
+            for start in (1, 2, 3):
+                address = backend.start_head("kubeidle", start, 1)
+                if eventually(outcome(backend, key, start), "the head up or ended", 120) == "up":
+                    break
+            else:
+                pytest.fail("the Ray head did not start in 3 tries", pytrace=False)
+            yield Head(address)
+        finally:
+            for n in range(1, start + 1):
+                backend.runner.stop(key, n, 0.0)
+            backend.remove_session("kubeidle")
 
 
 @pytest.fixture(scope="module")
