@@ -89,7 +89,7 @@ KEY = StringRule(
 
 GENERATED_ID = StringRule(r"^[0-9a-f]{32}$", 32, "32 lowercase hex digits", min_length=32)
 """Ids the portal makes (``uuid4().hex``): a path segment of this shape can never be one of the
-fixed segments beside it (``/ray/jobs``, ``/ray/costs``)."""
+fixed segments beside it (``/ray/jobs``, ``/ray/costs``, ``/services/cache``)."""
 
 TEXT = StringRule(
     r"^[^\u0000-\u001f\u007f-\u009f\ud800-\udfff]+$",

@@ -35,7 +35,7 @@ from portal.api import convert
 from portal.api.auth import Caller, Scope
 from portal.api.deps import Paging, allocator, listed_tenants, paging, requires
 from portal.api.errors import ERROR_RESPONSES, Responses
-from portal.api.inputs import KEY, Label, StringRule, bounded
+from portal.api.inputs import GENERATED_ID, KEY, Label, StringRule, bounded
 from portal.api.jobs import ARG, ENV_NAME, ENV_VALUE
 from portal.api.schemas import DevicesIn, ErrorBody, InModel, Model, Page, WorkloadOut
 from portal.api.workloads import charge
@@ -49,7 +49,10 @@ from portal.store.records import EventRecord, ReplicaRecord
 
 router = APIRouter(prefix="/services", tags=["services"], responses=ERROR_RESPONSES)
 
-ServiceId = Annotated[Annotated[str, bounded(KEY, 64)], Path(description="The service's id.")]
+# The ids the portal makes: ``/services/cache`` can never be read as a service's.
+ServiceId = Annotated[
+    Annotated[str, GENERATED_ID], Path(description="The service's id (as its deploy answered).")
+]
 _404: Responses = {404: {"model": ErrorBody, "description": "no such service or tenant"}}
 MAX_LOG_BYTES = 1 << 20
 NAME = StringRule(

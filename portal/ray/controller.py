@@ -20,7 +20,8 @@ position and reason, fairness, cost and alerts apply to Ray clusters unchanged:
    seconds; the local backend's heads, or an outside backend's through ``heads``); once
    every node has been idle for ``idle_s``, every slice is released and the workers stopped,
    keeping the head (state ``idle``), or with ``idle_suspend`` the head too (``suspended``).
-   ``resume`` asks for the previous size again through admission.
+   ``resume`` asks for the previous size again through admission. Growth on demand
+   (``autoscale``) acts on the same read; both are ``portal.ray.idleround``.
 5. **delete**: every node is stopped and every slice released at once.
 
 Every change is committed through the store (``ChangeSet.ray_clusters``/``ray_slices``)
@@ -39,28 +40,21 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from policies.errors import Conflict, InvalidRequest, NotFound, PortalError, Unavailable
-from policies.ray import (
-    RayState,
-    SliceFacts,
-    SliceState,
-    check_bounds,
-    is_idle,
-    plan_scale,
-    workers_for_demand,
-)
+from policies.ray import RayState, SliceFacts, SliceState, check_bounds, plan_scale
 from policies.requests import WorkloadKind, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.jobs.launch import visible_devices
 from portal.jobs.spec import ClusterFacts
-from portal.ray.idle import IDLE_CHECK_S, Due, HeadRead, HeadReads, IdleReads
+from portal.ray.idle import IDLE_CHECK_S, HeadReads, IdleReads
+from portal.ray.idleround import IdleRound
 from portal.ray.local import LocalRay, head_key, worker_key
 from portal.ray.nodes import RayNodes
 from portal.ray.spec import (
     RaySpec,
     _worker_field,
-    candidate_flavors,
     check_tenant_flavors,
     check_version,
+    cluster_spec,
     fits_cluster,
     installed_ray_version,
 )
@@ -120,7 +114,9 @@ class RayController:
         # How heads are read: the local backend's, or an outside backend's (``portal.ray.kube``
         # reads its heads through their Services); without one, nothing is read.
         read = heads or (backend.read_heads if backend is not None else None)
-        self._idle = IdleReads(read, idle_check_s) if read is not None else None
+        self._idle = (
+            IdleRound(IdleReads(read, idle_check_s), alloc, self) if read is not None else None
+        )
         # Workers joined, as an outside backend (``portal.ray.kube``) last observed them.
         self._observed: dict[str, int] = {}
 
@@ -211,7 +207,7 @@ class RayController:
             cluster = self.get(cluster_id)
             if cluster.state.terminal:
                 raise InvalidRequest("state", cluster.state.value, "a cluster not stopped")
-            spec = self._spec(cluster)
+            spec = cluster_spec(cluster)
             check_bounds("workers", workers, spec.min_workers, spec.max_workers)
             before = spec.workers
             new = self._versioned(
@@ -267,7 +263,7 @@ class RayController:
                     f"Ray cluster {cluster_id} is {cluster.state.value}: only an idle or "
                     "suspended cluster can be resumed"
                 )
-            spec = self._spec(cluster)
+            spec = cluster_spec(cluster)
             numbers = [s.number for s in stored.slices(self._alloc.store, cluster_id)]
             first = max(numbers, default=0) + 1
             sizes = [n for n in (spec.min_workers, spec.workers - spec.min_workers) if n]
@@ -328,67 +324,11 @@ class RayController:
                     log.warning("Ray cluster %s: %s", cluster.id, exc.message)
             if self._idle is not None:
                 # Read again: this round's reconcile may have moved some clusters on.
-                self._idle_round(stored.clusters(self._alloc.store, active=True))
+                self._idle.run(stored.clusters(self._alloc.store, active=True))
             if self._nodes is not None:
                 self._nodes.clean_sessions()
 
     # ---------------------------------------------------------------- idleness
-
-    def _idle_round(self, active: list[RayClusterRecord]) -> None:
-        """Act on the last read: release the clusters found idle, grow the autoscaled ones
-        with unmet GPU demand; start the next read when due."""
-        assert self._idle is not None
-        read = self._idle.take()
-        for cluster in active:
-            got = read.get(cluster.id)
-            if got is None or got[1] is None:
-                continue
-            now = self.get(cluster.id)
-            spec = self._spec(now)
-            # A change since the read (a scale, a node replaced, a worker joined) makes it
-            # stale.
-            if now.version != got[0] or now.state is not RayState.RUNNING:
-                continue
-            if spec.idle_s is not None and is_idle(got[1].idle_ms, spec.idle_s):
-                self.release_idle(now.id, min(got[1].idle_ms) / 1000.0)
-            elif spec.autoscale and got[1].gpu_demand:
-                self._grow_on_demand(now, spec, got[1])
-        self._idle.start_if_due(
-            [
-                Due(c.id, c.version, c.address)
-                for c in active
-                if c.state is RayState.RUNNING
-                and c.address
-                and (self._spec(c).idle_s is not None or self._spec(c).autoscale)
-            ]
-        )
-
-    def _grow_on_demand(self, cluster: RayClusterRecord, spec: RaySpec, read: HeadRead) -> None:
-        """Ask for the workers Ray's unmet GPU demand needs, as ``scale`` would: one new
-        slice, bounded by ``max_workers`` and by what the tenant's limit could ever give.
-        Nothing while an increase already waits (the demand read is the one it answers)."""
-        live = stored.slices(self._alloc.store, cluster.id)
-        if any(s.state is SliceState.QUEUED for s in live):
-            return
-        facts = self._alloc.read(ClusterFacts.of)
-        flavors = set(candidate_flavors(spec.devices, facts.models))
-        limit = max(
-            (q.limit for q in self._alloc.quotas(cluster.tenant) if q.flavor in flavors),
-            default=0,
-        )
-        room = min(spec.max_workers - spec.workers, limit // max(1, spec.devices.amount()))
-        more = workers_for_demand(read.gpu_demand, spec.gpus_per_worker, room)
-        if more <= 0:
-            return
-        pending = sum(n for _, n in read.gpu_demand)
-        try:
-            self.scale(
-                cluster.id,
-                spec.workers + more,
-                why=f"autoscaler: {pending} GPU requests pending, ",
-            )
-        except PortalError as exc:
-            log.warning("Ray cluster %s: growth refused: %s", cluster.id, exc.message)
 
     def release_idle(self, cluster_id: str, idle_s: float) -> RayView:
         """Give a cluster idle for ``idle_s`` seconds back: stop its workers and release
@@ -408,7 +348,7 @@ class RayController:
             return self.view(cluster_id)
 
     def _release_idle(self, cluster: RayClusterRecord, idle_s: float) -> None:
-        suspend = self._spec(cluster).idle_suspend
+        suspend = cluster_spec(cluster).idle_suspend
         if self._nodes is not None:
             self._nodes.stop_cluster(cluster.id, keep_head=not suspend)
         released = [
@@ -422,7 +362,7 @@ class RayController:
             state=RayState.SUSPENDED if suspend else RayState.IDLE,
             address=None if suspend else cluster.address,
             message=f"idle for {idle_s:.0f} s: {what}; resume brings back "
-            f"{self._spec(cluster).workers} workers",
+            f"{cluster_spec(cluster).workers} workers",
         )
         self._commit([new], released, f"ray.{new.state.value}", new, new.message)
         self._observed.pop(cluster.id, None)  # an outside backend's workers go with the slices
@@ -435,7 +375,7 @@ class RayController:
         """Bring the slices in line with the allocator and the wanted count: record slices
         placed or ended outside, release the slices a decrease gives back, request one for
         an increase."""
-        spec = self._spec(cluster)
+        spec = cluster_spec(cluster)
         changed: list[RaySliceRecord] = []
         live: list[RaySliceRecord] = []
         for s in stored.slices(self._alloc.store, cluster.id):
@@ -503,7 +443,7 @@ class RayController:
         placed worker; and say where the cluster stands."""
         nodes = self._nodes
         assert nodes is not None
-        spec = self._spec(cluster)
+        spec = cluster_spec(cluster)
         slices = [
             s
             for s in stored.slices(self._alloc.store, cluster.id)
@@ -593,10 +533,6 @@ class RayController:
             return self._alloc.status(workload_id)
         except NotFound:
             return None
-
-    @staticmethod
-    def _spec(cluster: RayClusterRecord) -> RaySpec:
-        return RaySpec.from_dict(cluster.tenant, cluster.owner, cluster.name, cluster.spec)
 
     def _versioned(self, cluster: RayClusterRecord, **changes: object) -> RayClusterRecord:
         return replace(cluster, updated_at=self.now, version=cluster.version + 1, **changes)  # type: ignore[arg-type]

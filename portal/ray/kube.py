@@ -50,7 +50,7 @@ from portal.kube.views import PodView, pod_view
 from portal.ray import idle
 from portal.ray import kubeobjects as ko
 from portal.ray.controller import RayController, RayView
-from portal.ray.spec import RaySpec
+from portal.ray.spec import cluster_spec
 from portal.ray.tokens import RayTokens
 from portal.store.records import WorkloadState
 
@@ -123,7 +123,7 @@ class KubeRay:
 
     def _sync_one(self, view: RayView) -> None:
         cluster = view.cluster
-        spec = RaySpec.from_dict(cluster.tenant, cluster.owner, cluster.name, cluster.spec)
+        spec = cluster_spec(cluster)
         namespace = self._settings.namespace(cluster.tenant)
         name = ko.cluster_name(cluster.id)
         live = [s for s in view.slices if s.slice.state is not SliceState.RELEASED]

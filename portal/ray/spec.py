@@ -20,6 +20,7 @@ from policies.ray import check_bounds
 from policies.requests import MAX_GANG_SIZE, MAX_PRIORITY, DeviceRequest
 from portal.allocator import codec
 from portal.jobs.spec import ClusterFacts, api_field
+from portal.store.records import RayClusterRecord
 
 MAX_CPUS = 256
 MAX_IDLE_S = 7 * 86_400.0
@@ -184,3 +185,8 @@ def fits_cluster(spec: RaySpec, facts: ClusterFacts) -> None:
             f"at most {most // per} workers of {per} x {flavors[0]}: the whole cluster holds "
             f"{most}",
         )
+
+
+def cluster_spec(cluster: RayClusterRecord) -> RaySpec:
+    """The spec a recorded cluster holds now (``workers`` its current count)."""
+    return RaySpec.from_dict(cluster.tenant, cluster.owner, cluster.name, cluster.spec)

@@ -5,6 +5,8 @@ or touch each other's services."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -68,6 +70,41 @@ def test_bad_input_is_a_422_naming_the_field_and_creates_nothing(
     assert stored.services(allocator.store) == []
     assert allocator.workloads() == []
     assert not [e for e in allocator.store.events() if e.kind.startswith(("service.", "workload."))]
+
+
+def test_no_service_id_can_be_cache_so_the_cache_listing_is_never_shadowed(
+    client: TestClient, allocator: Allocator
+) -> None:
+    """Service ids are the 32 lowercase hex digits the portal makes: ``/services/cache`` is
+    the weight cache's listing, and a segment of any other shape is a 422 naming the id,
+    which changes nothing (a service named ``cache`` keeps an id of that shape)."""
+    body = with_(service_body(), "name", "cache")
+    made = client.post("/api/v1/services", json=body, headers=auth("alice")).json()
+    assert re.fullmatch(r"[0-9a-f]{32}", made["id"]), made
+    r = client.get("/api/v1/services/cache", headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    assert r.json()["items"] == []  # no backend here keeps a weight cache
+    before = stored.services(allocator.store)
+    for method, path in [
+        ("PATCH", "cache"),
+        ("DELETE", "cache"),
+        ("GET", "cache/replicas"),
+        ("GET", "CACHE"),
+        ("GET", made["id"].upper()),
+        ("DELETE", made["id"] + "0"),
+        ("DELETE", made["id"][:-1]),
+    ]:
+        r = client.request(
+            method,
+            f"/api/v1/services/{path}",
+            json={"replicas": {"min": 0, "max": 1}} if method == "PATCH" else None,
+            headers=auth("alice"),
+        )
+        assert (r.status_code, r.json()["field"]) == (422, "service_id"), (method, path, r.text)
+        assert "32 lowercase hex digits" in r.json()["valid"], r.json()
+    assert stored.services(allocator.store) == before
+    r = client.get(f"/api/v1/services/{made['id']}", headers=auth("alice"))
+    assert (r.status_code, r.json()["name"]) == (200, "cache")
 
 
 def test_a_name_is_unique_in_the_tenant(client: TestClient, allocator: Allocator) -> None:

@@ -45,6 +45,7 @@ from portal.store.records import WorkloadState
 from portal.store.writer import Store
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kwok_stages import RUN_FOR
 from tests.support.waiting import eventually
 
@@ -109,24 +110,19 @@ def cluster(k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1A
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_pods_left(
-    cluster: list[Any], core: client.CoreV1Api, batch: client.BatchV1Api
+def no_tenants_left(
+    cluster: list[Any], api: client.ApiClient, batch: client.BatchV1Api
 ) -> Iterator[None]:
-    """Other modules reconcile their own tenants, which refuses to delete namespaces that
-    still have pods: leave none (pods of a deleted node would wait for the pod GC)."""
+    """Leave neither pods (pods of a deleted node would wait for the pod GC) nor the
+    tenants' namespaces: later modules reconcile their own tenants."""
     yield
-    for tenant in (TEAM_A, TEAM_B):
-        namespace = SETTINGS.namespace(tenant.name)
+    namespaces = [SETTINGS.namespace(t.name) for t in (TEAM_A, TEAM_B)]
+    for namespace in namespaces:  # Jobs first, or their controller recreates the pods
         for job in batch.list_namespaced_job(namespace).items:
             batch.delete_namespaced_job(
                 job.metadata.name, namespace, propagation_policy="Background"
             )
-        for pod in core.list_namespaced_pod(namespace).items:
-            core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-        eventually(
-            lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
-            f"no pods left in {namespace}",
-        )
+    delete_tenant_namespaces(api, SETTINGS, namespaces)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from portal.store.writer import Store
 from spawner.pod import PodPlacement, PodSettings, place_pod
 from tests.support import gpu_nodes
 from tests.support.k8s import POD_CIDR, K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -66,9 +67,12 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
 
 
 @pytest.fixture(scope="module")
-def cluster(k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api) -> list[Any]:
+def cluster(
+    k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api
+) -> Iterator[list[Any]]:
     """Two tenants reconciled, two kwok H100 nodes and an A100 node split into MIG instances
-    (mixed strategy); the inventory as the allocator sees it."""
+    (mixed strategy); the inventory as the allocator sees it. At the end the tenants' pods
+    and namespaces are deleted (later modules reconcile their own tenants)."""
     reconcile([VISION, AUDIT], SETTINGS, api)
     for tenant in (VISION, AUDIT):
         namespace = SETTINGS.namespace(tenant.name)
@@ -91,7 +95,8 @@ def cluster(k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1A
         )
         for name in (*NODES, MIG_NODE)
     ]
-    return [to_node(api.sanitize_for_serialization(n)) for n in ready]
+    yield [to_node(api.sanitize_for_serialization(n)) for n in ready]
+    delete_tenant_namespaces(api, SETTINGS, [SETTINGS.namespace(t.name) for t in (VISION, AUDIT)])
 
 
 @pytest.fixture

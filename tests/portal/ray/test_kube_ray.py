@@ -10,7 +10,6 @@ step, sync, binder pass), so every step happens in the order it reads.
 from __future__ import annotations
 
 import base64
-import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +17,6 @@ from typing import Any, TypeVar
 import pytest
 from fastapi.testclient import TestClient
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings, TenantSpec
@@ -44,6 +42,7 @@ from portal.store.writer import Store
 from tests.portal.api.conftest import auth, member_of, user
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kuberay import KubeRayOperator
 from tests.support.kwok_stages import EXIT_CODE, RUN_FOR
 from tests.support.waiting import eventually
@@ -90,8 +89,8 @@ def nodes(
     core: client.CoreV1Api,
 ) -> Iterator[list[Any]]:
     """Two tenants reconciled and one kwok node of 8 H100s, as the allocator sees it. At the
-    end no RayCluster or pod is left (other modules reconcile their own tenants, which
-    refuses to delete namespaces that still hold pods)."""
+    end no RayCluster, pod or tenant namespace is left (other modules reconcile their own
+    tenants)."""
     reconcile([TEAM_A, TEAM_B], SETTINGS, api)
     k8s_cluster.add_gpu_node(gpu_nodes.h100_nvswitch_node(NODE, rack="rack-kr"))
     ready = eventually(
@@ -101,8 +100,8 @@ def nodes(
     yield [to_node(api.sanitize_for_serialization(ready))]
     custom = client.CustomObjectsApi(api)
     batch = client.BatchV1Api(api)
-    for tenant in (TEAM_A, TEAM_B):
-        namespace = SETTINGS.namespace(tenant.name)
+    namespaces = [SETTINGS.namespace(t.name) for t in (TEAM_A, TEAM_B)]
+    for namespace in namespaces:
         for job in batch.list_namespaced_job(namespace).items:  # Ray job drivers
             batch.delete_namespaced_job(
                 job.metadata.name, namespace, propagation_policy="Background"
@@ -114,13 +113,7 @@ def nodes(
             custom.delete_namespaced_custom_object(
                 ko.GROUP, ko.VERSION, namespace, ko.PLURAL, item["metadata"]["name"]
             )
-        for pod in core.list_namespaced_pod(namespace).items:
-            with contextlib.suppress(ApiException):  # gone with its RayCluster meanwhile
-                core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-        eventually(
-            lambda ns=namespace: True if not core.list_namespaced_pod(ns).items else None,
-            f"no pods left in {namespace}",
-        )
+    delete_tenant_namespaces(api, SETTINGS, namespaces)
 
 
 class Rig:

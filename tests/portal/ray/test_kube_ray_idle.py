@@ -50,6 +50,7 @@ from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_tenants import delete_tenant_namespaces
 from tests.support.kuberay import KubeRayOperator
+from tests.support.ray_guard import nodes_end_with_tests
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -161,11 +162,13 @@ def outcome(backend: LocalRay, key: str, start: int) -> Callable[[], str | None]
 def heads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Heads]:
     if installed_ray_version() != RAY:
         pytest.skip(f"ray {RAY} is not installed")
-    found = Heads(tmp_path_factory.mktemp("ray-heads"))
-    try:
-        yield found
-    finally:
-        found.stop_all()
+    root = tmp_path_factory.mktemp("ray-heads")
+    with nodes_end_with_tests(root):
+        found = Heads(root)
+        try:
+            yield found
+        finally:
+            found.stop_all()
 
 
 def secret_token(rig: Rig, cid: str) -> str:

@@ -32,6 +32,7 @@ from portal.ray.local import LocalRay, worker_key
 from portal.ray.spec import RaySpec, installed_ray_version
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import hgx
+from tests.support.ray_guard import nodes_end_with_tests
 
 pytestmark = pytest.mark.slow
 
@@ -66,14 +67,15 @@ def rig(tmp_path: Path) -> Iterator[tuple[Allocator, RayController, LocalRay]]:
     alloc.start([hgx("n1")])
     alloc.set_tenant("team-a")
     alloc.set_quota("team-a", H100, guaranteed=2, limit=2)
-    backend = LocalRay(tmp_path / "ray")
-    rays = RayController(alloc, backend=backend)
-    rays.start()
-    yield alloc, rays, backend
-    for c in rays.clusters():
-        rays.delete(c.cluster.id)
-    for key, start in backend.adopt():  # whatever a failed step left running
-        backend.runner.stop(key, start, 0.0)
+    with nodes_end_with_tests(tmp_path / "ray"):
+        backend = LocalRay(tmp_path / "ray")
+        rays = RayController(alloc, backend=backend)
+        rays.start()
+        yield alloc, rays, backend
+        for c in rays.clusters():
+            rays.delete(c.cluster.id)
+        for key, start in backend.adopt():  # whatever a failed step left running
+            backend.runner.stop(key, start, 0.0)
     store.close()
 
 

@@ -26,6 +26,7 @@ from portal.ray.local import LocalRay
 from portal.ray.spec import RaySpec, installed_ray_version
 from portal.store.writer import Store
 from tests.portal.allocator.conftest import hgx
+from tests.support.ray_guard import nodes_end_with_tests
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +57,17 @@ def rig(tmp_path: Path) -> Iterator[tuple[Allocator, RayController, RayJobs]]:
     alloc.start([hgx("n1")])
     alloc.set_tenant("team-a")
     alloc.set_quota("team-a", H100, guaranteed=1, limit=1)
-    backend = LocalRay(tmp_path / "ray")
-    rays = RayController(alloc, backend=backend)
-    rays.start()
-    drivers = LocalDrivers(tmp_path / "ray-jobs")
-    yield alloc, rays, RayJobs(rays, drivers=drivers)
-    for c in rays.clusters():
-        rays.delete(c.cluster.id)
-    for runner in (backend.runner, drivers.runner):  # whatever a failed step left running
-        for key, start in runner.adopt():
-            runner.stop(key, start, 0.0)
+    with nodes_end_with_tests(tmp_path / "ray", tmp_path / "ray-jobs"):
+        backend = LocalRay(tmp_path / "ray")
+        rays = RayController(alloc, backend=backend)
+        rays.start()
+        drivers = LocalDrivers(tmp_path / "ray-jobs")
+        yield alloc, rays, RayJobs(rays, drivers=drivers)
+        for c in rays.clusters():
+            rays.delete(c.cluster.id)
+        for runner in (backend.runner, drivers.runner):  # whatever a failed step left running
+            for key, start in runner.adopt():
+                runner.stop(key, start, 0.0)
     store.close()
 
 

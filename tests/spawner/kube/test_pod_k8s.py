@@ -16,6 +16,7 @@ from portal.kube.binder import Binder
 from portal.kube.views import AllocationSource
 from spawner.pod import DraSettings, PodPlacement, PodSettings, place_pod, resource_claim
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_tenants import delete_tenant_namespaces
 
 pytestmark = pytest.mark.k8s
 
@@ -85,6 +86,8 @@ def api(k8s_cluster: K8sCluster) -> Iterator[client.ApiClient]:
                 if e.status != 409:  # another test module made it first
                     raise
         yield api_client
+        # Later modules reconcile their own tenants.
+        delete_tenant_namespaces(api_client, SETTINGS, [SETTINGS.namespace(TENANT.name)])
 
 
 def notebook_pod() -> dict[str, Any]:
