@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from policies.errors import Conflict
 from policies.isolation import IsolationSettings, TenantSpec
 from policies.services import ModelRef
+from portal.allocator import Allocator
+from portal.api import create_app
+from portal.api.auth import StaticAuthenticator
 from portal.inference import kubeweights as kw
+from portal.inference.controller import ServiceController
+from portal.inference.kube import kube_backend
 from portal.inference.kubecache import KubeWeights
 from portal.inference.weights import Fetched, InUse
 from portal.isolation import reconcile
-from tests.portal.inference.test_weights import T0, Served, http_model
+from portal.store.writer import Store
+from tests.portal.api.conftest import auth, member_of, user
+from tests.portal.inference.test_weights import Served, http_model
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_tenants import delete_tenant_namespaces
@@ -42,8 +50,14 @@ TEAM_A = TenantSpec(name="keteama", gpu_limits={"H100-80GB": 8}, cpu_millis=8000
 TEAM_B = TenantSpec(name="keteamb", gpu_limits={"H100-80GB": 8}, cpu_millis=8000,
                     memory_mib=16384, pods=20)  # fmt: skip
 NS_A = SETTINGS.namespace(TEAM_A.name)
+TOKENS = {
+    "alice": user("alice", {TEAM_A.name}, *member_of(TEAM_A.name)),
+    "bob": user("bob", {TEAM_B.name}, *member_of(TEAM_B.name)),
+}
 CACHE = kw.CacheConfig("/var/lib/gpuportal/weights", "registry.invalid/gpuportal:0", 2_500)
 """Room for two 1000-byte models per tenant on a node, not three."""
+T0 = datetime.now(UTC) + timedelta(hours=1)
+"""The replicas' starts: after the Jobs' real completion times, which also count as uses."""
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +103,7 @@ def ready(cache: KubeWeights, model: ModelRef, in_use: InUse, minute: int) -> Fe
 
 
 def test_a_fetch_that_would_not_fit_evicts_the_least_recently_used_unused_entry_first(
-    api: client.ApiClient, served: Served
+    api: client.ApiClient, served: Served, tmp_path: Path
 ) -> None:
     batch = client.BatchV1Api(api)
     cache = KubeWeights(api, SETTINGS, CACHE)
@@ -136,6 +150,26 @@ def test_a_fetch_that_would_not_fit_evicts_the_least_recently_used_unused_entry_
     assert cache_jobs(batch, kw.EVICT_COMPONENT) == []
     assert len(cache_jobs(batch, kw.FETCH_COMPONENT)) == 2
 
-    # Another tenant sees none of it; its own cap starts empty.
-    assert cache.entries((), tenants=[TEAM_B.name]) == []
-    assert [e.tenant for e in cache.entries((), tenants=[TEAM_A.name])] == [TEAM_A.name] * 2
+    # Through the API: sizes and last use per node and tenant; another tenant sees nothing.
+    with Store(f"sqlite:///{tmp_path / 'portal.db'}") as store:
+        alloc = Allocator(store)
+        alloc.start([])
+        for tenant in (TEAM_A, TEAM_B):
+            alloc.set_tenant(tenant.name)
+        backend = kube_backend(api, SETTINGS, tmp_path, CACHE)
+        controller = ServiceController(alloc, backend=backend)
+        app = create_app(alloc, StaticAuthenticator(TOKENS), service_controller=controller)
+        with TestClient(app) as http:
+            mine = http.get("/api/v1/services/cache", headers=auth("alice"))
+            assert mine.status_code == 200, mine.text
+            rows = {r["digest"]: r for r in mine.json()["items"]}
+            assert sorted(rows) == sorted([m1.digest, m3.digest])
+            assert {(r["node"], r["tenant"], r["size_bytes"]) for r in rows.values()} == {
+                (NODE, TEAM_A.name, 1000)
+            }
+            used = datetime.fromisoformat(rows[m1.digest]["last_used"].replace("Z", "+00:00"))
+            assert used == T0 + timedelta(minutes=3)
+            theirs = http.get("/api/v1/services/cache", headers=auth("bob"))
+            assert theirs.status_code == 200 and theirs.json()["items"] == []
+            other = http.get(f"/api/v1/services/cache?tenant={TEAM_A.name}", headers=auth("bob"))
+            assert other.status_code == 403 and m1.digest not in other.text
