@@ -97,10 +97,13 @@ class KubeWeights:
         key = (namespace, node, model.digest)
         self._ensure_claim(node, tenant)
         fetches, evictions = self._jobs(namespace, node)
-        busy = self._sweep(namespace, fetches, evictions)
+        busy, failed = self._sweep(namespace, fetches, evictions)
         job = fetches.get(model.digest)
         if job is not None and job.state is kw.FetchState.FAILED:
             self._refuse(namespace, name, node, model, job.message)
+        if job is None and failed:
+            # The entry stays; this replica ends with why, the next one decides again.
+            raise Unavailable(f"making room for {model.uri} on node {node}: {failed}")
         if model.digest in busy or (job is None and busy):
             # Being evicted, or evictions on the node not done yet: evict, then fetch.
             with self._lock:
@@ -198,10 +201,12 @@ class KubeWeights:
 
     def _sweep(
         self, namespace: str, fetches: dict[str, kw.FetchJob], evictions: dict[str, kw.FetchJob]
-    ) -> set[str]:
+    ) -> tuple[set[str], str]:
         """Finish the evictions on the node: once an evict Job succeeded its entry's fetch Job
         is deleted (the entry is gone), then the evict Job; one that failed is deleted so a
-        later fetch decides again. The digests whose eviction was still there this round."""
+        later fetch decides again. The digests whose eviction was still there this round, and
+        why one failed ("" if none did)."""
+        failed = ""
         for digest, ev in evictions.items():
             if ev.state is kw.FetchState.RUNNING:
                 continue
@@ -209,8 +214,9 @@ class KubeWeights:
                 self._delete(namespace, fetches[digest].name)
             elif ev.state is kw.FetchState.FAILED:
                 log.warning("weights: eviction %s/%s failed: %s", namespace, ev.name, ev.message)
+                failed = f"the eviction of {digest} failed ({ev.message or 'no reason given'})"
             self._delete(namespace, ev.name)
-        return set(evictions)
+        return set(evictions), failed
 
     def _held(self, namespace: str, fetches: dict[str, kw.FetchJob], in_use: InUse) -> list[Held]:
         """The tenant's entries on the node as the eviction rule counts them: done or still

@@ -15,13 +15,14 @@ import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from policies.errors import Conflict
+from policies.errors import Conflict, Unavailable
 from policies.isolation import IsolationSettings, TenantSpec
 from policies.services import ModelRef
 from portal.allocator import Allocator
@@ -39,6 +40,7 @@ from tests.portal.inference.test_weights import Served, http_model
 from tests.support import gpu_nodes
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_tenants import delete_tenant_namespaces
+from tests.support.kwok_stages import EXIT_CODE
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.k8s
@@ -149,6 +151,25 @@ def test_a_fetch_that_would_not_fit_evicts_the_least_recently_used_unused_entry_
         cache.ensure(NODE, TEAM_A.name, m2, both, T0 + timedelta(minutes=6))
     assert cache_jobs(batch, kw.EVICT_COMPONENT) == []
     assert len(cache_jobs(batch, kw.FETCH_COMPONENT)) == 2
+
+    # An eviction that fails (kwok's stand-in for its pod's exit code): the entry stays, and
+    # the replica waiting for the room ends with why; the next one decides again.
+    failing: Any = kw.evict_job(NODE, TEAM_A.name, m1.digest, CACHE, SETTINGS)
+    failing["spec"]["backoffLimit"] = 0
+    failing["spec"]["template"]["metadata"]["annotations"][EXIT_CODE] = "1"
+    batch.create_namespaced_job(NS_A, failing)
+
+    def refused() -> str | None:
+        try:
+            cache.ensure(NODE, TEAM_A.name, m2, (), T0 + timedelta(minutes=7))
+        except Unavailable as exc:
+            return exc.message
+        return None
+
+    assert "the eviction of " + m1.digest + " failed" in eventually(refused, "eviction failed")
+    assert m1.digest in {e.digest for e in cache.entries(())}
+    eventually(lambda: True if not cache_jobs(batch, kw.EVICT_COMPONENT) else None,
+               "the failed evict Job deleted")  # fmt: skip
 
     # Through the API: sizes and last use per node and tenant; another tenant sees nothing.
     with Store(f"sqlite:///{tmp_path / 'portal.db'}") as store:
