@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.weightcache import Held, make_room, no_room
 
@@ -51,3 +53,36 @@ def test_no_room_names_where_the_sizes_and_the_remedy() -> None:
         "weight cache of tenant t on node n: 500 bytes do not fit, 600 bytes of 1000 are "
         "used by running replicas or being fetched; stop a service"
     )
+
+
+entries_strategy = st.lists(
+    st.builds(
+        held,
+        st.sampled_from("abcdefgh"),
+        st.integers(0, 500),
+        st.integers(0, 50),
+        st.booleans(),
+    ),
+    max_size=8,
+    unique_by=lambda e: e.digest,
+)
+
+
+@given(entries_strategy, st.integers(0, 1000), st.integers(1, 2000))
+def test_the_rule_evicts_only_unused_oldest_first_and_just_enough(
+    entries: list[Held], size: int, cap: int
+) -> None:
+    room = make_room(entries, size, cap)
+    by_digest = {e.digest: e for e in entries}
+    left = sum(e.size for e in entries) - sum(by_digest[d].size for d in room.evict)
+    unused = sorted((e for e in entries if not e.in_use), key=lambda e: (e.last_used, e.digest))
+    if room.fits:
+        assert left + size <= cap
+        # The oldest unused entries, in order, and not one more than needed.
+        assert list(room.evict) == [e.digest for e in unused[: len(room.evict)]]
+        if room.evict:
+            assert left + by_digest[room.evict[-1]].size + size > cap
+    else:
+        # Not even every unused entry gone would do: nothing is evicted.
+        assert room.evict == ()
+        assert sum(e.size for e in entries if e.in_use) + size > cap
