@@ -89,10 +89,13 @@ def served(tmp_path: Path) -> Iterator[Served]:
     s.server.server_close()
 
 
-def cache_jobs(batch: client.BatchV1Api, component: str) -> list[client.V1Job]:
+def cache_jobs(
+    batch: client.BatchV1Api, component: str, deleting: bool = False
+) -> list[client.V1Job]:
+    """The tenant's Jobs of ``component`` (with those being deleted when ``deleting``)."""
     selector = f"{SETTINGS.label('component')}={component}"
     found = batch.list_namespaced_job(NS_A, label_selector=selector).items
-    return [j for j in found if j.metadata.deletion_timestamp is None]
+    return [j for j in found if deleting or j.metadata.deletion_timestamp is None]
 
 
 def ready(cache: KubeWeights, model: ModelRef, in_use: InUse, minute: int) -> Fetched:
@@ -141,7 +144,7 @@ def test_a_fetch_that_would_not_fit_evicts_the_least_recently_used_unused_entry_
     assert sorted(e.digest for e in cache.entries(())) == sorted([m1.digest, m3.digest])
     names = {j.metadata.name for j in cache_jobs(batch, kw.FETCH_COMPONENT)}
     assert kw.fetch_job_name(NODE, m2.digest) not in names
-    eventually(lambda: True if not cache_jobs(batch, kw.EVICT_COMPONENT) else None,
+    eventually(lambda: True if not cache_jobs(batch, kw.EVICT_COMPONENT, True) else None,
                "the evict Job deleted once done")  # fmt: skip
 
     # Both entries in use: m2 cannot fit, so nothing is evicted or fetched and the replica
@@ -168,7 +171,7 @@ def test_a_fetch_that_would_not_fit_evicts_the_least_recently_used_unused_entry_
 
     assert "the eviction of " + m1.digest + " failed" in eventually(refused, "eviction failed")
     assert m1.digest in {e.digest for e in cache.entries(())}
-    eventually(lambda: True if not cache_jobs(batch, kw.EVICT_COMPONENT) else None,
+    eventually(lambda: True if not cache_jobs(batch, kw.EVICT_COMPONENT, True) else None,
                "the failed evict Job deleted")  # fmt: skip
 
     # Through the API: sizes and last use per node and tenant; another tenant sees nothing.
