@@ -13,7 +13,9 @@ pod, restricted, no GPU, set on the node by the portal (``nodeName``), running
 read-write. Its exit code tells a refusal (the digest does not match: never retried, never
 mounted) from a source that failed. Replica pods mount the same claim **read-only** at
 ``MOUNT`` with the entry's folder as ``subPath``, and are created only once the Job
-succeeded. The fetch Jobs the portal wrote are the cache's entries per node and tenant.
+succeeded. The fetch Jobs the portal wrote are the cache's entries per node and tenant (with
+their declared size and last use as annotations). An **evict Job** is the same pod running
+``--evict``: it removes one entry's folder to make room for another.
 """
 
 from __future__ import annotations
