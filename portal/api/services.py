@@ -393,7 +393,7 @@ def list_weight_cache(
     node: Annotated[Label | None, Query(description="Only this node.")] = None,
 ) -> Page[CacheEntryOut]:
     """The caller's tenants' entries (every tenant's for the platform admin); empty where
-    services run without a weight cache (Kubernetes)."""
+    services run without a weight cache."""
     shown = listed_tenants(caller, Scope.WORKLOADS_READ, tenant, alloc)
     rows = listing(controller.backend, controller.store, shown)
     rows = [e for e in rows if node is None or e.node == node]

@@ -1,12 +1,15 @@
 """The fetch of one model into a node's weight cache on Kubernetes: what a fetch pod runs
 (``python -m portal.inference.fetch URI DIGEST ROOT --limit BYTES``), with the local cache's
-own fetch and digest check (``weights.fetch_checked``).
+own fetch and digest check (``weights.fetch_checked``); and the eviction of one entry, what an
+evict pod runs (``python -m portal.inference.fetch --evict DIGEST ROOT``).
 
 ``ROOT`` is the tenant's cache folder on the node (its claim, mounted read-write in this pod
 only). The model goes to a temporary folder beside its entry; a matching copy is made
 read-only and renamed to ``ROOT/<hex digest>``, then ``ROOT/<hex digest>.json`` (its size) is
 written by a rename: the marker says the entry is whole, so a fetch that was cut off is done
-again, and one that finished is not. The exit code says how it went (``EXIT_REASONS``), so
+again, and one that finished is not. An eviction removes the marker first, then the folder
+(as the local cache does): cut off between the two, it leaves files no marker vouches for,
+which the next fetch of that digest replaces. The exit code says how it went (``EXIT_REASONS``), so
 the portal can tell a refusal from a failure worth trying again without reading the pod's log.
 """
 
@@ -19,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from policies.errors import Conflict, InvalidRequest, PortalError
-from policies.services import ModelRef
+from policies.services import DIGEST, ModelRef
 from portal.inference.digest import PREFIX, folder_size
 from portal.inference.weights import DigestMismatch, fetch_checked, read_only, remove
 
@@ -72,6 +75,19 @@ def fetch_entry(root: Path, model: ModelRef, limit: int) -> tuple[int, int]:
     return size, fetched
 
 
+def evict_entry(root: Path, digest: str) -> bool:
+    """Remove ``root``'s entry of ``digest``; whether there was one (an eviction done twice
+    finds nothing the second time, and that is not an error)."""
+    if not DIGEST.fullmatch(digest):
+        raise InvalidRequest("digest", digest, "sha256: and 64 lowercase hex digits")
+    entry, marker = entry_of(root, digest), marker_of(root, digest)
+    found = marker.exists() or entry.exists()
+    marker.unlink(missing_ok=True)
+    if entry.exists():
+        remove(entry)
+    return found
+
+
 def exit_code(exc: PortalError) -> int:
     if isinstance(exc, DigestMismatch):
         return MISMATCH
@@ -82,7 +98,26 @@ def exit_code(exc: PortalError) -> int:
     return UNAVAILABLE
 
 
+def evict_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m portal.inference.fetch --evict", description="Remove one cache entry."
+    )
+    parser.add_argument("digest", help="the entry's digest, sha256:<64 hex>")
+    parser.add_argument("root", type=Path, help="the tenant's cache folder on this node")
+    args = parser.parse_args(argv)
+    try:
+        found = evict_entry(args.root, args.digest)
+    except PortalError as exc:
+        print(exc.message, file=sys.stderr)
+        return USAGE
+    print(json.dumps({"digest": args.digest, "evicted": found}))
+    return OK
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--evict"]:
+        return evict_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m portal.inference.fetch", description=__doc__)
     parser.add_argument("uri", help="the model's http:// or https:// URI")
     parser.add_argument("digest", help="the model's digest, sha256:<64 hex>")

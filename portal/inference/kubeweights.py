@@ -13,7 +13,9 @@ pod, restricted, no GPU, set on the node by the portal (``nodeName``), running
 read-write. Its exit code tells a refusal (the digest does not match: never retried, never
 mounted) from a source that failed. Replica pods mount the same claim **read-only** at
 ``MOUNT`` with the entry's folder as ``subPath``, and are created only once the Job
-succeeded. The fetch Jobs the portal wrote are the cache's entries per node and tenant.
+succeeded. The fetch Jobs the portal wrote are the cache's entries per node and tenant (with
+their declared size and last use as annotations). An **evict Job** is the same pod running
+``--evict``: it removes one entry's folder to make room for another.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ and bound to the other)."""
 FETCH_CONTAINER = "fetch"
 COMPONENT = "weight-cache"
 FETCH_COMPONENT = "weight-fetch"
+EVICT_COMPONENT = "weight-evict"
+SIZE = "size"
+"""The fetch Job's annotation of the entry's size as its source declared it (bytes)."""
+LAST_USED = "last-used"
+"""The fetch Job's annotation of when a replica last started on the entry (ISO time)."""
 FETCH_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 """A fetch streams to disk and hashes in 1 MiB chunks: little CPU and memory, no GPU."""
 FETCH_RETRIES = 2
@@ -86,6 +93,10 @@ def claim_name(node: str) -> str:
 
 def fetch_job_name(node: str, digest: str) -> str:
     return f"fetch-{hex_of(digest)[:16]}-{_short(node)}"
+
+
+def evict_job_name(node: str, digest: str) -> str:
+    return f"evict-{hex_of(digest)[:16]}-{_short(node)}"
 
 
 def _labels(settings: IsolationSettings, tenant: str, component: str) -> dict[str, str]:
@@ -161,19 +172,69 @@ def cache_claim(node: str, tenant: str, c: CacheConfig, settings: IsolationSetti
 
 
 def fetch_job(
-    node: str, tenant: str, model: ModelRef, c: CacheConfig, settings: IsolationSettings
+    node: str,
+    tenant: str,
+    model: ModelRef,
+    c: CacheConfig,
+    settings: IsolationSettings,
+    size: int = 0,
 ) -> Manifest:
-    """The Job that fetches ``model`` into ``tenant``'s cache on ``node`` (see the module)."""
-    labels = _labels(settings, tenant, FETCH_COMPONENT)
-    annotations = _annotations(settings, node, model.digest)
+    """The Job that fetches ``model`` into ``tenant``'s cache on ``node`` (see the module).
+    ``size``, when known (the source declared it), is recorded on the Job: the entry counts
+    that much until its pod reports what it verified."""
     refusals = sorted(code for code in fetch.EXIT_REASONS if code != fetch.UNAVAILABLE)
+    command = [
+        "python", "-m", "portal.inference.fetch", model.uri, model.digest, CACHE,
+        "--limit", str(c.tenant_bytes), "--report", "/dev/termination-log",
+    ]  # fmt: skip
+    job = _cache_job(
+        fetch_job_name(node, model.digest), node, tenant, model.digest, command, c, settings,
+        FETCH_COMPONENT,
+    )  # fmt: skip
+    if size > 0:
+        job["metadata"]["annotations"][settings.label(SIZE)] = str(size)
+    job["spec"]["podFailurePolicy"] = {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": FETCH_CONTAINER,
+                    "operator": "In",
+                    "values": refusals,
+                },
+            }
+        ]
+    }
+    return job
+
+
+def evict_job(
+    node: str, tenant: str, digest: str, c: CacheConfig, settings: IsolationSettings
+) -> Manifest:
+    """The Job that removes ``digest``'s entry from ``tenant``'s cache on ``node``: the fetch
+    pod's image, module, volume and restrictions, running ``--evict``."""
+    command = ["python", "-m", "portal.inference.fetch", "--evict", digest, CACHE]
+    return _cache_job(
+        evict_job_name(node, digest), node, tenant, digest, command, c, settings, EVICT_COMPONENT
+    )
+
+
+def _cache_job(
+    name: str,
+    node: str,
+    tenant: str,
+    digest: str,
+    command: list[str],
+    c: CacheConfig,
+    settings: IsolationSettings,
+    component: str,
+) -> Manifest:
+    labels = _labels(settings, tenant, component)
+    annotations = _annotations(settings, node, digest)
     container: Manifest = {
         "name": FETCH_CONTAINER,
         "image": c.image,
-        "command": [
-            "python", "-m", "portal.inference.fetch", model.uri, model.digest, CACHE,
-            "--limit", str(c.tenant_bytes), "--report", "/dev/termination-log",
-        ],
+        "command": command,
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": {"requests": dict(FETCH_RESOURCES), "limits": dict(FETCH_RESOURCES)},
         "securityContext": restricted_container_context(read_only_root=True),
@@ -182,12 +243,12 @@ def fetch_job(
             {"name": "cache", "mountPath": CACHE},
             {"name": "scratch", "mountPath": "/tmp"},
         ],
-    }  # fmt: skip
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": fetch_job_name(node, model.digest),
+            "name": name,
             "namespace": settings.namespace(tenant),
             "labels": labels,
             "annotations": annotations,
@@ -195,18 +256,6 @@ def fetch_job(
         "spec": {
             "backoffLimit": FETCH_RETRIES,
             "activeDeadlineSeconds": FETCH_DEADLINE_S,
-            "podFailurePolicy": {
-                "rules": [
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": FETCH_CONTAINER,
-                            "operator": "In",
-                            "values": refusals,
-                        },
-                    }
-                ]
-            },
             "template": {
                 "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
                 "spec": {
@@ -249,7 +298,7 @@ class FetchState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class FetchJob:
-    """A fetch Job as the cache reads it."""
+    """A fetch (or evict) Job as the cache reads it."""
 
     namespace: str
     tenant: str
@@ -258,14 +307,24 @@ class FetchJob:
     state: FetchState
     finished_at: str
     message: str
+    name: str = ""
+    declared: int = 0
+    """The size its source declared (``SIZE``), 0 if unknown."""
+    last_used: str = ""
+    """When a replica last started on the entry (``LAST_USED``), "" if none did since."""
+    deleting: bool = False
+    """Being deleted (its entry evicted, or its source failed): counts as nothing."""
 
 
-def fetch_job_view(job: Mapping[str, Any], settings: IsolationSettings) -> FetchJob | None:
-    """The fetch Job ``job`` is (its plain JSON form), or None for another Job."""
+def fetch_job_view(
+    job: Mapping[str, Any], settings: IsolationSettings, component: str = FETCH_COMPONENT
+) -> FetchJob | None:
+    """The fetch Job ``job`` is (its plain JSON form), or None for another Job; with
+    ``component=EVICT_COMPONENT``, the evict Job."""
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    if labels.get(settings.label("component")) != FETCH_COMPONENT:
+    if labels.get(settings.label("component")) != component:
         return None
     status = job.get("status") or {}
     conditions = {
@@ -289,7 +348,18 @@ def fetch_job_view(job: Mapping[str, Any], settings: IsolationSettings) -> Fetch
         state=state,
         finished_at=str(status.get("completionTime") or cond.get("lastTransitionTime") or ""),
         message=str(cond.get("message") or ""),
+        name=str(meta.get("name") or ""),
+        declared=_int(annotations.get(settings.label(SIZE))),
+        last_used=str(annotations.get(settings.label(LAST_USED)) or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
     )
+
+
+def _int(text: object) -> int:
+    try:
+        return max(int(str(text)), 0)
+    except ValueError:
+        return 0
 
 
 def failure_reason(code: int | None, message: str) -> str:

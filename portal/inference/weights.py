@@ -32,6 +32,7 @@ import httpx
 
 from policies.errors import Conflict, InvalidRequest, Unavailable
 from policies.services import ModelRef
+from policies.weightcache import Held, make_room, no_room
 from portal.inference.digest import PREFIX, folder_digest, folder_size
 
 FETCHABLE = ("file", "http", "https")
@@ -202,47 +203,38 @@ class WeightCache:
         self, node: str, tenant: str, size: int, in_use: InUse, digest: str, new: int
     ) -> None:
         """Evict until ``tenant`` can be charged ``size`` more and the node hold ``new`` more
-        bytes (0 when the entry is already there); called under the meta lock."""
+        bytes (0 when the entry is already there); called under the meta lock. Which entries
+        go is ``policies.weightcache.make_room``'s decision, for the tenant's cap then the
+        node's; here it is only carried out."""
         used = set(in_use) | {(node, digest)}
         held = {d: self._read_meta(node, d) for n, d in self._all() if n == node}
-
-        def tenant_total() -> int:
-            return sum(m.size for m in held.values() if tenant in m.tenants)
-
-        def node_total() -> int:
-            return sum(m.size for m in held.values())
-
-        def lru(mine: bool) -> list[str]:
-            free = [d for d in held if (node, d) not in used]
-            if mine:
-                free = [d for d in free if tenant in held[d].tenants]
-                return sorted(free, key=lambda d: held[d].tenants[tenant])
-            return sorted(free, key=lambda d: max(held[d].tenants.values(), default=""))
-
-        for d in lru(mine=True):
-            if tenant_total() + size <= self.tenant_bytes:
-                break
+        mine = [
+            Held(d, m.size, datetime.fromisoformat(m.tenants[tenant]), (node, d) in used)
+            for d, m in held.items()
+            if tenant in m.tenants
+        ]
+        room = make_room(mine, size, self.tenant_bytes)
+        if not room.fits:
+            where = f"tenant {tenant} on node {node}"
+            remedy = "stop a service of that tenant or raise GPUPORTAL_WEIGHT_CACHE_TENANT_BYTES"
+            raise no_room(where, size, room, self.tenant_bytes, remedy)
+        for d in room.evict:
             del held[d].tenants[tenant]
             self._drop_tenant(node, d, tenant)
             if not held[d].tenants:
                 del held[d]
-        if tenant_total() + size > self.tenant_bytes:
-            raise Conflict(
-                f"weight cache of tenant {tenant} on node {node}: {size} bytes do not fit, "
-                f"{tenant_total()} bytes of {self.tenant_bytes} are used by running replicas; "
-                "stop a service of that tenant or raise GPUPORTAL_WEIGHT_CACHE_TENANT_BYTES"
-            )
-        for d in lru(mine=False):
-            if node_total() + new <= self.node_bytes:
-                break
-            del held[d]
+        every = [
+            Held(d, m.size, max(map(datetime.fromisoformat, m.tenants.values())),
+                 (node, d) in used)
+            for d, m in held.items()
+            if m.tenants
+        ]  # fmt: skip
+        room = make_room(every, new, self.node_bytes)
+        if not room.fits:
+            raise no_room(f"node {node}", new, room, self.node_bytes,
+                          "raise GPUPORTAL_WEIGHT_CACHE_BYTES")  # fmt: skip
+        for d in room.evict:
             self._evict(node, d)
-        if node_total() + new > self.node_bytes:
-            raise Conflict(
-                f"weight cache of node {node}: {new} bytes do not fit, {node_total()} bytes "
-                f"of {self.node_bytes} are used by running replicas; raise "
-                "GPUPORTAL_WEIGHT_CACHE_BYTES"
-            )
 
     def _all(self) -> Iterator[tuple[str, str]]:
         for meta in sorted(self.root.glob("*/*.json")):

@@ -79,3 +79,33 @@ def test_a_mismatch_or_an_oversized_model_is_refused_and_nothing_is_kept(
     missing = run_fetch(ModelRef(served.url("absent.bin"), model.digest), root)
     assert missing.returncode == fetch.UNAVAILABLE and "404" in missing.stderr
     assert list(root.iterdir()) == []
+
+
+def run_evict(digest: str, root: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "portal.inference.fetch", "--evict", digest, str(root)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_an_evict_pod_removes_one_read_only_entry_and_its_marker_only(
+    tmp_path: Path, served: Served
+) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    gone, kept = (http_model(served, name, 3_000) for name in ("gone.bin", "kept.bin"))
+    for model in (gone, kept):
+        assert run_fetch(model, root).returncode == fetch.OK
+    done = run_evict(gone.digest, root)
+    assert done.returncode == fetch.OK, done.stderr
+    assert json.loads(done.stdout) == {"digest": gone.digest, "evicted": True}
+    entry = fetch.entry_of(root, kept.digest)
+    assert sorted(p.name for p in root.iterdir()) == sorted([entry.name, f"{entry.name}.json"])
+    # Done twice (a retried pod): nothing left to remove, not an error.
+    again = run_evict(gone.digest, root)
+    assert again.returncode == fetch.OK and json.loads(again.stdout)["evicted"] is False
+    # A bad digest is refused by name and removes nothing (never a path outside the root).
+    bad = run_evict("../" + kept.digest.removeprefix("sha256:"), root)
+    assert bad.returncode == fetch.USAGE and "invalid digest" in bad.stderr
+    assert entry.is_dir() and fetch.marker_of(root, kept.digest).is_file()
+    # The evicted digest is fetched again as new; the kept one is found whole.
+    assert json.loads(run_fetch(gone, root).stdout)["fetched"] == 3_000
+    assert json.loads(run_fetch(kept, root).stdout)["fetched"] == 0

@@ -39,6 +39,31 @@ def test_the_fetch_job_matches_the_golden_file_and_uses_only_restricted_volumes(
     assert rule["onExitCodes"]["values"] == [fetch.USAGE, fetch.MISMATCH, fetch.TOO_LARGE]
 
 
+def test_an_evict_job_is_the_fetch_pod_running_evict_and_a_declared_size_is_recorded() -> None:
+    fetch_job = kw.fetch_job("node-1", "team-a", MODEL, CONFIG, SETTINGS)
+    evict = kw.evict_job("node-1", "team-a", MODEL.digest, CONFIG, SETTINGS)
+    assert evict["metadata"]["name"] == kw.evict_job_name("node-1", MODEL.digest)
+    assert evict["metadata"]["name"] != fetch_job["metadata"]["name"]
+    assert evict["metadata"]["labels"][SETTINGS.label("component")] == kw.EVICT_COMPONENT
+    pod, fetch_pod = evict["spec"]["template"]["spec"], fetch_job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == [
+        "python", "-m", "portal.inference.fetch", "--evict", MODEL.digest, kw.CACHE,
+    ]  # fmt: skip
+    # Everything else is the fetch pod's: the node, the claim, the restrictions.
+    assert {**container, "command": None} == {**fetch_pod["containers"][0], "command": None}
+    assert {k: v for k, v in pod.items() if k != "containers"} == {
+        k: v for k, v in fetch_pod.items() if k != "containers"
+    }
+    assert volume_kinds(pod) <= RESTRICTED_VOLUMES
+    sized = kw.fetch_job("node-1", "team-a", MODEL, CONFIG, SETTINGS, size=1234)
+    got = kw.fetch_job_view(sized, SETTINGS)
+    assert got is not None and got.declared == 1234
+    assert kw.fetch_job_view(evict, SETTINGS) is None
+    seen = kw.fetch_job_view(evict, SETTINGS, kw.EVICT_COMPONENT)
+    assert seen is not None and (seen.node, seen.digest) == ("node-1", MODEL.digest)
+
+
 def test_a_tenant_s_volume_is_its_own_folder_on_one_node_bound_to_its_claim() -> None:
     volume = kw.cache_volume("node-1", "team-a", CONFIG, SETTINGS)
     claim = kw.cache_claim("node-1", "team-a", CONFIG, SETTINGS)
@@ -115,6 +140,7 @@ def test_a_fetch_job_reads_as_running_done_failed_or_being_replaced() -> None:
         kw.FetchState.RUNNING,
         "",
         "",
+        name=kw.fetch_job_name("node-1", MODEL.digest),
     )
     got = view(done)
     assert got is not None and (got.state, got.finished_at) == (

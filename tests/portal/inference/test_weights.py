@@ -50,6 +50,16 @@ class Served:
                 with served.lock:
                     served.bytes_sent += len(data)
 
+            def do_HEAD(self) -> None:
+                # The size a source declares (the Kubernetes cache asks before a fetch).
+                path = served.root / self.path.lstrip("/")
+                if not path.is_file():
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(path.stat().st_size))
+                self.end_headers()
+
             def log_message(self, *args: object) -> None:
                 pass
 
