@@ -12,7 +12,8 @@ One pass (``Binder.bind_pending``), in steps:
    allocation's node, or hold with a reason — no allocation annotation, an unknown allocation,
    an allocation that is queued or has ended, a pod outside its tenant's namespace, or an
    allocation another pod already uses. Nothing is guessed: a held pod stays Pending;
-3. act: create the Binding (with the pod's uid as precondition, so a pod re-created under the
+3. act, up to ``ACT_WORKERS`` decisions at once (step 2 gave each allocation to one pod at
+   most): create the Binding (with the pod's uid as precondition, so a pod re-created under the
    same name is never bound on a stale decision), or post a Warning Event on the pod that says
    why it waits (named after pod, uid and reason, so repeating a pass posts it once).
 
