@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+from benchmarks.jobs_probes import portal_client, time_binder
 from policies.flavors import FlavorKind
 from policies.isolation import IsolationSettings, TenantSpec
 from policies.jobs import JobState
@@ -226,6 +227,8 @@ class PathOptions:
     kcm_qps: int = 200  # the controller manager's client rate (its default, 20, caps Jobs/s)
     interval_s: float = 0.05  # the least time between two rounds of each of the portal's loops
     profile: Path | None = None  # cProfile statistics of each loop thread: <profile>.<loop>
+    binder_workers: int | None = None  # the binder's decisions carried out at once (its default)
+    connections: int = 64  # the portal's client connection pool (its loops' pools share it)
 
 
 DEFAULTS = PathOptions()
@@ -253,7 +256,10 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
             f"--concurrent-job-syncs={max(5, options.kcm_qps // 10)}",
         ]
     }
-    with running_cluster(folder / "k8s", flags) as cluster, cluster.api_client() as api:
+    with (
+        running_cluster(folder / "k8s", flags) as cluster,
+        portal_client(cluster, options.connections) as api,
+    ):
         core = client.CoreV1Api(api)
         specs = [
             TenantSpec(
@@ -297,7 +303,11 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
             assert isinstance(runner, KubeRunner)
             controller = JobController(alloc, backend=backend, stop_grace_s=0)
             controller.start()
-            binder = Binder(api, alloc, settings, jobs=runner.jobs_informer())
+            # Passed only when given: the same file measures a tree whose binder lacks it.
+            chosen = options.binder_workers
+            workers: dict[str, Any] = {} if chosen is None else {"act_workers": chosen}
+            binder = Binder(api, alloc, settings, jobs=runner.jobs_informer(), **workers)
+            binder_times = time_binder(binder)
             admission = Admission(api, controller, settings)
             calls = _count_calls(api)
             created: dict[str, tuple[str, float]] = {}  # "ns/name" -> (class, created at)
@@ -335,6 +345,9 @@ def kubernetes_path(scale: float, folder: Path, options: PathOptions = DEFAULTS)
             report["kcm_qps"] = options.kcm_qps
             report["portal_api_calls"] = dict(sorted(calls.items(), key=lambda kv: -kv[1]))
             report["portal_api_calls_per_job"] = sum(calls.values()) / total
+            report["binder"] = binder_times
+            report["binder_workers"] = options.binder_workers
+            report["connections"] = options.connections
             return report
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -523,8 +536,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", type=Path, help="cProfile statistics of each loop: PROFILE.<loop>"
     )
+    parser.add_argument(
+        "--binder-workers", type=int, help="the binder's decisions carried out at once"
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=DEFAULTS.connections,
+        help="the portal's client connection pool size",
+    )
     args = parser.parse_args(argv)
-    options = PathOptions(args.kcm_qps, args.interval_s, args.profile)
+    options = PathOptions(
+        args.kcm_qps, args.interval_s, args.profile, args.binder_workers, args.connections
+    )
     with tempfile.TemporaryDirectory(prefix="gpuportal-jobs-bench-") as tmp:
         results: dict[str, Any] = {"policy": policy_level(args.policy_jobs, Path(tmp))}
         print(
@@ -555,6 +579,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  per job: {k8s['portal_api_calls_per_job']:.1f} apiserver calls, "
                 f"{k8s['loop_cpu_ms_per_job']:.1f} ms CPU of the portal's loop threads, "
                 f"{k8s['process_cpu_ms_per_job']:.1f} ms of its whole process"
+            )
+            b = k8s["binder"]
+            print(
+                f"  binder: {b['passes']} passes, {b['pass_s']:.1f} s in them "
+                f"({b['decide_s']:.1f} s deciding, {b['list_s']:.1f} s of it listing pods), "
+                f"{b['acted']} decisions carried out ({b['act_s']:.1f} s summed over its "
+                f"workers), at most {b['most_decisions_in_a_pass']} in a pass"
             )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))

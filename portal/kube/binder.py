@@ -12,7 +12,8 @@ One pass (``Binder.bind_pending``), in steps:
    allocation's node, or hold with a reason — no allocation annotation, an unknown allocation,
    an allocation that is queued or has ended, a pod outside its tenant's namespace, or an
    allocation another pod already uses. Nothing is guessed: a held pod stays Pending;
-3. act: create the Binding (with the pod's uid as precondition, so a pod re-created under the
+3. act, up to ``ACT_WORKERS`` decisions at once (step 2 gave each allocation to one pod at
+   most): create the Binding (with the pod's uid as precondition, so a pod re-created under the
    same name is never bound on a stale decision), or post a Warning Event on the pod that says
    why it waits (named after pod, uid and reason, so repeating a pass posts it once).
 
@@ -48,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 
 from policies.errors import NotFound
 from policies.isolation import IsolationSettings
+from portal.allocator.views import WorkloadStatus
 from portal.kube import jobpods
 from portal.kube.calls import drain
 from portal.kube.informer import Informer
@@ -58,8 +60,11 @@ from portal.store.records import WorkloadState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-ACT_WORKERS = 4
-"""Decisions of a pass carried out at once (each pod's calls stay in order)."""
+ACT_WORKERS = 16
+"""Decisions of a pass carried out at once (each pod's calls stay in order). A bind is three
+round trips (mark, Binding, Event) that wait on the apiserver, not on this process: with 4 at
+a time a pass of a burst of job pods took seconds, and pods created meanwhile waited for it.
+The client's connection pool must hold this many (``portal.kube.service.cluster_client``)."""
 
 
 def utcnow() -> datetime:
@@ -197,6 +202,33 @@ def decide(
     return Bind(pod, allocation.node, workload_id)
 
 
+class _PassStatuses:
+    """The allocator's answers within one pass, asked once per workload (an
+    ``AllocationSource`` for ``decide`` and ``jobpods.place_job_pod``)."""
+
+    def __init__(self, source: AllocationSource) -> None:
+        self._source = source
+        self._answers: dict[str, WorkloadStatus | NotFound] = {}
+
+    def status(self, workload_id: str, *, estimate: bool = True) -> WorkloadStatus:
+        answer = self._answers.get(workload_id)
+        if answer is None:
+            try:
+                answer = self._source.status(workload_id, estimate=False)
+            except NotFound as e:
+                answer = e
+            self._answers[workload_id] = answer
+        if isinstance(answer, NotFound):
+            raise answer
+        return answer
+
+    def workloads(self, tenant: str | None = None) -> list[WorkloadStatus]:
+        return self._source.workloads(tenant)
+
+    def release(self, workload_id: str, *, reason: str = "released") -> WorkloadStatus:
+        return self._source.release(workload_id, reason=reason)
+
+
 # ---- acting ----------------------------------------------------------------------------------
 
 
@@ -232,6 +264,7 @@ class Binder:
         clock: Clock = utcnow,
         instance: str = "gpuportal",
         jobs: Informer | None = None,
+        act_workers: int = ACT_WORKERS,
     ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._batch = client.BatchV1Api(api_client)
@@ -241,6 +274,9 @@ class Binder:
         self._clock = clock
         self._instance = instance
         self._jobs = jobs  # a copy of the Jobs kept by a watch (the job runner's), else lists
+        if act_workers < 1:
+            raise ValueError(f"act_workers must be at least 1, not {act_workers}")
+        self._act_workers = act_workers
         self._lock = threading.Lock()
         self._held: set[tuple[str, str]] = set()  # (pod uid, reason) whose Event is posted
 
@@ -280,12 +316,15 @@ class Binder:
             return []
         holders = in_use(self.portal_pods(), self._keys)
         refs = self.job_refs() if any(jobpods.is_job_pod(p, self._keys) for p in pending) else {}
+        # One answer per workload for the whole pass: a gang's pods are decided on the same
+        # status, and the allocator's lock is taken once per workload, not once per pod.
+        source = _PassStatuses(self._source)
         decisions: list[Decision] = []
         for pod in sorted(pending, key=lambda p: (p.namespace, p.name)):
             if jobpods.is_job_pod(pod, self._keys):
-                decision = self._decide_job_pod(pod, refs, holders)
+                decision = self._decide_job_pod(pod, refs, holders, source)
             else:
-                decision = decide(pod, self._source, self._settings, holders)
+                decision = decide(pod, source, self._settings, holders)
             if isinstance(decision, Bind):
                 # Two pending pods naming one allocation: the first (by name) gets it.
                 allocation = decision.annotations.get(self._keys.allocation)
@@ -298,8 +337,9 @@ class Binder:
         pod: PodView,
         refs: Mapping[tuple[str, str], jobpods.JobRef],
         holders: Mapping[str, PodView],
+        source: AllocationSource,
     ) -> Decision:
-        placed = jobpods.place_job_pod(pod, refs, self._source, self._settings, holders)
+        placed = jobpods.place_job_pod(pod, refs, source, self._settings, holders)
         if isinstance(placed, jobpods.JobHold):
             return Hold(pod, HoldReason(placed.reason), placed.message)
         return Bind(pod, placed.node, placed.workload_id, placed.labels, placed.annotations)
@@ -314,11 +354,14 @@ class Binder:
             # Forget the holds of pods no longer pending: the set stays as small as the queue.
             waiting = {d.pod.uid for d in decisions}
             self._held = {k for k in self._held if k[0] in waiting}
-            # Each decision is about a pod of its own: acting on them at once overlaps the
-            # apiserver's round trips (three calls a bind) instead of queueing them.
-            with ThreadPoolExecutor(ACT_WORKERS, thread_name_prefix="binder") as pool:
-                errors = list(pool.map(self._try_act, decisions))
-            for decision, error in zip(decisions, errors, strict=True):
+            # Each decision is about a pod of its own (the decisions gave each allocation to
+            # one pod at most): acting on them at once overlaps the apiserver's round trips
+            # (three calls a bind) instead of queueing them. Holds already told cost no call.
+            calls = [d for d in decisions if not self._told(d)]
+            errors: dict[int, str | None] = {id(d): None for d in decisions}
+            errors.update(self._act_all(calls))
+            for decision in decisions:
+                error = errors[id(decision)]
                 if error is not None:
                     log.warning("binder: %s failed: %s", decision.pod, error)
                     failed.append((str(decision.pod), error))
@@ -328,6 +371,17 @@ class Binder:
                 else:
                     held.append((str(decision.pod), decision.reason))
             return BindReport(tuple(bound), tuple(held), tuple(failed))
+
+    def _told(self, decision: Decision) -> bool:
+        return isinstance(decision, Hold) and (decision.pod.uid, str(decision.reason)) in self._held
+
+    def _act_all(self, decisions: list[Decision]) -> dict[int, str | None]:
+        """id(decision) -> the error acting on it met, or None."""
+        if len(decisions) <= 1:
+            return {id(d): self._try_act(d) for d in decisions}
+        workers = min(self._act_workers, len(decisions))
+        with ThreadPoolExecutor(workers, thread_name_prefix="binder") as pool:
+            return dict(zip(map(id, decisions), pool.map(self._try_act, decisions), strict=True))
 
     def _try_act(self, decision: Decision) -> str | None:
         try:

@@ -13,7 +13,7 @@ from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from policies.isolation import IsolationSettings
-from portal.kube.binder import Binder
+from portal.kube.binder import ACT_WORKERS, Binder
 from portal.kube.sweep import Sweeper
 from portal.kube.views import AllocationSource
 from portal.service.loops import Loops
@@ -38,6 +38,12 @@ def cluster_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except ConfigException:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # The client keeps 5 connections per core by default: fewer than the binder's workers
+    # alone on a small host, and a call finding the pool full opens (and drops) a new TLS
+    # connection. Room for the binder's pool and the other loops beside it.
+    configuration.connection_pool_maxsize = max(
+        configuration.connection_pool_maxsize, 2 * ACT_WORKERS
+    )
     return client.ApiClient(configuration)
 
 

@@ -8,6 +8,7 @@ binder binds it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,6 +355,72 @@ def test_two_pods_for_one_allocation_bind_once_and_a_stale_bind_is_harmless(
     assert read(core, "gp-bindvision", "first").spec.node_name == status.allocations[0].node
     delete_and_wait(core, "gp-bindvision", "first")
     delete_and_wait(core, "gp-bindvision", "second")
+
+
+class CountingSource:
+    """The allocator, counting the status reads a binder makes (per workload id)."""
+
+    def __init__(self, allocator: Allocator) -> None:
+        self.allocator = allocator
+        self.reads: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def status(self, workload_id: str, *, estimate: bool = True) -> WorkloadStatus:
+        with self._lock:
+            self.reads[workload_id] = self.reads.get(workload_id, 0) + 1
+        return self.allocator.status(workload_id, estimate=estimate)
+
+    def workloads(self, tenant: str | None = None) -> list[WorkloadStatus]:
+        return self.allocator.workloads(tenant)
+
+    def release(self, workload_id: str, *, reason: str = "released") -> WorkloadStatus:
+        return self.allocator.release(workload_id, reason=reason)
+
+
+def test_two_binders_racing_over_many_pods_bind_each_allocation_to_one_pod_on_its_node(
+    allocator: Allocator, core: client.CoreV1Api, api: client.ApiClient
+) -> None:
+    """Two portals' passes at once (a restart overlapping the old process), each acting on
+    its decisions concurrently: every allocation ends with exactly one pod, on its node."""
+    # Two GPUs twice over: the tenant's ResourceQuota counts Pending pods, up to 4 GPUs.
+    statuses = [request_gpus(allocator, 1, f"race-{i}") for i in range(2)]
+    names = {}
+    for i, status in enumerate(statuses):
+        for twin in ("a", "b"):  # two pods citing one allocation: one may run
+            create_gpu_pod(core, status, f"race-{i}-{twin}")
+            names[f"race-{i}-{twin}"] = status
+    sources = [CountingSource(allocator), CountingSource(allocator)]
+    binders = [Binder(api, source, SETTINGS, act_workers=8) for source in sources]
+    start = threading.Barrier(len(binders))
+    reports: list[BindReport] = []
+
+    def race(binder: Binder) -> None:
+        start.wait()
+        reports.append(binder.bind_pending())
+
+    threads = [threading.Thread(target=race, args=(b,)) for b in binders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert [r.failed for r in reports] == [(), ()]
+    pods = {name: read(core, "gp-bindvision", name) for name in names}
+    for i, status in enumerate(statuses):
+        twins = [pods[f"race-{i}-{twin}"] for twin in ("a", "b")]
+        bound = [p for p in twins if p.spec.node_name]
+        # The first by name wins in either pass; the other stays Pending.
+        assert [p.metadata.name for p in bound] == [f"race-{i}-a"]
+        assert bound[0].spec.node_name == status.allocations[0].node
+        scheduled = [
+            e for e in events_of(core, "gp-bindvision", f"race-{i}-a") if e.reason == "Scheduled"
+        ]
+        assert len(scheduled) == 1
+    # A pass reads each workload's status once, however many of its pods are pending.
+    assert all(set(s.reads.values()) <= {1} for s in sources)
+    assert set().union(*(s.reads for s in sources)) <= {s.id for s in statuses}
+    for name in names:
+        delete_and_wait(core, "gp-bindvision", name)
 
 
 def test_a_pod_deleted_behind_the_hubs_back_is_released_exactly_once(

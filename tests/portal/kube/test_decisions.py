@@ -16,7 +16,7 @@ from policies.isolation import IsolationSettings
 from policies.requests import DeviceRequest, WorkloadRequest
 from portal.allocator import Allocator, WorkloadStatus
 from portal.inventory.kubernetes import to_node
-from portal.kube.binder import Bind, Hold, HoldReason, decide, in_use
+from portal.kube.binder import Bind, Binder, Hold, HoldReason, decide, in_use
 from portal.kube.keys import SCHEDULER_NAME, PodKeys
 from portal.kube.sweep import gone
 from portal.kube.views import PodView, pod_view
@@ -230,3 +230,8 @@ def test_a_preempted_workloads_new_pod_is_not_bound(tmp_path: Path) -> None:
         f"workload {borrowed.id} is being preempted (preempted); its devices are being taken "
         "back, so pod gp-borrower/nb will not be bound"
     )
+
+
+def test_a_binder_with_no_workers_is_refused_with_the_value(allocator: Allocator) -> None:
+    with pytest.raises(ValueError, match="act_workers must be at least 1, not 0"):
+        Binder(client.ApiClient(), allocator, SETTINGS, act_workers=0)
