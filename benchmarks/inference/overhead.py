@@ -88,44 +88,63 @@ async def _block(client: httpx.AsyncClient, url: str, body: dict[str, Any], head
 
 
 async def measure(
-    portal: Portal, replica: str, rate: float, seconds: float
+    portal: Portal,
+    replica: str,
+    rate: float,
+    seconds: float,
+    others: Sequence[tuple[str, Portal]] = (),
 ) -> list[dict[str, Any]]:
-    gateway = f"{portal.url}/gateway/{TENANT}/{NAME}/v1"
+    """Direct and through ``portal``'s gateway; with ``others`` (label, a portal of another
+    tree with its own ready service), through theirs too, in the same alternating blocks:
+    the variants compared side by side under the same load."""
     token = bearer(user_token(TENANT))
+    gateways = {"": portal, **dict(others)}
     rows = []
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         for stream in (False, True):
             body = {"model": NAME, "prompt": "hi", "max_tokens": 1, "stream": stream}
-            paths = {"direct": (f"{replica}/v1/completions", {}),
-                     "gateway": (f"{gateway}/completions", token)}  # fmt: skip
-            times: dict[str, list[float]] = {"direct": [], "gateway": []}
-            errors: dict[str, list[str]] = {"direct": [], "gateway": []}
+            paths: dict[str, tuple[str, dict[str, str]]] = {
+                "direct": (f"{replica}/v1/completions", {})
+            } | {
+                label: (f"{p.url}/gateway/{TENANT}/{NAME}/v1/completions", token)
+                for label, p in gateways.items()
+            }
+            times: dict[str, list[float]] = {mode: [] for mode in paths}
+            errors: dict[str, list[str]] = {mode: [] for mode in paths}
             for url, headers in paths.values():  # open the connections, untimed
                 await _block(client, url, body, headers, rate, WARMUP, [], [])
             per_block = max(1, round(rate * BLOCK_S))
-            idle_before, idle_began = portal.cpu_s(), time.monotonic()
+            idle_began = time.monotonic()
+            idle_before = {label: p.cpu_s() for label, p in gateways.items()}
             await asyncio.sleep(min(IDLE_S, seconds))  # short runs (the smoke test) stay short
-            idle_rate = (portal.cpu_s() - idle_before) / (time.monotonic() - idle_began)
-            cpu = gateway_s = 0.0
+            idle_s = time.monotonic() - idle_began
+            idle_rate = {k: (gateways[k].cpu_s() - v) / idle_s for k, v in idle_before.items()}
+            cpu = dict.fromkeys(gateways, 0.0)
+            busy_s = dict.fromkeys(gateways, 0.0)
             for _ in range(max(1, round(seconds / BLOCK_S))):
                 for mode, (url, headers) in paths.items():
-                    before, began = portal.cpu_s(), time.monotonic()
+                    gw = gateways.get(mode)
+                    before, began = (0.0 if gw is None else gw.cpu_s()), time.monotonic()
                     await _block(client, url, body, headers, rate, per_block, times[mode],
                                  errors[mode])  # fmt: skip
-                    if mode == "gateway":
-                        cpu += portal.cpu_s() - before
-                        gateway_s += time.monotonic() - began
-            row = _row(stream, rate, times, errors)
-            # The portal's CPU during the gateway blocks per request: its loops' own work
-            # (services, autoscaler) is in it too, a small part at this rate.
-            served = max(1, len(times["gateway"]))
-            row["portal_cpu_ms_per_request"] = round(1000 * cpu / served, 2)
-            # The same without the loops' work, at the rate measured idle just before.
-            row["portal_idle_cpu_ms_per_s"] = round(1000 * idle_rate, 1)
-            net = cpu - idle_rate * gateway_s
-            row["portal_cpu_ms_per_request_net"] = round(1000 * net / served, 2)
-            rows.append(row)
+                    if gw is not None:
+                        cpu[mode] += gw.cpu_s() - before
+                        busy_s[mode] += time.monotonic() - began
+            for label in gateways:
+                row = _row(stream, rate, times["direct"], times[label], errors["direct"],
+                           errors[label])  # fmt: skip
+                if others:
+                    row["variant"] = label or "this tree"
+                # The portal's CPU during its gateway blocks per request: its loops' own work
+                # (services, autoscaler) is in it too, a small part at this rate.
+                served = max(1, len(times[label]))
+                row["portal_cpu_ms_per_request"] = round(1000 * cpu[label] / served, 2)
+                # The same without the loops' work, at the rate measured idle just before.
+                row["portal_idle_cpu_ms_per_s"] = round(1000 * idle_rate[label], 1)
+                net = cpu[label] - idle_rate[label] * busy_s[label]
+                row["portal_cpu_ms_per_request_net"] = round(1000 * net / served, 2)
+                rows.append(row)
     return rows
 
 
@@ -135,16 +154,22 @@ def _ms(values: Sequence[float], q: float) -> float | None:
 
 
 def _row(
-    stream: bool, rate: float, times: dict[str, list[float]], errors: dict[str, list[str]]
+    stream: bool,
+    rate: float,
+    direct: list[float],
+    gateway: list[float],
+    direct_errors: list[str],
+    gateway_errors: list[str],
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"route": "completions, stream" if stream else "completions",
                            "rate_per_s": rate}  # fmt: skip
-    for mode in ("direct", "gateway"):
-        row[f"{mode}_requests"] = len(times[mode]) + len(errors[mode])
-        row[f"{mode}_errors"] = len(errors[mode])
-        row[f"{mode}_p50_ms"] = _ms(times[mode], 0.5)
-        row[f"{mode}_p99_ms"] = _ms(times[mode], 0.99)
+    for mode, times, errors in (("direct", direct, direct_errors),
+                                ("gateway", gateway, gateway_errors)):  # fmt: skip
+        row[f"{mode}_requests"] = len(times) + len(errors)
+        row[f"{mode}_errors"] = len(errors)
+        row[f"{mode}_p50_ms"] = _ms(times, 0.5)
+        row[f"{mode}_p99_ms"] = _ms(times, 0.99)
     for q in ("p50", "p99"):
-        gw, direct = row[f"gateway_{q}_ms"], row[f"direct_{q}_ms"]
-        row[f"added_{q}_ms"] = None if gw is None or direct is None else round(gw - direct, 3)
+        gw, d = row[f"gateway_{q}_ms"], row[f"direct_{q}_ms"]
+        row[f"added_{q}_ms"] = None if gw is None or d is None else round(gw - d, 3)
     return row

@@ -46,6 +46,7 @@ class Config:
     overhead_s: float = 10.0
     overhead: bool = True
     history_days: int = 3  # simulated days of arrivals the forecast strategy starts from
+    compare: str | None = None  # another tree (e.g. an export of main): its gateway too
 
 
 QUICK = Config(
@@ -135,9 +136,25 @@ def run(cfg: Config, work: Path) -> dict[str, Any]:
         gateway: list[dict[str, Any]] = []
         if cfg.overhead:
             replica = overhead.deploy_ready(portal, uri, digest, 120)
-            gateway = asyncio.run(
-                overhead.measure(portal, replica, cfg.overhead_rate, cfg.overhead_s)
-            )
+            others: list[tuple[str, Portal]] = []
+            if cfg.compare is not None:
+                (work / "compare").mkdir()
+                other = Portal(
+                    work / "compare",
+                    {overhead.TENANT: 1},
+                    free_port("127.0.0.1"),
+                    source=Path(cfg.compare),
+                )
+                others.append((f"{Path(cfg.compare).name} (compared)", other))
+                other.start()
+                overhead.deploy_ready(other, uri, digest, 120)
+            try:
+                gateway = asyncio.run(
+                    overhead.measure(portal, replica, cfg.overhead_rate, cfg.overhead_s, others)
+                )
+            finally:
+                for _label, other in others:
+                    other.stop()
         measured = time.monotonic()
     finally:
         portal.stop()
@@ -210,16 +227,19 @@ def markdown(out: dict[str, Any]) -> str:
             f"| {r['ttft_p99_s']} | {r['gpu_s_serving']} | {r['gpu_s_warm']} "
             f"| {r['most_gpus_used']} / {r['quota_limit']} | {r['quota_violations']} |"
         )
+    variant = any("variant" in g for g in out["gateway_overhead"])
     lines += [
         "",
-        "| route | rate/s | direct p50 ms | direct p99 ms | gateway p50 ms | gateway p99 ms "
+        ("| variant " if variant else "")
+        + "| route | rate/s | direct p50 ms | direct p99 ms | gateway p50 ms | gateway p99 ms "
         "| added p50 ms | added p99 ms | portal CPU ms/request | net of idle ms/request "
         "| errors (direct, gateway) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ("|---" if variant else "") + "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for g in out["gateway_overhead"]:
         lines.append(
-            f"| {g['route']} | {g['rate_per_s']:g} | {g['direct_p50_ms']} | {g['direct_p99_ms']} "
+            (f"| {g['variant']} " if variant else "")
+            + f"| {g['route']} | {g['rate_per_s']:g} | {g['direct_p50_ms']} | {g['direct_p99_ms']} "
             f"| {g['gateway_p50_ms']} | {g['gateway_p99_ms']} | {g['added_p50_ms']} "
             f"| {g['added_p99_ms']} | {g.get('portal_cpu_ms_per_request', 'n/a')} "
             f"| {g.get('portal_cpu_ms_per_request_net', 'n/a')} "
@@ -274,6 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-overhead", action="store_true", help="traces only: no overhead phase")
     p.add_argument("--day-seconds", type=float, help="seconds of a compressed day (diurnal)")
     p.add_argument("--history-days", type=int, help="days the forecast strategy starts from")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        help="another source tree (e.g. an export of main): its portal's gateway is measured "
+        "in the same alternating blocks",
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else Config()
@@ -300,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         changes["overhead_s"] = args.overhead_seconds
     if args.overhead_rate is not None:
         changes["overhead_rate"] = args.overhead_rate
+    if args.compare is not None:
+        changes["compare"] = str(args.compare.resolve())
     cfg = replace(cfg, **changes)
     with tempfile.TemporaryDirectory() as tmp:
         out = run(cfg, Path(tmp))

@@ -37,8 +37,11 @@ def bearer(token: str) -> dict[str, str]:
 class Portal:
     """One ``gpuportal serve`` process with ``quotas`` (tenant -> GPUs, guaranteed = limit)."""
 
-    def __init__(self, work: Path, quotas: Mapping[str, int], port: int) -> None:
+    def __init__(
+        self, work: Path, quotas: Mapping[str, int], port: int, source: Path | None = None
+    ) -> None:
         self.work = work
+        self.source = source  # another tree's portal (an export of main, to compare with)
         self.quotas = dict(quotas)
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
@@ -85,9 +88,14 @@ class Portal:
             GPUPORTAL_TOKENS_FILE=str(self.work / "tokens.yaml"),
             GPUPORTAL_SERVICE_PORT=str(self.port),
         )
+        if self.source is not None:
+            env["PYTHONPATH"] = str(self.source)
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
         argv = [sys.executable, "-m", "portal.cli", "serve", "--seed", str(self.work / "seed.yaml")]
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.source
+            )
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -40,6 +40,7 @@ from portal.api.metrics import RequestObserver, RouteTemplates, ServiceMetrics
 from portal.inference.controller import ServiceController
 from portal.inference.gateway import Gateway
 from portal.inference.gateway import router as gateway_router
+from portal.inference.gateway_asgi import GatewayASGI
 from portal.jobs.controller import JobController
 from portal.ray.controller import RayController
 from portal.ray.jobs import RayJobs
@@ -91,6 +92,9 @@ def create_app(
     app.state.ray_jobs = ray_job_controller or RayJobs(app.state.ray)
     app.state.ray_tokens = ray_tokens
     app.add_middleware(RequestObserver, metrics=app.state.metrics, templates=RouteTemplates(app))
+    # Outermost: the gateway's operations skip the middleware and FastAPI (same checks, same
+    # metrics and access line), every other request passes through.
+    app.add_middleware(GatewayASGI)
     errors.install(app)
     for module in (
         tenants,

@@ -6,9 +6,9 @@ the route table and fails on a route without one (see ``route_scope``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader
@@ -57,13 +57,26 @@ class Requires:
         authorization: Annotated[str | None, Security(_token_header)],
         authenticator: Annotated[Authenticator, Depends(_authenticator)],
     ) -> Caller:
-        caller = await authenticate(authenticator, token_from_header(authorization))
-        request.state.caller = caller  # for the request log line
-        if caller is None:
-            raise Unauthorized("unknown or expired token: get a new one from the hub")
-        if not caller.holds_any(self.scope):
-            raise Forbidden(f"{caller.kind} {caller.name} lacks scope {self.scope}")
-        return caller
+        return await caller_holding(self.scope, authorization, authenticator, request.scope)
+
+
+async def caller_holding(
+    scope: Scope,
+    authorization: str | None,
+    authenticator: Authenticator,
+    asgi_scope: MutableMapping[str, Any],
+) -> Caller:
+    """The owner of the ``Authorization`` header's token, who must hold ``scope`` for at least
+    one tenant; noted in the request's state for its access line. Raises ``Unauthorized`` or
+    ``Forbidden``. ``Requires`` and the gateway's own path (``portal.inference.gateway_asgi``)
+    both check callers with it."""
+    caller = await authenticate(authenticator, token_from_header(authorization))
+    asgi_scope.setdefault("state", {})["caller"] = caller  # for the request log line
+    if caller is None:
+        raise Unauthorized("unknown or expired token: get a new one from the hub")
+    if not caller.holds_any(scope):
+        raise Forbidden(f"{caller.kind} {caller.name} lacks scope {scope}")
+    return caller
 
 
 async def authenticate(authenticator: Authenticator, token: str) -> Caller | None:

@@ -202,24 +202,35 @@ class RequestObserver:
             self._observe(scope, status, time.perf_counter() - began)
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
-        path = str(scope.get("path", ""))
-        root = str(scope.get("root_path", ""))
-        route = self.templates.match(path[len(root) :] if root and path.startswith(root) else path)
-        method = str(scope.get("method", ""))
-        self.metrics.request_seconds.labels(method, route, str(status)).observe(seconds)
-        if (method, route) == ALLOCATING_ROUTE and 400 <= status < 500 and status != 401:
-            self.metrics.decided(Outcome.REFUSED)
-        caller = (scope.get("state") or {}).get("caller")
-        fields = {
-            "method": method,
-            "route": route,
-            "path": path,
-            "status": status,
-            "duration_ms": round(seconds * 1000, 3),
-            "caller": caller.name if isinstance(caller, Caller) else None,
-        }
-        level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
-        log.log(level, "%s %s %d", method, fields["path"], status, extra={"fields": fields})
+        observe(self.metrics, scope, self.templates.match(route_path(scope)), status, seconds)
+
+
+def route_path(scope: Scope) -> str:
+    """The request's path inside the app (a mount's ``root_path`` taken off)."""
+    path = str(scope.get("path", ""))
+    root = str(scope.get("root_path", ""))
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+def observe(metrics: ServiceMetrics, scope: Scope, route: str, status: int, seconds: float) -> None:
+    """Record one answered request under its route template and write its access line: the
+    one definition for every request, the gateway's included (it knows its template)."""
+    path = str(scope.get("path", ""))
+    method = str(scope.get("method", ""))
+    metrics.request_seconds.labels(method, route, str(status)).observe(seconds)
+    if (method, route) == ALLOCATING_ROUTE and 400 <= status < 500 and status != 401:
+        metrics.decided(Outcome.REFUSED)
+    caller = (scope.get("state") or {}).get("caller")
+    fields = {
+        "method": method,
+        "route": route,
+        "path": path,
+        "status": status,
+        "duration_ms": round(seconds * 1000, 3),
+        "caller": caller.name if isinstance(caller, Caller) else None,
+    }
+    level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
+    log.log(level, "%s %s %d", method, fields["path"], status, extra={"fields": fields})
 
 
 router = APIRouter(tags=["metrics"])
