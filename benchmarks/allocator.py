@@ -370,6 +370,7 @@ def run(
         # CPU time of this process inside the timed calls: unlike wall time, barely moved by
         # other processes on a shared machine (the database server's own CPU is not in it).
         cpu_ns = 0
+        rel_cpu_ns = 0  # of it, inside releases (their partial scheduling cycles)
         commit_cpu0 = store.commit_cpu_ns
         for i in range(decisions):
             clock.now += timedelta(seconds=1)
@@ -400,7 +401,9 @@ def run(
                 t = time.perf_counter_ns()
                 st = alloc.release(wid)
                 dt = time.perf_counter_ns() - t
-                cpu_ns += time.process_time_ns() - cpu
+                cpu = time.process_time_ns() - cpu
+                cpu_ns += cpu
+                rel_cpu_ns += cpu
                 rel_ns.append(dt)
                 rel_commit_ns.append(store.commit_ns - c0)
                 outcomes[f"release->{st.state.value}"] += 1
@@ -442,6 +445,8 @@ def run(
             "commit_share": round(commit_total / measured_ns, 3) if measured_ns else 0.0,
             "cpu_ms_per_decision": {
                 "all": round(cpu_ns / max(1, decided) / 1e6, 3),
+                "request": round((cpu_ns - rel_cpu_ns) / max(1, len(req_ns)) / 1e6, 3),
+                "release": round(rel_cpu_ns / max(1, len(rel_ns)) / 1e6, 3),
                 "commit": (
                     round((store.commit_cpu_ns - commit_cpu0) / max(1, decided) / 1e6, 3)
                     if commit_cpu
@@ -497,7 +502,10 @@ def table(r: dict[str, Any]) -> str:
     split = (
         f" (of which in Store.commit {cpu['commit']:.3f} ms)" if cpu["commit"] is not None else ""
     )
-    lines.append(f"CPU of this process per decision {cpu['all']:.3f} ms{split}")
+    lines.append(
+        f"CPU of this process per decision {cpu['all']:.3f} ms{split}; "
+        f"request {cpu['request']:.3f} ms, release {cpu['release']:.3f} ms"
+    )
     lines.append(
         f"fill {r['fill']['min']:.2f}-{r['fill']['max']:.2f}; outcomes {r['outcomes']}; "
         f"invariant violations {len(r['invariant_violations'])}"

@@ -407,7 +407,7 @@ def _decide(
     used = usage.get((tenant, flavor), 0)
     after = used + amount
     borrowed = max(0, after - me.guaranteed) - max(0, used - me.guaranteed)
-    if after > me.limit:
+    if _over_own_limit(me, used, amount):
         msg = (
             f"{tenant} quota for {flavor}: {used}/{me.limit} {unit} in use, {amount} requested "
             f"(limit {me.limit})"
@@ -506,6 +506,18 @@ def _plan(
             left[name] -= take
             need -= take
     return plan
+
+
+def _over_own_limit(me: _Member, used: int, amount: int) -> bool:
+    return used + amount > me.limit
+
+
+def own_limit_refuses(book: QuotaBook, usage: Usage, tenant: str, flavor: str, amount: int) -> bool:
+    """Whether ``admit`` refuses ``amount`` of ``flavor`` by the tenant's own quota (none, or
+    its limit) whatever the other tenants hold: a verdict only the tenant's own usage or its
+    quota can change."""
+    me = book._flavor(flavor).where[tenant][1]
+    return not me.has_quota or _over_own_limit(me, usage.get((tenant, flavor), 0), amount)
 
 
 def affected_by_release(

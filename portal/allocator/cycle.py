@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from policies import quota
 from policies.placement.backfill import reserve_node
 from policies.requests import DeviceRequest
@@ -43,14 +45,17 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         if lv.rec.preempt_deadline is not None and lv.rec.preempt_deadline <= now
     ]
     ended: set[str] = set()
+    freed_by = draft.freed_by()
     for lv in expired:
-        ended |= {a.flavor for a in lv.allocations if a.flavor}
+        for fl in {a.flavor for a in lv.allocations if a.flavor}:
+            ended.add(fl)
+            freed_by[fl] = freed_by.get(fl, frozenset()) | {lv.rec.tenant}
         draft.finish(lv, WorkloadState.RELEASED, "preempted")
     if ended:
         # Preempted work ended: a partial cycle over what it freed, for everyone.
         affected = draft.affected()
         affected.update(dict.fromkeys(ended))
-        draft.set_scalars(affected=tuple(affected.items()))
+        draft.set_scalars(affected=tuple(affected.items()), freed_by=tuple(freed_by.items()))
         if freed is not None or fresh is not None:
             freed = (freed or frozenset()) | ended
     if fresh is not None and freed is None:
@@ -72,6 +77,7 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
     # What ``_may_start`` computes per request shape: a queue of hundreds has a few dozen
     # shapes, and a shape's flavors do not change during a cycle.
     usable_of: dict[DeviceRequest, frozenset[str]] = {}
+    why = _Freed(affected, draft.freed_by() if freed is not None else {}, usable_of)
     if freed is None:
         pending = draft.order(now)
     else:
@@ -81,7 +87,7 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         first_holder = holder
 
         def keep(lv: Live) -> bool:
-            return lv.rec.id == first_holder or _may_start(draft, lv, freed, affected, usable_of)
+            return lv.rec.id == first_holder or _may_start(draft, lv, freed, why)
 
         pending = draft.order(now, keep)
     for queued in pending:
@@ -91,7 +97,7 @@ def schedule(draft: Draft, fresh: str | None = None, freed: frozenset[str] | Non
         shape = (lv.req.devices, lv.req.gang_size, lv.rec.tenant)
         if shape in failed_shapes:
             continue
-        if freed is not None and not _may_start(draft, lv, freed, affected, usable_of):
+        if freed is not None and not _may_start(draft, lv, freed, why):
             continue
         if budget is not None:
             if budget == 0:
@@ -140,34 +146,45 @@ def _try_fresh(draft: Draft, lv: Live) -> None:
         note_blocked(draft, lv, blocked)
 
 
-def _may_start(
-    draft: Draft,
-    lv: Live,
-    freed: frozenset[str],
-    affected: dict[str, frozenset[str] | None],
-    usable_of: dict[DeviceRequest, frozenset[str]],
-) -> bool:
-    """Whether what a partial cycle freed (``freed``, with the tenants whose quota verdicts
-    it can change) may let queued ``lv`` start. ``usable_of``: this cycle's memo of the freed
-    flavors each request shape could use."""
+@dataclass(frozen=True, slots=True)
+class _Freed:
+    """What a partial cycle knows about what it freed: per flavor, the tenants whose quota
+    verdict it can change (None: everyone) and those whose own usage fell; ``usable_of``:
+    this cycle's memo of the freed flavors each request shape could use."""
+
+    affected: dict[str, frozenset[str] | None]
+    freed_by: dict[str, frozenset[str]]
+    usable_of: dict[DeviceRequest, frozenset[str]]
+
+
+def _may_start(draft: Draft, lv: Live, freed: frozenset[str], why: _Freed) -> bool:
+    """Whether what a partial cycle freed (``freed``) may let queued ``lv`` start."""
     dev = lv.req.devices
     if dev.kind is None:
         return True
-    usable = usable_of.get(dev)
+    usable = why.usable_of.get(dev)
     if usable is None:
-        usable = usable_of[dev] = freed & draft.flavors_for(lv.req)
+        usable = why.usable_of[dev] = freed & draft.flavors_for(lv.req)
     return bool(usable) and (
-        lv.rec.reason not in _QUOTA_REASONS or _quota_may_change(affected, lv, usable)
+        lv.rec.reason not in _QUOTA_REASONS or _quota_may_change(draft, why, lv, usable)
     )
 
 
-def _quota_may_change(
-    affected: dict[str, frozenset[str] | None], lv: Live, flavors: frozenset[str]
-) -> bool:
-    """Whether the last release can change ``lv``'s quota verdict for one of ``flavors``."""
+def _quota_may_change(draft: Draft, why: _Freed, lv: Live, flavors: frozenset[str]) -> bool:
+    """Whether the last release can change ``lv``'s quota verdict for one of ``flavors``.
+    Not where its tenant's own quota refuses it and the release left that tenant's usage
+    alone: then only its own release or a quota edit (a full cycle) can, and retrying it on
+    every other tenant's release spent the partial cycle's tries on work that cannot start."""
+    tenant = lv.rec.tenant
+    amount = lv.req.devices.amount() * lv.req.gang_size
     for fl in flavors:
-        tenants = affected.get(fl)
-        if tenants is None or lv.rec.tenant in tenants:
+        tenants = why.affected.get(fl)
+        if tenants is not None and tenant not in tenants:
+            continue
+        own = why.freed_by.get(fl)
+        if own is None or tenant in own:
+            return True
+        if not quota.own_limit_refuses(draft.book(), draft.ledger.usage, tenant, fl, amount):
             return True
     return False
 

@@ -498,5 +498,8 @@ def _end(
     affected = {
         fl: quota.affected_by_release(book, draft.ledger.usage, lv.rec.tenant, fl) for fl in freed
     }
-    draft.set_scalars(affected=tuple(affected.items()))
+    own = frozenset({lv.rec.tenant})
+    draft.set_scalars(
+        affected=tuple(affected.items()), freed_by=tuple((fl, own) for fl in sorted(freed))
+    )
     return draft.finish(lv, state, reason), freed

@@ -131,6 +131,8 @@ class Scalars:
     # Per freed flavor, the tenants whose quota verdict the last release can change (None:
     # everyone).
     affected: tuple[tuple[str, frozenset[str] | None], ...] = ()
+    # Per freed flavor, the tenants whose own usage of it fell (a flavor missing: unknown).
+    freed_by: tuple[tuple[str, frozenset[str]], ...] = ()
 
 
 class Derived:
@@ -346,6 +348,9 @@ class Memory:
 
     def affected(self) -> dict[str, frozenset[str] | None]:
         return dict(self.scalars.affected)
+
+    def freed_by(self) -> dict[str, frozenset[str]]:
+        return dict(self.scalars.freed_by)
 
     def observe(self, dev: DeviceRequest, placement: Placement) -> None:
         """A placement was committed: scorers that learn the request mix see it (the live

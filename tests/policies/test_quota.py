@@ -21,6 +21,7 @@ from policies.quota import (
     budget_exhausted,
     gpu_equivalent,
     over_quota,
+    own_limit_refuses,
     pool_usage,
     reclaim_plan,
     usage_summary,
@@ -434,6 +435,31 @@ def test_invariants_over_random_operations(b: QuotaBook, data: st.DataObject) ->
                 for x in b.flavors
             )
         check_guaranteed_obtainable(b, usage)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(b=books(), data=st.data())
+def test_own_limit_refusal_holds_whatever_the_others_hold(
+    b: QuotaBook, data: st.DataObject
+) -> None:
+    # The allocator skips retrying work this refuses when only other tenants' usage changed:
+    # then admit must refuse it, with the same message, for any usage of the others.
+    names = sorted(b.tenants)
+    t = data.draw(st.sampled_from(names))
+    f = data.draw(st.sampled_from(b.flavors))
+    amount = data.draw(st.integers(1, 6))
+    mine = data.draw(st.integers(0, 10))
+    answers = set()
+    for _ in range(4):
+        usage = {(o, x): data.draw(st.integers(0, 6)) for o in names for x in b.flavors}
+        usage[(t, f)] = mine
+        got = admit(b, usage, t, f, amount)
+        if own_limit_refuses(b, usage, t, f, amount):
+            assert not got.ok and got.reason is QueueReason.QUOTA
+            answers.add(got.message)
+        else:
+            assert "in use" not in got.message and "no quota" not in got.message
+    assert len(answers) <= 1
 
 
 def test_usage_type_alias_is_a_mapping() -> None:
