@@ -70,8 +70,7 @@ def configure(app: FastAPI, settings: Settings) -> Accounting:
         raw_retention_s=telemetry.telemetry_raw_retention_s,
         roll_up_every_s=telemetry.telemetry_interval_s,
     )
-    # Held allocations are counted up to the clock that stamped them (the allocator's).
-    accounting = Accounting(alloc.store, prices, utilization=utilization, clock=alloc.clock)
+    accounting = Accounting(alloc.store, prices, utilization=utilization)
     use_accounting(app, accounting)
     metrics: ServiceMetrics | None = getattr(app.state, "metrics", None)
     if metrics is not None:
@@ -82,7 +81,7 @@ def configure(app: FastAPI, settings: Settings) -> Accounting:
 def accounting_of(request: Request, alloc: Annotated[Allocator, Depends(allocator)]) -> Accounting:
     """The app's accounting (a dependency of every route that prices)."""
     acc: Accounting | None = getattr(request.app.state, "accounting", None)
-    return acc if acc is not None else Accounting(alloc.store, clock=alloc.clock)
+    return acc if acc is not None else Accounting(alloc.store)
 
 
 class _Model(BaseModel):

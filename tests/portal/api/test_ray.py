@@ -13,14 +13,17 @@ from fastapi.testclient import TestClient
 
 from policies.flavors import FlavorKind
 from policies.requests import DeviceRequest, WorkloadRequest
+from portal.accounting.service import Accounting
 from portal.allocator import Allocator
 from portal.api import create_app
 from portal.api.auth import StaticAuthenticator
+from portal.api.cost import use_accounting
 from portal.ray.controller import RayController
 from portal.ray.spec import installed_ray_version
 from portal.ray.tokens import RayTokens
 from portal.store import ray as stored
 from portal.store.records import WorkloadState
+from tests.portal.allocator.conftest import ManualClock
 from tests.portal.api.conftest import TOKENS, auth, member_of, user
 from tests.portal.api.test_jobs import with_
 
@@ -302,15 +305,23 @@ def test_scaling_an_idle_cluster_sets_the_size_resume_asks_for(
 
 
 def test_the_costs_list_answers_each_clusters_cost_in_one_read(
-    client: TestClient, allocator: Allocator
+    app: FastAPI, client: TestClient, allocator: Allocator
 ) -> None:
+    # Held allocations are priced up to the accounting's clock: the allocator's manual one
+    # here, so the list and each single read a moment later count the same hours.
+    use_accounting(app, Accounting(allocator.store, clock=allocator.clock))
+    clock = allocator.clock
+    assert isinstance(clock, ManualClock)
     ids = [
         client.post("/api/v1/ray", json=ray_body(workers=w), headers=auth("alice")).json()["id"]
         for w in (1, 2)
     ]
+    clock.advance(hours=1)
     client.delete(f"/api/v1/ray/{ids[0]}", headers=auth("alice"))
+    clock.advance(hours=1)
     listed = client.get("/api/v1/ray/costs", headers=auth("alice")).json()
     assert [c["cluster_id"] for c in listed["items"]] == ids
+    assert all(c["gpu_hours"] > 0 for c in listed["items"]), listed
     for item in listed["items"]:
         one = client.get(f"/api/v1/ray/{item['cluster_id']}/cost", headers=auth("alice"))
         assert item == one.json()
