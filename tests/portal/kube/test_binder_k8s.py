@@ -8,9 +8,11 @@ binder binds it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -466,15 +468,52 @@ def test_the_portals_own_cluster_role_is_enough_to_bind_and_sweep(
     k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api, allocator: Allocator
 ) -> None:
     """Least privilege: run as the portal's ServiceAccount with the chart's ClusterRole."""
+    with portal_identity(k8s_cluster, api, core):
+        run_as_the_portal(k8s_cluster, core, allocator)
+
+
+@contextmanager
+def portal_identity(
+    k8s_cluster: K8sCluster, api: client.ApiClient, core: client.CoreV1Api
+) -> Iterator[None]:
+    """The hub namespace, the portal's ServiceAccount, ClusterRole and binding for the block;
+    removed after it (the Helm tests install the same names)."""
+    rbac = client.RbacAuthorizationV1Api(api)
     k8s_cluster.create_namespace(SETTINGS.hub_namespace)
-    for manifest in portal_manifests(SETTINGS):
-        kind = manifest["kind"]
-        if kind == "ServiceAccount":
-            core.create_namespaced_service_account(SETTINGS.hub_namespace, manifest)
-        elif kind == "ClusterRole":
-            client.RbacAuthorizationV1Api(api).create_cluster_role(manifest)
-        else:
-            client.RbacAuthorizationV1Api(api).create_cluster_role_binding(manifest)
+    manifests = portal_manifests(SETTINGS)
+    try:
+        for manifest in manifests:
+            kind = manifest["kind"]
+            if kind == "ServiceAccount":
+                core.create_namespaced_service_account(SETTINGS.hub_namespace, manifest)
+            elif kind == "ClusterRole":
+                rbac.create_cluster_role(manifest)
+            else:
+                rbac.create_cluster_role_binding(manifest)
+        yield
+    finally:
+        for manifest in manifests:
+            name = manifest["metadata"]["name"]
+            with contextlib.suppress(ApiException):  # never created, or gone
+                if manifest["kind"] == "ClusterRole":
+                    rbac.delete_cluster_role(name)
+                elif manifest["kind"] == "ClusterRoleBinding":
+                    rbac.delete_cluster_role_binding(name)
+        core.delete_namespace(SETTINGS.hub_namespace)
+        eventually(
+            lambda: (
+                None
+                if SETTINGS.hub_namespace in {n.metadata.name for n in core.list_namespace().items}
+                else True
+            ),
+            "the hub namespace deleted",
+            timeout_s=90,
+        )
+
+
+def run_as_the_portal(
+    k8s_cluster: K8sCluster, core: client.CoreV1Api, allocator: Allocator
+) -> None:
     token = core.create_namespaced_service_account_token(
         SETTINGS.portal_service_account,
         SETTINGS.hub_namespace,
