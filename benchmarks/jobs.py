@@ -413,11 +413,13 @@ def _count_calls(api: Any) -> dict[str, int]:
     lock = threading.Lock()
     call_api = api.call_api
 
-    def counted(resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        what = call_kind(method, resource_path)
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        # ApiClient.call_api(method, url, ...) in the pinned client: the full URL, query
+        # included (keys were "<url> GET" before this order was fixed).
+        what = call_kind(method, url)
         with lock:
             calls[what] = calls.get(what, 0) + 1
-        return call_api(resource_path, method, *args, **kwargs)
+        return call_api(method, url, *args, **kwargs)
 
     api.call_api = counted
     return calls

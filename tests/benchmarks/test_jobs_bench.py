@@ -4,7 +4,10 @@ and reports a rate (the Kubernetes path needs the control plane and minutes: not
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
+
+import pytest
 
 from benchmarks import jobs
 
@@ -35,3 +38,21 @@ def test_a_loop_round_behind_a_queue_is_timed(tmp_path: Path) -> None:
     result = json.loads(out.read_text())["queued_round"]
     assert result["jobs"] == 200 and 0 < result["queued"] < 200
     assert len(result["rounds_s"]) == 3 and result["round_s"] in result["rounds_s"]
+
+
+def test_the_portals_calls_are_counted_by_kind() -> None:
+    """The count wraps the pinned client's own ``call_api`` (method, url): a real request,
+    refused by a closed loopback port, is counted under its templated kind."""
+    from kubernetes import client
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{port}"
+    config.retries = False
+    with client.ApiClient(config) as api:
+        calls = jobs._count_calls(api)
+        with pytest.raises(Exception, match=r"(?i)connect|refused"):
+            client.CoreV1Api(api).read_namespaced_pod("p-1", "team-a", _request_timeout=2)
+    assert calls == {"GET /api/v1/namespaces/{namespace}/pods/{name}": 1}
