@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from portal.jobs.runner import _session_pids as session_pids
 from portal.ray.local import LocalRay, head_key
 from portal.ray.spec import installed_ray_version
 from tests.support.waiting import eventually
@@ -40,22 +41,6 @@ with nodes_end_with_tests(state):
     print("started", flush=True)
     time.sleep(600)
 """
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (zombies are gone for this purpose)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
